@@ -1,0 +1,39 @@
+"""lightspeed: Lightning-style training on one device, DDP, DeepSpeed ZeRO 1/2/3, ZeRO-1 or FSDP2 with one flag."""
+
+from .callbacks import Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint
+from .errors import ConfigError
+from .launch import DistInfo
+from .loggers import CSVLogger, TensorBoardLogger
+from .module import LightningModule, Module
+from .strategies import DDP, SingleDevice, Strategy, build_strategy
+from .trainer import Trainer, seed_everything
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # Backends with heavy imports load on first use: `lightspeed.DeepSpeed`, `lightspeed.FSDP`, `lightspeed.ZeRO1`.
+    if name == "DeepSpeed":
+        from .strategies.deepspeed import DeepSpeed
+
+        return DeepSpeed
+    if name == "FSDP":
+        from .strategies.fsdp import FSDP
+
+        return FSDP
+    if name == "ZeRO1":
+        from .strategies.zero1 import ZeRO1
+
+        return ZeRO1
+    if name in ("consolidate", "convert"):
+        from . import checkpoint
+
+        return getattr(checkpoint, name)
+    raise AttributeError(f"module 'lightspeed' has no attribute {name!r}")
+
+
+__all__ = [
+    "Trainer", "Module", "LightningModule", "Callback", "ModelCheckpoint", "EarlyStopping", "LearningRateMonitor",
+    "CSVLogger", "TensorBoardLogger", "ConfigError", "DistInfo", "Strategy", "SingleDevice", "DDP", "DeepSpeed",
+    "FSDP", "ZeRO1", "build_strategy", "seed_everything", "consolidate",
+]

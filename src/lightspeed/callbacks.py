@@ -1,0 +1,254 @@
+"""Callbacks: hooks into the loop with state that travels in checkpoints."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+
+from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from .module import Module
+    from .trainer import Trainer
+
+
+class Callback:
+    """Override any hook. Callbacks with state override `state_dict`/`load_state_dict` (saved in checkpoints)."""
+
+    @property
+    def state_key(self) -> str:
+        return type(self).__name__
+
+    def setup(self, trainer: Trainer, module: Module, stage: str) -> None: ...
+    def on_fit_start(self, trainer: Trainer, module: Module) -> None: ...
+    def on_fit_end(self, trainer: Trainer, module: Module) -> None: ...
+    def on_train_epoch_start(self, trainer: Trainer, module: Module) -> None: ...
+    def on_train_batch_end(self, trainer: Trainer, module: Module, outputs: Any, batch: Any, batch_idx: int) -> None: ...
+    def on_train_epoch_end(self, trainer: Trainer, module: Module) -> None: ...
+    def on_validation_epoch_start(self, trainer: Trainer, module: Module) -> None: ...
+    def on_validation_batch_end(self, trainer: Trainer, module: Module, outputs: Any, batch: Any, batch_idx: int) -> None: ...
+    def on_validation_epoch_end(self, trainer: Trainer, module: Module) -> None: ...
+    def on_validation_end(self, trainer: Trainer, module: Module) -> None: ...
+    def on_test_epoch_end(self, trainer: Trainer, module: Module) -> None: ...
+    def on_save_checkpoint(self, trainer: Trainer, module: Module, checkpoint: dict) -> None: ...
+    def teardown(self, trainer: Trainer, module: Module, stage: str) -> None: ...
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in ("min", "max"):
+        raise ConfigError(f"mode={mode!r} is not valid: use 'min' or 'max'.")
+
+
+def _improved(current: float, best: float | None, mode: str, min_delta: float = 0.0) -> bool:
+    if best is None or math.isnan(best):
+        return not math.isnan(current)
+    return current < best - min_delta if mode == "min" else current > best + min_delta
+
+
+class ModelCheckpoint(Callback):
+    """Saves checkpoints (collectively: every rank takes part) and keeps the best `save_top_k` by `monitor`.
+
+    Args:
+        dirpath: where checkpoints go (default `<default_root_dir>/checkpoints`).
+        monitor: a logged metric; None keeps the most recent `save_top_k` instead.
+        mode: "min" or "max". save_top_k: -1 keeps all, 0 none (only `last`).
+        save_last: also keep the newest checkpoint when it is not among the top k. Whatever is kept, `last`
+            (a symlink moved only after a save completes) points at the newest one.
+        every_n_train_steps / every_n_epochs: when to save (default: every epoch end).
+    """
+
+    def __init__(self, dirpath: str | Path | None = None, filename: str | None = None, monitor: str | None = None,
+                 mode: Literal["min", "max"] = "min", save_top_k: int = 1, save_last: bool | None = None,
+                 every_n_train_steps: int | None = None, every_n_epochs: int | None = None):
+        _check_mode(mode)
+        if save_top_k < -1:
+            raise ConfigError(f"save_top_k={save_top_k!r} is not valid: use -1 (all), 0 or a positive count.")
+        for name, n in (("every_n_train_steps", every_n_train_steps), ("every_n_epochs", every_n_epochs)):
+            if n is not None and n < 0:
+                raise ConfigError(f"{name}={n!r} is not valid: use None or a count ≥ 0.")
+        self.dirpath = Path(dirpath) if dirpath is not None else None
+        self.filename = filename or "epoch={epoch}-step={step}"
+        self.monitor, self.mode, self.save_top_k, self.save_last = monitor, mode, save_top_k, save_last
+        self.every_n_train_steps = every_n_train_steps or 0
+        self.every_n_epochs = every_n_epochs if every_n_epochs is not None else (0 if self.every_n_train_steps else 1)
+        self.best_k: dict[str, float] = {}  # path -> score
+        self.best_model_path = ""
+        self.best_model_score: float | None = None
+        self.last_model_path = ""
+        self._last_saved_step = -1
+
+    @property
+    def state_key(self) -> str:
+        return f"ModelCheckpoint{{monitor={self.monitor},mode={self.mode}}}"
+
+    def setup(self, trainer, module, stage) -> None:
+        if self.dirpath is None:
+            self.dirpath = Path(trainer.default_root_dir) / "checkpoints"
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        n = self.every_n_train_steps
+        if n and trainer.global_step % n == 0 and trainer.global_step != self._last_saved_step:
+            self._save(trainer)
+
+    def on_train_epoch_end(self, trainer, module) -> None:
+        n = self.every_n_epochs
+        if n and (trainer.current_epoch + 1) % n == 0 and trainer.global_step != self._last_saved_step:
+            self._save(trainer)
+
+    def _save(self, trainer: Trainer) -> None:
+        metrics = trainer.callback_metrics
+        score = None
+        if self.monitor is not None:
+            if self.monitor not in metrics:
+                raise ConfigError(f"ModelCheckpoint(monitor={self.monitor!r}) was not logged: logged metrics "
+                                  f"are {sorted(metrics)}.")
+            score = float(metrics[self.monitor])
+        name = self.filename.format(epoch=trainer.current_epoch, step=trainer.global_step,
+                                    **{k.replace("/", "_"): float(v) for k, v in metrics.items()})
+        path = self.dirpath / name
+        keep = self.save_top_k != 0 and (self.monitor is None or self.save_top_k == -1 or
+                                         len(self.best_k) < self.save_top_k or
+                                         _improved(score, self._worst(), self.mode))
+        self._last_saved_step = trainer.global_step
+        if not keep and not self.save_last:
+            return
+        trainer.save_checkpoint(path)  # also moves `last` here, once the save is complete
+        self.last_model_path = str(path)
+        if keep:
+            self.best_k[str(path)] = score if score is not None else float(trainer.global_step)
+            self._prune(trainer, current=str(path))
+        elif trainer.is_global_zero:
+            self._remember_for_last_only(trainer, path)
+
+    def _remember_for_last_only(self, trainer, path: Path) -> None:
+        # Kept only as `last`: remove the previous such directory once `last` points elsewhere.
+        prev = getattr(self, "_last_only", None)
+        if prev and prev not in self.best_k and prev != str(path):
+            shutil.rmtree(prev, ignore_errors=True)
+        self._last_only = str(path)
+
+    def _worst(self) -> float | None:
+        if not self.best_k:
+            return None
+        return (max if self.mode == "min" else min)(self.best_k.values())
+
+    def _prune(self, trainer: Trainer, current: str) -> None:
+        if self.monitor is None:
+            # Without a monitor, "best" means most recent: scores are global steps, keep the highest.
+            order = sorted(self.best_k, key=self.best_k.get, reverse=True)
+        else:
+            order = sorted(self.best_k, key=self.best_k.get, reverse=(self.mode == "max"))
+        if self.save_top_k > 0:
+            for stale in order[self.save_top_k:]:
+                del self.best_k[stale]
+                if trainer.is_global_zero and stale != current:
+                    shutil.rmtree(stale, ignore_errors=True)
+            order = order[: self.save_top_k]
+        self.best_model_path = order[0]
+        self.best_model_score = self.best_k[order[0]] if self.monitor is not None else None
+
+    def state_dict(self) -> dict:
+        return {"best_k": self.best_k, "best_model_path": self.best_model_path,
+                "best_model_score": self.best_model_score, "last_model_path": self.last_model_path,
+                "dirpath": str(self.dirpath)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.best_k = dict(state.get("best_k", {}))
+        self.best_model_path = state.get("best_model_path", "")
+        self.best_model_score = state.get("best_model_score")
+        self.last_model_path = state.get("last_model_path", "")
+
+
+class EarlyStopping(Callback):
+    """Stops fit when `monitor` has not improved by more than `min_delta` for `patience` validation checks."""
+
+    def __init__(self, monitor: str, patience: int = 3, mode: Literal["min", "max"] = "min", min_delta: float = 0.0,
+                 check_on_train_epoch_end: bool = False):
+        _check_mode(mode)
+        if patience < 0:
+            raise ConfigError(f"patience={patience!r} is not valid: use a count ≥ 0.")
+        self.monitor, self.patience, self.mode, self.min_delta = monitor, patience, mode, abs(min_delta)
+        self.check_on_train_epoch_end = check_on_train_epoch_end
+        self.best: float | None = None
+        self.wait = 0
+        self.stopped_epoch = -1
+
+    @property
+    def state_key(self) -> str:
+        return f"EarlyStopping{{monitor={self.monitor},mode={self.mode}}}"
+
+    def on_validation_end(self, trainer, module) -> None:
+        if not self.check_on_train_epoch_end and trainer.stage == "train":
+            self._check(trainer)
+
+    def on_train_epoch_end(self, trainer, module) -> None:
+        if self.check_on_train_epoch_end:
+            self._check(trainer)
+
+    def _check(self, trainer: Trainer) -> None:
+        metrics = trainer.callback_metrics
+        if self.monitor not in metrics:
+            raise ConfigError(f"EarlyStopping(monitor={self.monitor!r}) was not logged: logged metrics are "
+                              f"{sorted(metrics)}.")
+        current = float(metrics[self.monitor])
+        if _improved(current, self.best, self.mode, self.min_delta):
+            self.best, self.wait = current, 0
+            return
+        self.wait += 1
+        if self.wait >= self.patience:
+            self.stopped_epoch = trainer.current_epoch
+            trainer.should_stop = True
+            trainer.print0(f"EarlyStopping: {self.monitor} did not improve for {self.wait} checks "
+                           f"(best {self.best:.6g}); stopping.")
+
+    def state_dict(self) -> dict:
+        return {"best": self.best, "wait": self.wait, "stopped_epoch": self.stopped_epoch}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.best, self.wait, self.stopped_epoch = state["best"], state["wait"], state["stopped_epoch"]
+
+
+class LearningRateMonitor(Callback):
+    """Logs each param group's learning rate (`lr-<Optimizer>[/pg<i>]`) every step or epoch."""
+
+    def __init__(self, logging_interval: Literal["step", "epoch"] | None = None, log_momentum: bool = False):
+        if logging_interval not in (None, "step", "epoch"):
+            raise ConfigError(f"logging_interval={logging_interval!r} is not valid: use None, 'step' or 'epoch'.")
+        self.logging_interval, self.log_momentum = logging_interval, log_momentum
+        self._last_step = -1
+
+    def _values(self, trainer: Trainer) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for i, opt in enumerate(trainer.strategy.optimizers):
+            base = f"lr-{type(opt).__name__}" + (f"-{i}" if len(trainer.strategy.optimizers) > 1 else "")
+            groups = opt.param_groups
+            for j, group in enumerate(groups):
+                key = base if len(groups) == 1 else f"{base}/pg{j + 1}"
+                lr = group["lr"]
+                out[key] = float(lr.item() if isinstance(lr, torch.Tensor) else lr)
+                if self.log_momentum and "betas" in group:
+                    out[key.replace("lr-", "momentum-", 1)] = float(group["betas"][0])
+                elif self.log_momentum and "momentum" in group:
+                    out[key.replace("lr-", "momentum-", 1)] = float(group["momentum"])
+        return out
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        if self.logging_interval == "epoch" or trainer.global_step == self._last_step:
+            return
+        self._last_step = trainer.global_step
+        if self.logging_interval is None and not trainer.is_log_step():
+            return
+        trainer.log_metrics(self._values(trainer))
+
+    def on_train_epoch_start(self, trainer, module) -> None:
+        if self.logging_interval in (None, "epoch"):
+            trainer.log_metrics(self._values(trainer))

@@ -1,0 +1,120 @@
+"""The Trainer's flags, validated once, before anything is spawned."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from .errors import ConfigError
+
+PRECISION_ALIASES = {
+    "32-true": "32-true", "32": "32-true", 32: "32-true",
+    "bf16-mixed": "bf16-mixed", "bf16": "bf16-mixed",
+    "16-mixed": "16-mixed", "16": "16-mixed", 16: "16-mixed",
+    "bf16-true": "bf16-true",
+}
+
+
+def _positive_int(name: str, value, allow_none: bool = False, minimum: int = 1) -> None:
+    if value is None and allow_none:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ConfigError(f"{name}={value!r} is not valid: expected an integer ≥ {minimum}"
+                          + (" or None." if allow_none else "."))
+
+
+def _limit(name: str, value) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (
+            isinstance(value, float) and value > 1.0):
+        raise ConfigError(f"{name}={value!r} is not valid: expected a fraction in [0.0, 1.0], "
+                          "a batch count (int ≥ 0), or None for all.")
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    accelerator: Literal["auto", "cpu", "gpu", "cuda"] = "auto"
+    devices: int | str = "auto"
+    num_nodes: int = 1
+    precision: str = "32-true"
+    max_epochs: int | None = None
+    max_steps: int = -1
+    accumulate_grad_batches: int = 1
+    gradient_clip_val: float | None = None
+    gradient_clip_algorithm: Literal["norm", "value"] = "norm"
+    val_check_interval: int | float | None = None
+    check_val_every_n_epoch: int | None = 1
+    limit_train_batches: int | float | None = None
+    limit_val_batches: int | float | None = None
+    limit_test_batches: int | float | None = None
+    limit_predict_batches: int | float | None = None
+    log_every_n_steps: int = 50
+    default_root_dir: str = "."
+    seed: int | None = None
+    deterministic: bool = False
+    enable_progress_bar: bool = True
+    enable_checkpointing: bool = True
+    compile: bool = False
+
+    def __post_init__(self) -> None:
+        if self.accelerator not in ("auto", "cpu", "gpu", "cuda"):
+            raise ConfigError(f"accelerator={self.accelerator!r} is not valid: use 'auto', 'cpu' or 'gpu'.")
+        if self.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+            raise ConfigError(f"accelerator={self.accelerator!r} is not valid here: no CUDA GPU is visible. "
+                              "Use 'cpu' or 'auto'.")
+        if self.precision not in PRECISION_ALIASES:
+            raise ConfigError(f"precision={self.precision!r} is not valid: use one of "
+                              "'32-true', 'bf16-mixed', '16-mixed', 'bf16-true'.")
+        object.__setattr__(self, "precision", PRECISION_ALIASES[self.precision])
+        if self.devices != "auto":
+            _positive_int("devices", self.devices)
+            available = self.available_devices()
+            if self.devices > available:
+                kind = "CUDA GPUs" if self.device_type == "cuda" else "CPU cores"
+                raise ConfigError(f"devices={self.devices!r} is not valid: this machine has {available} {kind}.")
+        _positive_int("num_nodes", self.num_nodes)
+        _positive_int("max_epochs", self.max_epochs, allow_none=True, minimum=0)
+        if not isinstance(self.max_steps, int) or self.max_steps < -1:
+            raise ConfigError(f"max_steps={self.max_steps!r} is not valid: expected -1 (no limit) or an integer ≥ 0.")
+        _positive_int("accumulate_grad_batches", self.accumulate_grad_batches)
+        if self.gradient_clip_algorithm not in ("norm", "value"):
+            raise ConfigError(f"gradient_clip_algorithm={self.gradient_clip_algorithm!r} is not valid: "
+                              "use 'norm' or 'value'.")
+        if self.gradient_clip_val is not None and (
+                not isinstance(self.gradient_clip_val, (int, float)) or self.gradient_clip_val < 0):
+            raise ConfigError(f"gradient_clip_val={self.gradient_clip_val!r} is not valid: expected a number ≥ 0.")
+        if self.val_check_interval is not None:
+            _limit("val_check_interval", self.val_check_interval)
+        _positive_int("check_val_every_n_epoch", self.check_val_every_n_epoch, allow_none=True)
+        for name in ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches"):
+            _limit(name, getattr(self, name))
+        _positive_int("log_every_n_steps", self.log_every_n_steps)
+        if self.seed is not None and not isinstance(self.seed, int):
+            raise ConfigError(f"seed={self.seed!r} is not valid: expected an integer or None.")
+
+    @property
+    def device_type(self) -> str:
+        if self.accelerator == "cpu":
+            return "cpu"
+        if self.accelerator in ("gpu", "cuda"):
+            return "cuda"
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def available_devices(self) -> int:
+        return torch.cuda.device_count() if self.device_type == "cuda" else (os.cpu_count() or 1)
+
+    def local_devices(self) -> int:
+        if self.devices == "auto":
+            return torch.cuda.device_count() if self.device_type == "cuda" else 1
+        return int(self.devices)
+
+    @property
+    def epochs_limit(self) -> int:
+        # Lightning's rule: with neither limit set, stop after 1000 epochs.
+        if self.max_epochs is not None:
+            return self.max_epochs
+        return 1000 if self.max_steps == -1 else 2**31

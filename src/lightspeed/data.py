@@ -1,0 +1,75 @@
+"""Dataloaders under data parallelism, and moving nested batches to the device."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
+
+
+def move_to_device(batch: Any, device: torch.device) -> Any:
+    """Moves every tensor in a nest of tuples, lists, dicts, namedtuples and dataclasses to `device`."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return type(batch)((k, move_to_device(v, device)) for k, v in batch.items())
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
+        return type(batch)(*(move_to_device(v, device) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(move_to_device(v, device) for v in batch)
+    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        return dataclasses.replace(
+            batch, **{f.name: move_to_device(getattr(batch, f.name), device) for f in dataclasses.fields(batch) if f.init}
+        )
+    return batch
+
+
+def with_distributed_sampler(loader: DataLoader, rank: int, world_size: int, seed: int) -> DataLoader:
+    """Returns `loader` with a DistributedSampler, keeping its own shuffle setting and other arguments.
+
+    Applied when world_size > 1, and also on one process when the loader shuffles, so the order of each epoch
+    is a function of (seed, epoch): that is what makes resuming mid-epoch exact. A custom sampler is kept.
+    """
+    if not isinstance(loader, DataLoader) or isinstance(loader.sampler, DistributedSampler):
+        return loader
+    shuffle = isinstance(loader.sampler, RandomSampler)
+    if not shuffle and not isinstance(loader.sampler, SequentialSampler):
+        return loader  # the user's own sampler: their responsibility
+    if world_size == 1 and not shuffle:
+        return loader
+    if loader.batch_sampler is None or type(loader.batch_sampler).__name__ != "BatchSampler":
+        return loader
+    sampler = DistributedSampler(
+        loader.dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed, drop_last=loader.drop_last
+    )
+    kwargs: dict[str, Any] = dict(
+        batch_size=loader.batch_size, sampler=sampler, num_workers=loader.num_workers,
+        collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, drop_last=loader.drop_last,
+        timeout=loader.timeout, worker_init_fn=loader.worker_init_fn, generator=loader.generator,
+        persistent_workers=loader.persistent_workers,
+    )
+    if loader.num_workers > 0:
+        kwargs["prefetch_factor"] = loader.prefetch_factor
+        kwargs["multiprocessing_context"] = loader.multiprocessing_context
+    return DataLoader(loader.dataset, **kwargs)
+
+
+def set_epoch(loader: Any, epoch: int) -> None:
+    sampler = getattr(loader, "sampler", None)
+    if hasattr(sampler, "set_epoch"):
+        sampler.set_epoch(epoch)
+
+
+def num_batches(loader: Any, limit: int | float | None) -> int | float:
+    """Batches to run per epoch: all, a fraction (float ≤ 1.0) or a count (int). Unsized loaders give inf."""
+    try:
+        total = len(loader)
+    except TypeError:
+        total = float("inf")
+    if limit is None:
+        return total
+    if isinstance(limit, float) and limit <= 1.0:
+        return int(total * limit) if total != float("inf") else float("inf")
+    return min(total, int(limit))

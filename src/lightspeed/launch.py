@@ -1,0 +1,209 @@
+"""Where ranks come from: plain `python`, our own local spawner, torchrun, SLURM or the deepspeed launcher.
+
+The launch environment is read exactly once, by `read_dist_info()`, into a frozen `DistInfo`. Nothing else in
+lightspeed reads rank variables. `start_local_ranks(n)` turns a plain `python train.py` into n local ranks by
+re-running the same command with the rank environment set, as torchrun would; the calling process becomes rank 0.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+Launcher = Literal["none", "lightspeed", "torchrun", "slurm", "deepspeed"]
+
+# Set on the ranks that lightspeed itself started, so they never spawn again.
+_SPAWNED_FLAG = "LIGHTSPEED_SPAWNED"
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Rank, world size and placement of this process; read once, never mutated."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    launcher: Launcher = "none"
+
+    @property
+    def is_global_zero(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def _int(env: dict, key: str, default: int | None = None) -> int:
+    value = env.get(key)
+    return default if value in (None, "") else int(value)  # type: ignore[return-value]
+
+
+def _slurm_master(nodelist: str) -> str:
+    # "node[01-04],gpu7" -> "node01": the first host of SLURM's compact node list.
+    first = nodelist.split(",")[0]
+    if "[" in first:
+        prefix, rest = first.split("[", 1)
+        first = prefix + rest.split("-")[0].split(",")[0].rstrip("]")
+    return first
+
+
+def read_dist_info(env: dict | None = None) -> DistInfo:
+    """Reads the launch environment once. Precedence: torchrun/deepspeed/lightspeed variables, then SLURM.
+
+    torchrun, the deepspeed launcher and lightspeed's own spawner all export RANK/LOCAL_RANK/WORLD_SIZE/
+    MASTER_ADDR/MASTER_PORT; SLURM exports SLURM_PROCID/SLURM_LOCALID/SLURM_NTASKS/SLURM_NODELIST.
+    """
+    env = dict(os.environ if env is None else env)
+    if "RANK" in env and "WORLD_SIZE" in env:
+        if env.get(_SPAWNED_FLAG):
+            launcher: Launcher = "lightspeed"
+        elif "TORCHELASTIC_RUN_ID" in env:
+            launcher = "torchrun"
+        elif "CROSS_RANK" in env or "CROSS_SIZE" in env or "DS_ACCELERATOR" in env:
+            launcher = "deepspeed"
+        else:
+            launcher = "torchrun"
+        local_world = _int(env, "LOCAL_WORLD_SIZE", _int(env, "WORLD_SIZE"))
+        return DistInfo(
+            rank=_int(env, "RANK"),
+            local_rank=_int(env, "LOCAL_RANK", 0),
+            world_size=_int(env, "WORLD_SIZE"),
+            local_world_size=local_world,
+            node_rank=_int(env, "GROUP_RANK", _int(env, "NODE_RANK", _int(env, "CROSS_RANK", 0))),
+            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=_int(env, "MASTER_PORT", 29500),
+            launcher=launcher,
+        )
+    if "SLURM_NTASKS" in env and "SLURM_PROCID" in env and env.get("SLURM_JOB_NAME") not in ("bash", "interactive"):
+        job_id = _int(env, "SLURM_JOB_ID", 0)
+        return DistInfo(
+            rank=_int(env, "SLURM_PROCID"),
+            local_rank=_int(env, "SLURM_LOCALID", 0),
+            world_size=_int(env, "SLURM_NTASKS"),
+            local_world_size=_int(env, "SLURM_NTASKS_PER_NODE", _int(env, "SLURM_NTASKS")),
+            node_rank=_int(env, "SLURM_NODEID", 0),
+            master_addr=env.get("MASTER_ADDR") or _slurm_master(env.get("SLURM_NODELIST", "127.0.0.1")),
+            # A port derived from the job id, so every task of the job agrees without talking.
+            master_port=_int(env, "MASTER_PORT", 15000 + job_id % 20000),
+            launcher="slurm",
+        )
+    return DistInfo()
+
+
+def find_free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _child_env(rank: int, world: int, port: int) -> dict:
+    env = dict(os.environ)
+    env.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
+        NODE_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **{_SPAWNED_FLAG: "1"},
+        LIGHTSPEED_PARENT_PID=str(os.getpid()),
+    )
+    return env
+
+
+def start_local_ranks(n: int) -> DistInfo:
+    """Re-runs this script as ranks 1..n-1 and returns rank 0's DistInfo for the calling process.
+
+    A watchdog thread in rank 0 polls the children: if one exits non-zero, rank 0 kills the others and exits
+    with that code (the child's traceback is already on stderr). Children stop themselves if rank 0 dies.
+    """
+    port = find_free_port()
+    argv = [sys.executable, *(_script_argv())]
+    children = [subprocess.Popen(argv, env=_child_env(r, n, port)) for r in range(1, n)]
+    os.environ.update(_child_env(0, n, port))  # for libraries (DeepSpeed) that read these themselves
+
+    def kill_children() -> None:
+        for c in children:
+            if c.poll() is None:
+                c.terminate()
+        deadline = time.time() + 10
+        for c in children:
+            try:
+                c.wait(timeout=max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                c.kill()
+
+    def watch() -> None:
+        while True:
+            for c in children:
+                code = c.poll()
+                if code not in (None, 0):
+                    print(f"[lightspeed] rank {children.index(c) + 1} failed with exit code {code}; "
+                          "stopping every rank.", file=sys.stderr, flush=True)
+                    kill_children()
+                    os._exit(code if code > 0 else 1)
+            if all(c.poll() is not None for c in children):
+                return
+            time.sleep(0.2)
+
+    failed: list[bool] = []
+    previous_hook = sys.excepthook
+
+    def on_uncaught(*exc_info) -> None:  # rank 0 itself failed: print, then take every other rank down
+        failed.append(True)
+        previous_hook(*exc_info)
+        kill_children()
+
+    sys.excepthook = on_uncaught
+    atexit.register(_wait_then_kill, children, kill_children, failed)
+    threading.Thread(target=watch, name="lightspeed-rank-watchdog", daemon=True).start()
+    return DistInfo(rank=0, local_rank=0, world_size=n, local_world_size=n, master_port=port, launcher="lightspeed")
+
+
+def _wait_then_kill(children, kill_children, failed: list) -> None:
+    # Rank 0 finished its script: if it succeeded, give the others time to finish theirs; otherwise kill them.
+    if not failed:
+        for c in children:
+            try:
+                c.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                pass
+    kill_children()
+    codes = [c.returncode for c in children if c.returncode not in (None, 0)]
+    if codes and not failed:
+        print(f"[lightspeed] a rank exited with code {codes[0]}", file=sys.stderr, flush=True)
+        os._exit(codes[0] if codes[0] > 0 else 1)
+
+
+def _script_argv() -> list[str]:
+    # `python -m pkg.mod args` shows up as sys.argv[0] == path of mod; re-run it as a module when we can.
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name and spec.name != "__main__":
+        name = spec.name[: -len(".__main__")] if spec.name.endswith(".__main__") else spec.name
+        return ["-m", name, *sys.argv[1:]]
+    return list(sys.argv)
+
+
+def watch_parent() -> None:
+    """On a rank lightspeed spawned: exit if rank 0 (our parent) disappears, so no rank is left hanging."""
+    parent = os.environ.get("LIGHTSPEED_PARENT_PID")
+    if not parent:
+        return
+    parent_pid = int(parent)
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent_pid:
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(0.5)
+
+    threading.Thread(target=watch, name="lightspeed-parent-watchdog", daemon=True).start()

@@ -1,0 +1,117 @@
+"""What `Module.log` records: step values, epoch aggregates, and the latest value of everything.
+
+Values stay tensors until someone reads them (a logger at its interval, the progress bar, a callback), so
+logging a loss every step costs no host-device synchronisation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from .errors import ConfigError
+
+_REDUCE = {"mean", "sum", "max", "min"}
+
+
+@dataclass
+class _EpochAccumulator:
+    reduce_fx: str
+    total: torch.Tensor | None = None
+    count: int = 0
+
+    def add(self, value: torch.Tensor) -> None:
+        value = value.detach().float()
+        if self.total is None:
+            self.total = value.clone()
+        elif self.reduce_fx in ("mean", "sum"):
+            self.total = self.total + value
+        elif self.reduce_fx == "max":
+            self.total = torch.maximum(self.total, value)
+        else:
+            self.total = torch.minimum(self.total, value)
+        self.count += 1
+
+    def compute(self) -> torch.Tensor:
+        assert self.total is not None
+        return self.total / self.count if self.reduce_fx == "mean" else self.total
+
+
+@dataclass
+class MetricStore:
+    """Owned by the Trainer; `Module.log` writes here. `stage` is "train", "validate", "test" or "predict"."""
+
+    device: torch.device = torch.device("cpu")
+    stage: str = "train"
+    step_metrics: dict[str, torch.Tensor] = field(default_factory=dict)
+    epoch_metrics: dict[str, _EpochAccumulator] = field(default_factory=dict)
+    latest: dict[str, torch.Tensor] = field(default_factory=dict)
+    prog_bar: set[str] = field(default_factory=set)
+    hidden_from_logger: set[str] = field(default_factory=set)
+
+    def log(self, name, value, prog_bar=False, on_step=None, on_epoch=None, sync_dist=False,
+            reduce_fx: str | Callable = "mean", logger=True) -> None:
+        fx = reduce_fx if isinstance(reduce_fx, str) else getattr(reduce_fx, "__name__", "mean")
+        if fx not in _REDUCE:
+            raise ConfigError(f"reduce_fx={reduce_fx!r} is not valid for {name!r}: use one of {sorted(_REDUCE)}.")
+        training = self.stage == "train"
+        on_step = training if on_step is None else on_step
+        on_epoch = (not training) if on_epoch is None else on_epoch
+        tensor = _as_tensor(name, value, self.device)
+        if sync_dist and dist.is_initialized() and dist.get_world_size() > 1:
+            tensor = _all_reduce(tensor, fx)
+        # Lightning's naming: a metric logged both per step and per epoch appears as name_step and name_epoch.
+        step_name = f"{name}_step" if on_step and on_epoch else name
+        epoch_name = f"{name}_epoch" if on_step and on_epoch else name
+        if on_step:
+            self.step_metrics[step_name] = tensor
+            self.latest[step_name] = tensor
+            if on_epoch:
+                self.latest[name] = tensor
+        if on_epoch:
+            acc = self.epoch_metrics.setdefault(epoch_name, _EpochAccumulator(fx))
+            acc.add(tensor)
+        names = {step_name, epoch_name, name}
+        if prog_bar:
+            self.prog_bar |= names
+        if not logger:
+            self.hidden_from_logger |= names
+
+    def pop_step(self) -> dict[str, torch.Tensor]:
+        """The values logged during this step (for loggers); clears them."""
+        out, self.step_metrics = self.step_metrics, {}
+        return {k: v for k, v in out.items() if k not in self.hidden_from_logger}
+
+    def pop_epoch(self) -> dict[str, torch.Tensor]:
+        """Epoch aggregates (for loggers and callbacks); clears the accumulators."""
+        out = {name: acc.compute() for name, acc in self.epoch_metrics.items() if acc.count}
+        self.epoch_metrics = {}
+        self.latest.update(out)
+        return {k: v for k, v in out.items() if k not in self.hidden_from_logger}
+
+    def prog_bar_values(self) -> dict[str, float]:
+        return {k: float(v) for k, v in self.latest.items() if k in self.prog_bar}
+
+    def as_floats(self) -> dict[str, float]:
+        return {k: float(v) for k, v in self.latest.items()}
+
+
+def _as_tensor(name: str, value: Any, device: torch.device) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ConfigError(f"self.log({name!r}, ...) got a tensor of shape {tuple(value.shape)}: "
+                              "log scalars (one element).")
+        return value.detach().reshape(())
+    if isinstance(value, (int, float, bool)):
+        return torch.tensor(float(value), device=device)
+    raise ConfigError(f"self.log({name!r}, value={value!r}) is not valid: log a number or a one-element tensor.")
+
+
+def _all_reduce(tensor: torch.Tensor, fx: str) -> torch.Tensor:
+    t = tensor.float().clone()
+    op = {"mean": dist.ReduceOp.SUM, "sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[fx]
+    dist.all_reduce(t, op=op)
+    return t / dist.get_world_size() if fx == "mean" else t

@@ -1,0 +1,61 @@
+"""Parsing the return forms of `configure_optimizers` that Lightning users know."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .errors import ConfigError
+from .strategies.base import SchedulerConfig
+
+_FORMS = ("an optimizer; a list of optimizers; ([optimizers], [schedulers]); "
+          "{'optimizer': o, 'lr_scheduler': s or {'scheduler': s, 'interval': 'step'|'epoch', 'frequency': n, "
+          "'monitor': key}}; or a list of such dicts")
+
+
+def _is_optimizer(x: Any) -> bool:
+    # DeepSpeed's optimizers do not subclass torch's; anything with step/zero_grad/param_groups will do.
+    return isinstance(x, torch.optim.Optimizer) or all(hasattr(x, a) for a in ("step", "zero_grad", "param_groups"))
+
+
+def _scheduler(entry: Any) -> SchedulerConfig:
+    if isinstance(entry, dict):
+        if "scheduler" not in entry:
+            raise ConfigError(f"configure_optimizers returned an lr_scheduler dict without 'scheduler': {entry!r}.")
+        cfg = SchedulerConfig(entry["scheduler"], entry.get("interval", "epoch"), entry.get("frequency", 1),
+                              entry.get("monitor"))
+    else:
+        cfg = SchedulerConfig(entry)
+    if cfg.interval not in ("step", "epoch"):
+        raise ConfigError(f"lr_scheduler interval={cfg.interval!r} is not valid: use 'step' or 'epoch'.")
+    if not isinstance(cfg.frequency, int) or cfg.frequency < 1:
+        raise ConfigError(f"lr_scheduler frequency={cfg.frequency!r} is not valid: expected an integer ≥ 1.")
+    if not hasattr(cfg.scheduler, "step"):
+        raise ConfigError(f"lr_scheduler={cfg.scheduler!r} is not valid: expected a torch LR scheduler.")
+    return cfg
+
+
+def parse_optimizers(value: Any) -> tuple[list, list[SchedulerConfig]]:
+    """Returns (optimizers, scheduler configs). Raises ConfigError listing the accepted forms."""
+    if value is None:
+        return [], []
+    if _is_optimizer(value):
+        return [value], []
+    if isinstance(value, dict):
+        if "optimizer" not in value:
+            raise ConfigError(f"configure_optimizers returned a dict without 'optimizer'. Accepted: {_FORMS}.")
+        scheds = [_scheduler(value["lr_scheduler"])] if value.get("lr_scheduler") is not None else []
+        return parse_optimizers(value["optimizer"])[0], scheds
+    if isinstance(value, (list, tuple)):
+        if len(value) == 2 and all(isinstance(v, (list, tuple)) for v in value):
+            opts, scheds = value
+            if all(_is_optimizer(o) for o in opts):
+                return list(opts), [_scheduler(s) for s in scheds]
+        if value and all(_is_optimizer(o) for o in value):
+            return list(value), []
+        if value and all(isinstance(v, dict) for v in value):
+            pairs = [parse_optimizers(v) for v in value]
+            return [o for p in pairs for o in p[0]], [s for p in pairs for s in p[1]]
+    raise ConfigError(f"configure_optimizers returned {type(value).__name__} {value!r:.200}, which is not a form "
+                      f"lightspeed accepts: {_FORMS}.")

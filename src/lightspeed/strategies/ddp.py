@@ -1,0 +1,118 @@
+"""Distributed data parallel: torch's DistributedDataParallel, gloo on CPU, nccl on CUDA.
+
+Gradients are all-reduced only on the last micro-batch of an accumulation window: `require_backward_grad_sync`
+is the flag `no_sync()` toggles, set here before the forward so the loop needs no context manager.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from ..checkpoint_io import load_replicated, save_replicated
+from ..precision import Precision, build_clip_fn
+from .base import RunSpec
+from .common import StepRunner, barrier, destroy_process_group, init_process_group
+
+CommHook = Literal["fp16", "bf16", "powersgd"]
+
+
+@dataclass
+class DDP:
+    """Data parallel with torch DDP.
+
+    Args:
+        comm_hook: a torch DDP communication hook, by name ("fp16", "bf16" compression, "powersgd") or as a
+            `(state, hook)` pair passed to `register_comm_hook` unchanged.
+        powersgd_rank: matrix approximation rank for "powersgd".
+        find_unused_parameters, static_graph, bucket_cap_mb, gradient_as_bucket_view: passed to DDP.
+    """
+
+    comm_hook: CommHook | tuple[Any, Callable] | None = None
+    powersgd_rank: int = 1
+    find_unused_parameters: bool = False
+    static_graph: bool = False
+    bucket_cap_mb: float | None = None
+    gradient_as_bucket_view: bool = True
+    name: str = "ddp"
+    is_manual_optimization_supported: bool = True
+    optimizers: list = field(default_factory=list)
+    schedulers: list = field(default_factory=list)
+
+    def connect(self, spec: RunSpec) -> None:
+        self.spec = spec
+        self.precision = Precision(spec)
+        init_process_group(spec)
+
+    def model_init_context(self):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def setup(self, module, build_optimizers) -> None:
+        self.module = self.precision.convert_module(module.to(self.spec.device))
+        if build_optimizers is not None:
+            self.optimizers, self.schedulers = build_optimizers()
+        kwargs: dict[str, Any] = dict(
+            find_unused_parameters=self.find_unused_parameters, static_graph=self.static_graph,
+            gradient_as_bucket_view=self.gradient_as_bucket_view,
+        )
+        if self.bucket_cap_mb is not None:
+            kwargs["bucket_cap_mb"] = self.bucket_cap_mb
+        if self.spec.device.type == "cuda":
+            kwargs["device_ids"] = [self.spec.device.index]
+        if not any(p.requires_grad for p in self.module.parameters()):
+            self.wrapped = StepRunner(self.module)  # nothing to train (evaluation): DDP would refuse
+        else:
+            self.wrapped = DistributedDataParallel(StepRunner(self.module), **kwargs)
+            self._register_comm_hook()
+        self.clip_fn = build_clip_fn(self.spec)
+
+    def _register_comm_hook(self) -> None:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+        match self.comm_hook:
+            case None:
+                return
+            case "fp16":
+                self.wrapped.register_comm_hook(dist.group.WORLD, default_hooks.fp16_compress_hook)
+            case "bf16":
+                self.wrapped.register_comm_hook(dist.group.WORLD, default_hooks.bf16_compress_hook)
+            case "powersgd":
+                state = powerSGD_hook.PowerSGDState(
+                    process_group=None, matrix_approximation_rank=self.powersgd_rank, start_powerSGD_iter=2
+                )
+                self.wrapped.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+            case (state, hook):
+                self.wrapped.register_comm_hook(state, hook)
+
+    def set_grad_sync(self, is_boundary: bool) -> None:
+        if isinstance(self.wrapped, DistributedDataParallel):
+            self.wrapped.require_backward_grad_sync = is_boundary
+
+    def forward(self, step, *args):
+        with self.precision.autocast():
+            return self.wrapped(step, *args)
+
+    def backward(self, loss) -> None:
+        self.precision.backward(loss)
+
+    def step(self):
+        return self.precision.step(self.optimizers, self.clip_fn)
+
+    def save(self, path: Path) -> None:
+        if self.spec.dist.is_global_zero:
+            save_replicated(path, self.module, self.optimizers, {"precision": self.precision.state_dict()})
+        barrier()
+
+    def load(self, path: Path, with_optimizer: bool = True) -> None:
+        state = load_replicated(path, self.module, self.optimizers, with_optimizer)
+        self.precision.load_state_dict(state.get("precision", {}))
+
+    def teardown(self) -> None:
+        destroy_process_group()
