@@ -25,10 +25,10 @@ def __getattr__(name: str):
         from .strategies.zero1 import ZeRO1
 
         return ZeRO1
-    if name in ("consolidate", "convert"):
-        from . import checkpoint
+    if name in ("consolidate", "full_state_dict"):
+        import importlib
 
-        return getattr(checkpoint, name)
+        return getattr(importlib.import_module("lightspeed.conversion"), name)
     raise AttributeError(f"module 'lightspeed' has no attribute {name!r}")
 
 
