@@ -144,8 +144,7 @@ class Trainer:
                                   f"{self.strategy.name!r}: it owns backward and the optimizer step. Use 'ddp', "
                                   "'ddp_sharded' or a single device for manual optimization.")
             self.strategy.connect(self._spec(micro_batch_size))
-            with self.strategy.model_init_context():
-                module.configure_model()
+            self.strategy.configure_model(module)
             self._module, self._setup_for = module, None
         want = "fit" if stage == "train" else "eval"
         if self._setup_for in ("fit", want):

@@ -78,7 +78,7 @@ def build_strategy(value: Any, world_size: int) -> Strategy:
         return value
     raise ConfigError(
         f"strategy={value!r} is not valid: expected a strategy name or an object with the Strategy methods "
-        "(connect, model_init_context, setup, set_grad_sync, forward, backward, step, save, load, teardown)."
+        "(connect, configure_model, setup, set_grad_sync, forward, backward, step, save, load, teardown)."
     )
 
 

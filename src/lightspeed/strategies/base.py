@@ -3,6 +3,7 @@
 The protocol is shaped around DeepSpeed, the most demanding backend, which owns backward, the optimizer step,
 gradient accumulation, clipping and optimizer state. A training step through any strategy is:
 
+    strategy.configure_model(module)                     # once: module.configure_model(), sharded if need be
     strategy.setup(module, build_optimizers)            # once: wrap/shard the model, build optimizers, engine
     strategy.set_grad_sync(is_boundary)                  # is_boundary: last micro-batch of a window
     loss = strategy.forward(module.training_step, batch, i)   # run the step through the wrapper/engine
@@ -14,7 +15,6 @@ DDP, ZeRO-1 and FSDP honour that shape easily. No strategy subclasses another; s
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal, Protocol, runtime_checkable
@@ -65,8 +65,9 @@ class Strategy(Protocol):
     def connect(self, spec: RunSpec) -> None:
         """Joins the process group and claims the device. Called once per process, before anything else."""
 
-    def model_init_context(self) -> AbstractContextManager:
-        """Context in which `Module.configure_model` runs (zero.Init under ZeRO-3, meta device under FSDP)."""
+    def configure_model(self, module: torch.nn.Module) -> None:
+        """Calls `module.configure_model()` once, the backend's way: plainly, inside zero.Init (ZeRO-3) or on the
+        meta device (FSDP), so a model larger than one rank's memory is never materialised whole."""
 
     def setup(self, module: torch.nn.Module, build_optimizers: OptimizerFactory | None) -> None:
         """Wraps the model and builds the optimizers (DDP, FSDP shards, the DeepSpeed engine).

@@ -49,10 +49,8 @@ class DDP:
         self.precision = Precision(spec)
         init_process_group(spec)
 
-    def model_init_context(self):
-        import contextlib
-
-        return contextlib.nullcontext()
+    def configure_model(self, module) -> None:
+        module.configure_model()
 
     def setup(self, module, build_optimizers) -> None:
         self.module = self.precision.convert_module(module.to(self.spec.device))

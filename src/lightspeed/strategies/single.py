@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,8 +27,8 @@ class SingleDevice:
         if spec.device.type == "cuda":
             torch.cuda.set_device(spec.device)
 
-    def model_init_context(self):
-        return contextlib.nullcontext()
+    def configure_model(self, module) -> None:
+        module.configure_model()
 
     def setup(self, module, build_optimizers) -> None:
         self.module = self.precision.convert_module(module.to(self.spec.device))
