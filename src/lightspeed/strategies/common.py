@@ -52,3 +52,47 @@ class StepRunner(torch.nn.Module):
 
     def forward(self, step, *args):
         return step(*args)
+
+
+def apply_activation_checkpointing(module: torch.nn.Module, classes) -> None:
+    """Wraps, in place, every submodule of `module` whose type is in `classes` with torch's non-reentrant
+    activation checkpointing: its activations are recomputed in the backward instead of kept.
+
+    Non-reentrant checkpointing is torch's recommended form: it works with ZeRO-3 and FSDP parameter hooks and
+    with inputs that do not require grad. `state_dict()` keys stay unchanged (the wrapper's hooks strip its
+    prefix), but `named_parameters()` gain `_checkpoint_wrapped_module.`; `CHECKPOINT_PREFIX` names it.
+
+    Args:
+        module: the model to change.
+        classes: block classes (an iterable of types, or one type) to checkpoint, e.g. `[Block]`.
+    Raises:
+        ConfigError: if a class is not a type, or no submodule of `module` has that type; the message lists the
+            candidate block classes (those of modules held in an nn.ModuleList or nn.Sequential).
+    """
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl,
+        apply_activation_checkpointing as torch_apply,
+        checkpoint_wrapper,
+    )
+
+    from ..errors import ConfigError
+
+    classes = tuple(classes) if isinstance(classes, (list, tuple, set)) else (classes,)
+    present = {type(m) for m in module.modules()}
+    for cls in classes:
+        if not isinstance(cls, type) or cls not in present:
+            candidates = sorted({type(child).__name__ for m in module.modules()
+                                 if isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential)) for child in m})
+            raise ConfigError(
+                f"activation_checkpointing={getattr(cls, '__name__', cls)!r} is not valid: no submodule of "
+                f"{type(module).__name__} has that class. Candidate block classes: {', '.join(candidates) or 'none'}."
+            )
+    torch_apply(
+        module,
+        checkpoint_wrapper_fn=lambda m: checkpoint_wrapper(m, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
+        check_fn=lambda m: isinstance(m, classes),
+    )
+
+
+# What `apply_activation_checkpointing` inserts into parameter names (not into state_dict keys).
+CHECKPOINT_PREFIX = "_checkpoint_wrapped_module."
