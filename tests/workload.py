@@ -55,7 +55,8 @@ def main(opts: dict) -> None:
         max_epochs=opts.get("max_epochs"), accumulate_grad_batches=opts.get("accumulate", 1),
         gradient_clip_val=opts.get("clip"), gradient_clip_algorithm=opts.get("clip_algo", "norm"),
         precision=opts.get("precision", "32-true"), default_root_dir=opts.get("root", "."),
-        limit_train_batches=opts.get("limit_train_batches"), limit_val_batches=4, seed=opts.get("seed", 0),
+        limit_train_batches=opts.get("limit_train_batches"), limit_val_batches=4, limit_test_batches=4,
+        limit_predict_batches=opts.get("limit_predict_batches"), seed=opts.get("seed", 0),
         enable_progress_bar=False, enable_checkpointing=bool(opts.get("ckpt_every") or opts.get("checkpointing")),
         callbacks=callbacks, logger=False, accelerator="cpu",
     )
@@ -72,6 +73,8 @@ def main(opts: dict) -> None:
         result["predict_batches"] = len(preds)
     if opts.get("save_to"):
         trainer.save_checkpoint(opts["save_to"])
+        if trainer.is_global_zero and opts.get("consolidate"):
+            ls.consolidate(opts["save_to"], opts["consolidate"])
     if trainer.is_global_zero:
         with open(opts["out"], "w") as f:
             json.dump(result, f)
