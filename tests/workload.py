@@ -4,11 +4,13 @@ It trains the tiny GPT with the Trainer (which starts its own ranks for devices 
 records the per-step global-mean losses, and rank 0 writes them with other facts to the JSON file `out`.
 Options (all optional except out): strategy, devices, max_steps, max_epochs, accumulate, clip, clip_algo,
 precision, batch_size, ckpt_every, resume ("last" or a path), root, seed, limit_train_batches, shuffle,
-predict, validate, test, consolidate (a path), fail_rank (raise on that rank at step 3), dropout.
+predict, validate, test, consolidate (a path), fail_rank (raise on that rank at step 3), dropout, num_nodes,
+progress (show the progress bar).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -24,9 +26,9 @@ from lightspeed.examples.gpt import SIZES, ByteWindows, GPTModule, stdlib_corpus
 
 class Workload(GPTModule):
     def __init__(self, opts: dict):
-        cfg = SIZES["tiny"]
-        if opts.get("dropout"):
-            cfg = type(cfg)(**{**cfg.__dict__, "dropout": opts["dropout"]})
+        # Bias-free: a key bias has a zero gradient (softmax ignores shifts), and Adam turns the fp32 noise
+        # in that gradient into full-size updates, which would make weight comparisons meaningless.
+        cfg = dataclasses.replace(SIZES["tiny"], bias=False, dropout=opts.get("dropout", 0.0))
         super().__init__(cfg, lr=opts.get("lr", 3e-3), warmup_steps=opts.get("warmup", 0))
         self.opts = opts
         self.losses: list[float] = []
@@ -51,13 +53,14 @@ def main(opts: dict) -> None:
     if opts.get("ckpt_every"):
         callbacks.append(ls.ModelCheckpoint(every_n_train_steps=opts["ckpt_every"], save_top_k=-1))
     trainer = ls.Trainer(
-        strategy=opts.get("strategy", "auto"), devices=opts.get("devices", 1), max_steps=opts.get("max_steps", -1),
+        strategy=opts.get("strategy", "auto"), devices=opts.get("devices", 1), num_nodes=opts.get("num_nodes", 1),
+        max_steps=opts.get("max_steps", -1),
         max_epochs=opts.get("max_epochs"), accumulate_grad_batches=opts.get("accumulate", 1),
         gradient_clip_val=opts.get("clip"), gradient_clip_algorithm=opts.get("clip_algo", "norm"),
         precision=opts.get("precision", "32-true"), default_root_dir=opts.get("root", "."),
         limit_train_batches=opts.get("limit_train_batches"), limit_val_batches=4, limit_test_batches=4,
         limit_predict_batches=opts.get("limit_predict_batches"), seed=opts.get("seed", 0),
-        enable_progress_bar=False, enable_checkpointing=bool(opts.get("ckpt_every") or opts.get("checkpointing")),
+        enable_progress_bar=bool(opts.get("progress")), enable_checkpointing=bool(opts.get("ckpt_every") or opts.get("checkpointing")),
         callbacks=callbacks, logger=False, accelerator="cpu",
     )
     result: dict = {"world_size": trainer.world_size}

@@ -1,0 +1,98 @@
+"""One conformance suite and one parity suite, the same test bodies for every strategy (2 CPU ranks, gloo).
+
+Each strategy trains the tiny GPT for 30 optimizer steps (2 micro-batches per step, gradient clipping at 1.0,
+global batch 8) with validation, then validates, tests, predicts, saves and consolidates; a second run resumes
+from its step-15 checkpoint. The single-device run is the reference.
+
+Tolerances (fp32, relative, per step):
+  - torch-native strategies (ddp, ddp_sharded, fsdp, fsdp_grad_op): 1e-5. Only the order of the gradient
+    reductions differs from one device.
+  - DeepSpeed stages: 1e-5 as well; ZeRO flattens parameters into buckets and reduces them in its own order,
+    which stays within fp32 rounding over 30 steps on this model.
+  - Resume: 1e-6 (the same computation replayed from saved state).
+  - Final weights (consolidated), relative Frobenius norm per tensor: 1e-4. Adam divides each update by the
+    root of its second moment, so elements with small gradients turn last-bit reduction differences into
+    visibly larger weight differences than the losses show; 1e-4 is what 30 Adam steps give here.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import assert_close_losses, run_workload
+from safetensors.torch import load_file
+
+STEPS, ACCUM, RESUME_AT = 30, 2, 15
+STRATEGIES = [
+    "ddp", "ddp_sharded", "fsdp", "fsdp_grad_op",
+    "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_3", "deepspeed_stage_2_offload",
+]
+PARITY_RTOL = {s: 1e-5 for s in STRATEGIES}
+RESUME_RTOL = 1e-6
+WEIGHT_RTOL = 1e-4
+
+
+def _train(root, strategy: str) -> dict:
+    devices = 1 if strategy == "single" else 2
+    out = run_workload(
+        root, strategy=strategy, devices=devices, batch_size=8 // (devices * ACCUM), accumulate=ACCUM, clip=1.0,
+        max_steps=STEPS, val=True, validate=True, test=True, predict=True, limit_predict_batches=3,
+        ckpt_every=RESUME_AT, save_to=str(root / "final"), consolidate=str(root / "final.safetensors"),
+    )
+    out["root"] = root
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Trains each strategy once, on first use; the tests below share the results."""
+    cache: dict[str, dict] = {}
+
+    def get(strategy: str) -> dict:
+        if strategy not in cache:
+            cache[strategy] = _train(tmp_path_factory.mktemp(strategy), strategy)
+        return cache[strategy]
+
+    return get
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_conformance(runs, strategy):
+    """fit, validate, test, predict, save and consolidate all work and report sensible results."""
+    r = runs(strategy)
+    assert r["global_step"] == STEPS
+    assert len(r["losses"]) == STEPS * ACCUM
+    assert r["losses"][-1] < r["losses"][0]
+    assert 0 < r["validate"][0]["val_loss"] < r["losses"][0]
+    assert 0 < r["test"][0]["test_loss"] < r["losses"][0]
+    assert r["predict_batches"] == 3
+    ckpts = r["root"] / "checkpoints"
+    assert (ckpts / f"epoch=0-step={RESUME_AT}" / "meta.json").exists()
+    assert (r["root"] / "last").resolve() == (r["root"] / "final").resolve()  # `last` follows the newest save
+    weights = load_file(str(r["root"] / "final.safetensors"))
+    assert "model.wte.weight" in weights and "model.lm_head.weight" in weights  # tied weights under both names
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_parity_with_single_device(runs, strategy):
+    """Per-step losses and the consolidated final weights match one device within the stated tolerance."""
+    ref, r = runs("single"), runs(strategy)
+    assert_close_losses(r["losses"], ref["losses"], PARITY_RTOL[strategy], f"{strategy} vs single")
+    w_ref = load_file(str(ref["root"] / "final.safetensors"))
+    w = load_file(str(r["root"] / "final.safetensors"))
+    assert w.keys() == w_ref.keys()
+    for k in w_ref:
+        rel = ((w[k] - w_ref[k]).norm() / w_ref[k].norm()).item()
+        assert rel <= WEIGHT_RTOL, f"{strategy}: weight {k} differs by {rel:.1e} (relative norm)"
+
+
+@pytest.mark.parametrize("strategy", ["single", *STRATEGIES])
+def test_resume_continues_exactly(runs, strategy, tmp_path):
+    """Resuming from the step-15 checkpoint replays steps 16..30 with the same losses."""
+    r = runs(strategy)
+    ckpt = r["root"] / "checkpoints" / f"epoch=0-step={RESUME_AT}"
+    devices = 1 if strategy == "single" else 2
+    resumed = run_workload(tmp_path, strategy=strategy, devices=devices, batch_size=8 // (devices * ACCUM),
+                           accumulate=ACCUM, clip=1.0, max_steps=STEPS, resume=str(ckpt))
+    assert resumed["global_step"] == STEPS
+    assert_close_losses(resumed["losses"], r["losses"][RESUME_AT * ACCUM:], RESUME_RTOL, f"{strategy} resumed")
