@@ -1,0 +1,427 @@
+"""DeepSpeed ZeRO stages 1/2/3, with optional CPU/NVMe offload, on CPU (gloo) or CUDA (nccl).
+
+    Trainer(devices=2, strategy="deepspeed_stage_3")                       # by name
+    Trainer(devices=2, strategy=DeepSpeed(stage=2, offload_optimizer="cpu", config="ds.json"))
+
+DeepSpeed owns the engine's forward, backward, optimizer step, gradient accumulation, clipping and precision.
+The config is built from the Trainer's flags (`build_config`), the user's config merges over it (a key that
+contradicts a flag is an error), then `Module.configure_deepspeed(config)` may change it.
+
+Accumulation: the Trainer divides each loss by `accumulate_grad_batches` and announces the window's end with
+`set_grad_sync`, which sets DeepSpeed's boundary; so `backward` passes `scale_wrt_gas=False` and DeepSpeed's own
+micro-step counter never decides. A partial window at an epoch's end (fewer batches left than
+`accumulate_grad_batches`) still ends in an optimizer step, on the gradients of the batches it has, each divided by
+the full `accumulate_grad_batches`: exactly what DDP does, so losses match across strategies, and one optimizer step
+is one `engine.global_steps`, which equals the Trainer's `global_step`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+
+from ..errors import ConfigError
+from .base import RunSpec
+from .common import CHECKPOINT_PREFIX, StepRunner, apply_activation_checkpointing, init_process_group
+
+Offload = Literal["cpu", "nvme"] | None
+TAG = "deepspeed"  # the sub-directory of a lightspeed checkpoint that holds DeepSpeed's files
+log = logging.getLogger("lightspeed")
+
+
+def _import_deepspeed():
+    try:
+        import deepspeed
+    except ImportError as e:
+        raise ConfigError(f"strategy DeepSpeed needs the deepspeed package, which is not importable ({e}). "
+                          "Install it with `pip install deepspeed` (or `pip install lightspeed[deepspeed]`).") from None
+    return deepspeed
+
+
+def _read_config(config: dict | str | Path | None) -> dict:
+    """The user's config as a dict; a path must hold valid JSON (errors name the path and line)."""
+    if config is None:
+        return {}
+    if isinstance(config, dict):
+        return copy.deepcopy(config)
+    path = Path(config)
+    if not path.is_file():
+        raise ConfigError(f"DeepSpeed config={str(config)!r} is not valid: the file does not exist.")
+    try:
+        value = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"DeepSpeed config file {path} is not valid JSON: line {e.lineno}, column {e.colno}: "
+                          f"{e.msg}.") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"DeepSpeed config file {path} must hold a JSON object, not {type(value).__name__}.")
+    return value
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+@dataclass
+class DeepSpeed:
+    """DeepSpeed ZeRO as a lightspeed strategy.
+
+    Args:
+        stage: ZeRO stage: 1 shards optimizer states, 2 also gradients, 3 also parameters.
+        offload_optimizer: move optimizer states and step to "cpu" or "nvme" (a torch Adam/AdamW becomes
+            DeepSpeedCPUAdam with the same hyper-parameters).
+        offload_params: stage 3 only: keep parameters on "cpu" or "nvme" between uses.
+        nvme_path: directory for "nvme" offload; required with it.
+        config: a DeepSpeed config dict or a JSON file; merged over the config built from the Trainer's flags.
+        activation_checkpointing: block classes whose activations are recomputed in the backward.
+        allgather_bucket_size, reduce_bucket_size: ZeRO communication bucket sizes (elements).
+    Raises:
+        ConfigError: bad stage or offload, nvme without nvme_path, clipping by value, a missing or invalid config
+            file; later, two optimizers or a config key that contradicts a Trainer flag.
+    """
+
+    stage: Literal[1, 2, 3] = 2
+    offload_optimizer: Offload = None
+    offload_params: Offload = None
+    nvme_path: str | Path | None = None
+    config: dict | str | Path | None = None
+    activation_checkpointing: list[type] | None = None
+    allgather_bucket_size: int = 200_000_000
+    reduce_bucket_size: int = 200_000_000
+    is_manual_optimization_supported: bool = False
+    optimizers: list = field(default_factory=list)
+    schedulers: list = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.stage not in (1, 2, 3):
+            raise ConfigError(f"DeepSpeed stage={self.stage!r} is not valid: use 1, 2 or 3.")
+        for what, value in (("offload_optimizer", self.offload_optimizer), ("offload_params", self.offload_params)):
+            if value not in (None, "cpu", "nvme"):
+                raise ConfigError(f"DeepSpeed {what}={value!r} is not valid: use None, 'cpu' or 'nvme'.")
+        if self.offload_params and self.stage != 3:
+            raise ConfigError(f"DeepSpeed offload_params={self.offload_params!r} needs stage=3 (got {self.stage}): "
+                              "only stage 3 partitions the parameters.")
+        if "nvme" in (self.offload_optimizer, self.offload_params) and self.nvme_path is None:
+            raise ConfigError("DeepSpeed offload to 'nvme' needs nvme_path=<a directory on a fast local disk>, e.g. "
+                              "DeepSpeed(stage=3, offload_optimizer='nvme', offload_params='nvme', nvme_path='/nvme').")
+        self.user_config = _read_config(self.config)
+        offload = "_offload" if self.offload_optimizer or self.offload_params else ""
+        nvme = "_nvme" if "nvme" in (self.offload_optimizer, self.offload_params) else ""
+        self.name = f"deepspeed_stage_{self.stage}{offload}{nvme}"
+        self.engine = None
+        self._checkpointing_applied = False
+
+    # ------------------------------------------------------------------ config
+    def connect(self, spec: RunSpec) -> None:
+        if spec.gradient_clip_algorithm == "value":
+            raise ConfigError("gradient_clip_algorithm='value' is not valid with DeepSpeed: it clips by global "
+                              "norm only. Use gradient_clip_algorithm='norm'.")
+        deepspeed = _import_deepspeed()
+        self.spec = spec
+        init_process_group(spec)
+        if not dist.is_initialized():
+            # One process: DeepSpeed still needs a process group; a group of one costs nothing.
+            from ..launch import find_free_port
+
+            dist.init_process_group("nccl" if spec.device.type == "cuda" else "gloo",
+                                    init_method=f"tcp://127.0.0.1:{find_free_port()}", rank=0, world_size=1)
+        # DeepSpeed's comm layer adopts the torch process group that is already there.
+        deepspeed.init_distributed(dist_backend=dist.get_backend(), dist_init_required=False, verbose=False)
+        logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+
+    def build_config(self, module: torch.nn.Module | None = None) -> dict:
+        """The DeepSpeed config: Trainer flags, the user's config over them, then `module.configure_deepspeed`.
+
+        Raises ConfigError when a user key contradicts a Trainer flag, naming both values."""
+        spec = self.spec
+        zero: dict[str, Any] = {
+            "stage": self.stage, "contiguous_gradients": True, "overlap_comm": False,
+            "allgather_bucket_size": self.allgather_bucket_size, "reduce_bucket_size": self.reduce_bucket_size,
+        }
+        if self.stage == 3:
+            zero.update(stage3_param_persistence_threshold=0, stage3_prefetch_bucket_size=self.reduce_bucket_size,
+                        stage3_max_live_parameters=10**9, stage3_max_reuse_distance=10**9)
+        for key, device in (("offload_optimizer", self.offload_optimizer), ("offload_param", self.offload_params)):
+            if device:
+                zero[key] = {"device": device, "pin_memory": spec.device.type == "cuda"}
+                if device == "nvme":
+                    zero[key]["nvme_path"] = str(self.nvme_path)
+        config: dict[str, Any] = {
+            "train_micro_batch_size_per_gpu": spec.micro_batch_size or 1,
+            "gradient_accumulation_steps": spec.accumulate_grad_batches,
+            "gradient_clipping": float(spec.gradient_clip_val or 0.0),
+            "zero_optimization": zero,
+            "zero_allow_untested_optimizer": True,
+            "steps_per_print": 2**62,  # off: lightspeed's loggers report progress
+            "wall_clock_breakdown": False,
+        }
+        if self.offload_optimizer:
+            # A non-Adam optimizer may run on offloaded states too (slowly); Adam/AdamW become DeepSpeedCPUAdam.
+            config["zero_force_ds_cpu_optimizer"] = False
+        match spec.precision:
+            case "bf16-mixed" | "bf16-true":
+                config["bf16"] = {"enabled": True}
+            case "16-mixed":
+                config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16,
+                                  "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1}
+        merged = _merge(config, self.user_config)
+        self._check_contradictions(config, merged)
+        return module.configure_deepspeed(merged) if hasattr(module, "configure_deepspeed") else merged
+
+    def _check_contradictions(self, ours: dict, merged: dict) -> None:
+        spec, zero = self.spec, merged.get("zero_optimization", {})
+        checks = [
+            ("gradient_accumulation_steps", merged["gradient_accumulation_steps"],
+             "accumulate_grad_batches", spec.accumulate_grad_batches),
+            ("zero_optimization.stage", zero.get("stage"), "DeepSpeed(stage=...)", self.stage),
+            ("bf16.enabled", merged.get("bf16", {}).get("enabled", False), "precision", spec.precision),
+            ("fp16.enabled", merged.get("fp16", {}).get("enabled", False), "precision", spec.precision),
+        ]
+        if spec.micro_batch_size is not None:
+            checks.append(("train_micro_batch_size_per_gpu", merged["train_micro_batch_size_per_gpu"],
+                           "the train dataloader's batch_size", spec.micro_batch_size))
+        if spec.gradient_clip_val:  # the Trainer set clipping; a config without the flag may add its own
+            checks.append(("gradient_clipping", merged["gradient_clipping"], "gradient_clip_val",
+                           spec.gradient_clip_val))
+        expected = {"bf16.enabled": "bf16" in ours, "fp16.enabled": "fp16" in ours}
+        for key, got, flag, flag_value in checks:
+            want = expected.get(key, flag_value)
+            if got != want and not (isinstance(got, float | int) and float(got) == float(want)):
+                raise ConfigError(f"DeepSpeed config {key}={got!r} contradicts the Trainer's {flag}={flag_value!r}; "
+                                  "set it in one place.")
+        if "train_batch_size" in merged and spec.micro_batch_size is not None:
+            want = spec.micro_batch_size * spec.accumulate_grad_batches * spec.dist.world_size
+            if merged["train_batch_size"] != want:
+                raise ConfigError(f"DeepSpeed config train_batch_size={merged['train_batch_size']} contradicts the "
+                                  f"Trainer: batch_size × accumulate_grad_batches × world size = {want}.")
+
+    # ------------------------------------------------------------------ model
+    def configure_model(self, module: torch.nn.Module) -> None:
+        if self.stage != 3:
+            module.configure_model()
+            return
+        deepspeed = _import_deepspeed()
+        config = self.build_config(module)
+        rank0 = self.spec.dist.is_global_zero
+        # Same seed, same weights: zero.Init loses init that a parent applies to a child's parameters after the
+        # child is built (they are already partitioned). So rank 0 also builds the model plainly, from the same
+        # RNG state, and its values overwrite the partitions. The trainer is shared, not copied.
+        before = _rng_state()
+        trainer = getattr(module, "_trainer", None)
+        plain = copy.deepcopy(module, memo={id(trainer): trainer}) if rank0 else None
+        with deepspeed.zero.Init(config_dict_or_path=config, remote_device=self.offload_params):
+            module.configure_model()
+        sharded_after = _rng_state()
+        numel = sum(getattr(p, "ds_numel", p.numel()) for p in module.parameters())
+        fits = torch.tensor([int(rank0 and _fits_in_host_memory(numel))])
+        dist.broadcast(fits, src=0)
+        if not fits.item():
+            if rank0:
+                log.warning("DeepSpeed stage 3: the model (%d parameters) would not fit in host memory twice; "
+                            "initialised sharded only (zero.Init), so parent-applied init may differ from DDP.",
+                            numel)
+            _set_rng_state(sharded_after)
+            return
+        if rank0:
+            _set_rng_state(before)
+            plain.configure_model()
+        _copy_from_rank0(deepspeed, module, plain)
+        # Continue from the RNG state of a plain build, on every rank, as DDP does.
+        _set_rng_state(_broadcast_rng(_rng_state() if rank0 else sharded_after))
+
+    def setup(self, module: torch.nn.Module, build_optimizers) -> None:
+        deepspeed = _import_deepspeed()
+        self.module = module
+        if self.activation_checkpointing and not self._checkpointing_applied:
+            apply_activation_checkpointing(module, self.activation_checkpointing)
+            self._checkpointing_applied = True
+        config = self.build_config(module)
+        optimizer = None
+        if build_optimizers is None:
+            config.pop("optimizer", None)  # evaluation: an inference-only engine, no optimizer state
+            config.pop("scheduler", None)
+        elif "optimizer" in config:
+            self._log0("DeepSpeed: the config has an 'optimizer' section; configure_optimizers is not used.")
+        else:
+            with self._full_shapes(deepspeed, module):
+                optimizers, self.schedulers = build_optimizers()
+            if len(optimizers) > 1:
+                raise ConfigError(f"configure_optimizers returned {len(optimizers)} optimizers; DeepSpeed runs one "
+                                  "engine with one optimizer. Return a single optimizer (with parameter groups).")
+            if not optimizers:
+                raise ConfigError("configure_optimizers returned no optimizer and the DeepSpeed config has no "
+                                  "'optimizer' section: provide one or the other.")
+            optimizer = self._maybe_cpu_adam(optimizers[0])
+        if self.engine is not None:
+            self.engine.destroy()  # an evaluation engine built before fit
+        self.engine, ds_optimizer, _, _ = deepspeed.initialize(
+            model=StepRunner(module), optimizer=optimizer, config=config, dist_init_required=False,
+            model_parameters=[p for p in module.parameters() if p.requires_grad] if optimizer is None else None,
+        )
+        self.optimizers = [ds_optimizer] if build_optimizers is not None and ds_optimizer is not None else []
+
+    def _full_shapes(self, deepspeed, module: torch.nn.Module):
+        """Under ZeRO-3 a partitioned parameter is an empty 1-D tensor, so `configure_optimizers` rules such as
+        "decay if p.dim() >= 2" would silently change the optimizer. Gathering the parameters while it runs shows
+        their true shapes; skipped (with a log line) when the whole model would not fit on the device."""
+        params = [p for p in module.parameters() if hasattr(p, "ds_id")]
+        if not params:
+            return contextlib.nullcontext()
+        numel = sum(p.ds_numel for p in params)
+        if self.spec.device.type == "cuda":
+            free = torch.cuda.mem_get_info(self.spec.device)[0]
+        else:
+            import psutil
+
+            free = psutil.virtual_memory().available / max(1, self.spec.dist.local_world_size)
+        if numel * params[0].element_size() > 0.5 * free:
+            self._log0("DeepSpeed stage 3: configure_optimizers sees partitioned parameters (the model is too "
+                       "large to gather); use p.ds_shape, not p.shape or p.dim(), to group them.")
+            return contextlib.nullcontext()
+        return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
+
+    def _maybe_cpu_adam(self, opt: torch.optim.Optimizer) -> Any:
+        """Under optimizer offload, a torch Adam/AdamW becomes DeepSpeedCPUAdam (several times faster on
+        offloaded states) with the same groups and hyper-parameters; the user's schedulers follow it."""
+        if not self.offload_optimizer or type(opt) not in (torch.optim.Adam, torch.optim.AdamW):
+            return opt
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        d = opt.defaults
+        groups = [dict(g) for g in opt.param_groups]  # every key, so a scheduler's "initial_lr" survives
+        new = DeepSpeedCPUAdam(groups, lr=d["lr"], betas=d["betas"], eps=d["eps"], weight_decay=d["weight_decay"],
+                               amsgrad=d.get("amsgrad", False), adamw_mode=type(opt) is torch.optim.AdamW)
+        for cfg in self.schedulers:
+            if getattr(cfg.scheduler, "optimizer", None) is opt:
+                cfg.scheduler.optimizer = new  # its state (step count, base lrs) is in the scheduler itself
+        self._log0(f"DeepSpeed: optimizer offload replaces torch.optim.{type(opt).__name__} with DeepSpeedCPUAdam "
+                   f"(adamw_mode={type(opt) is torch.optim.AdamW}), same hyper-parameters"
+                   f"{' and LR schedulers rebound to it' if self.schedulers else ''}.")
+        return new
+
+    # ------------------------------------------------------------------ the step
+    def set_grad_sync(self, is_boundary: bool) -> None:
+        self.engine.set_gradient_accumulation_boundary(is_boundary)
+
+    def forward(self, step, *args):
+        if self.engine.training != self.module.training:
+            self.engine.train(self.module.training)  # the Trainer switches the user's module; follow it
+        return self.engine(step, *args)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss, scale_wrt_gas=False)  # the Trainer already divided by the accumulation
+
+    def step(self) -> float | None:
+        self.engine.step()
+        return self.engine.get_global_grad_norm() if self.engine.gradient_clipping() else None
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, path: Path) -> None:
+        self.engine.save_checkpoint(str(path), tag=TAG, client_state={"lightspeed_strategy": self.name},
+                                    save_latest=False)
+
+    def load(self, path: Path, with_optimizer: bool = True) -> None:
+        if self.engine.optimizer is None:
+            # No optimizer (evaluation): ZeRO keeps the fp32 weights with the optimizer state, so merge them.
+            _load_weights(_import_deepspeed(), self.module, full_state_dict(Path(path)))
+            return
+        self.engine.load_checkpoint(str(path), tag=TAG, load_optimizer_states=with_optimizer,
+                                    load_lr_scheduler_states=False, load_module_strict=True)
+
+    def teardown(self) -> None:
+        if self.engine is not None:
+            self.engine.destroy()
+            self.engine = None
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def _log0(self, message: str) -> None:
+        if self.spec.dist.is_global_zero:
+            log.info(message)
+            print(message, flush=True)
+
+
+def full_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """Merges a lightspeed DeepSpeed checkpoint's ZeRO shards into one fp32 state dict on CPU.
+
+    Keys are the user's Module's own `state_dict()` keys (the engine's `module.` and activation checkpointing's
+    prefixes removed); tied weights appear under each name. Uses DeepSpeed's zero_to_fp32.
+    Raises ConfigError if `path` has no DeepSpeed shards."""
+    _import_deepspeed()
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    if not (Path(path) / TAG).is_dir():
+        raise ConfigError(f"{path} holds no DeepSpeed checkpoint (expected the directory {Path(path) / TAG}).")
+    state = get_fp32_state_dict_from_zero_checkpoint(str(path), tag=TAG)
+    out = {}
+    for key, value in state.items():
+        key = key.removeprefix("module.").replace(CHECKPOINT_PREFIX, "")
+        out[key] = value
+    return out
+
+
+# ---------------------------------------------------------------------- stage-3 helpers
+def _rng_state() -> dict:
+    state = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["cpu"])
+    if "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def _broadcast_rng(state: dict) -> dict:
+    box = [state]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _fits_in_host_memory(numel: int) -> bool:
+    """Rank 0 holds a plain copy and, while copying, the gathered parameters: twice the fp32 model."""
+    import psutil
+
+    return 2 * 4 * numel < 0.8 * psutil.virtual_memory().available
+
+
+def _copy_from_rank0(deepspeed, module: torch.nn.Module, plain: torch.nn.Module | None) -> None:
+    """Overwrites the partitioned parameters (and buffers) with rank 0's plain build. Collective."""
+    params = dict(module.named_parameters())
+    with deepspeed.zero.GatheredParameters(list(params.values()), modifier_rank=0), torch.no_grad():
+        if plain is not None:
+            source = dict(plain.named_parameters())
+            for name, p in params.items():
+                p.copy_(source[name])
+    source_buffers = dict(plain.named_buffers()) if plain is not None else {}
+    for name, b in module.named_buffers():
+        if plain is not None:
+            b.copy_(source_buffers[name])
+        dist.broadcast(b, src=0)
+
+
+def _load_weights(deepspeed, module: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Loads a full state dict into a module; under ZeRO-3 rank 0 loads and DeepSpeed re-partitions. Collective."""
+    params = list(module.parameters())
+    missing, unexpected = [], []
+    if not any(hasattr(p, "ds_id") for p in params):
+        missing, unexpected = module.load_state_dict(state, strict=False)
+    else:
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=0), torch.no_grad():
+            if dist.get_rank() == 0:
+                missing, unexpected = module.load_state_dict(state, strict=False)
+    if unexpected or [k for k in missing if k in dict(module.named_parameters())]:
+        raise ConfigError(f"checkpoint does not match {type(module).__name__}: missing {missing[:5]}, "
+                          f"unexpected {unexpected[:5]}.")
