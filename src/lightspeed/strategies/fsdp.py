@@ -1,0 +1,307 @@
+"""Fully sharded data parallel with torch's FSDP2 (`fully_shard`): parameters, gradients and optimizer state sharded.
+
+    Trainer(strategy="fsdp", devices=2)            # ZeRO-3: parameters resharded after each forward
+    Trainer(strategy="fsdp_grad_op", devices=2)    # ZeRO-2-like: parameters stay gathered from forward to backward
+    Trainer(strategy=FSDP(shard_classes=[Block], cpu_offload=True, activation_checkpointing=[Block]), devices=2)
+
+The model is built on the meta device (`configure_model`), sharded block by block, then only the local shards are
+materialised. When the whole model fits in host memory, rank 0 also builds it normally on CPU with the same random
+numbers, and the shards are filled from it: the same seed gives the same initial weights as a single-device run.
+
+Checkpoints are torch.distributed.checkpoint (DCP) directories: every rank writes its shards, and loading reshards
+to any world size. `full_state_dict(path)` merges one offline into a plain state dict (`lightspeed convert`).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+    register_fsdp_forward_method,
+)
+from torch.distributed.tensor import DTensor
+
+from ..errors import ConfigError
+from ..precision import Precision, build_clip_fn
+from .base import RunSpec
+from .common import apply_activation_checkpointing, barrier, destroy_process_group, init_process_group
+
+DCP_DIR = "dcp"  # the DCP checkpoint inside a lightspeed checkpoint directory
+EXTRA = "fsdp_extra.pt"  # rank 0's small non-tensor state (the fp16 loss scaler)
+STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
+
+
+@dataclass
+class FSDP:
+    """FSDP2 sharding.
+
+    Args:
+        reshard_after_forward: True frees each block's gathered parameters after its forward and gathers them
+            again for the backward (ZeRO-3, least memory). False keeps them gathered until the backward (ZeRO-2
+            communication; at rest between steps the parameters are sharded either way).
+        shard_classes: module classes that become shard units (each instance is one `fully_shard` call).
+            Default: the repeated blocks, i.e. the classes of the children of every `nn.ModuleList` in the model
+            (GPT's `Block`). The root module is always a unit too and holds the remaining parameters.
+        cpu_offload: keep sharded parameters, gradients and optimizer state on CPU (CPUOffloadPolicy); the
+            optimizer steps on CPU.
+        activation_checkpointing: block classes whose activations are recomputed in the backward.
+    """
+
+    reshard_after_forward: bool = True
+    shard_classes: list[type] | None = None
+    cpu_offload: bool = False
+    activation_checkpointing: list[type] | None = None
+    # The loop drives FSDP's gradient sync (set_grad_sync) and the sharded-norm clipping (step); a user's own
+    # opt.step() would bypass both, so manual optimization is refused up front.
+    is_manual_optimization_supported: bool = False
+    optimizers: list = field(default_factory=list)
+    schedulers: list = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.name = "fsdp" if self.reshard_after_forward else "fsdp_grad_op"
+        self._full_state: dict[str, torch.Tensor] | None = None
+        self._needs_init = self._is_from_full_state = False
+        self.module: nn.Module | None = None
+
+    def connect(self, spec: RunSpec) -> None:
+        self.spec = spec
+        self.precision = Precision(spec)  # used for the fp16 loss scaler and clip-then-step; no autocast
+        init_process_group(spec)
+        if not dist.is_initialized():
+            # One process: FSDP still needs a process group; a world of one in an in-memory store.
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+
+    def configure_model(self, module: nn.Module) -> None:
+        """Builds the model on the meta device; rank 0 also builds it on CPU when it fits (see the module doc)."""
+        rank0 = dist.get_rank() == 0
+        # Deep-copied before configure_model adds the layers, so the copy is cheap; the Trainer is shared.
+        trainer = module.__dict__.get("_trainer")
+        plain = copy.deepcopy(module, {id(trainer): trainer}) if rank0 else None
+        rng = torch.get_rng_state()
+        with torch.device("meta"):
+            module.configure_model()
+        tensors = list(module.parameters()) + list(module.buffers())
+        self._needs_init = any(t.is_meta for t in tensors)
+        if not self._needs_init:
+            return  # built in __init__: already materialised (identically on every rank, same seed); just shard
+        nbytes = sum(t.numel() * t.element_size() for t in {id(t): t for t in tensors}.values())
+        fits = [rank0 and _fits_in_host_memory(nbytes)]
+        dist.broadcast_object_list(fits, src=0)
+        self._is_from_full_state = fits[0]
+        if fits[0]:
+            if rank0:
+                torch.set_rng_state(rng)  # the numbers a single-device run draws: meta init drew none
+                plain.configure_model()
+                self._full_state = plain.state_dict()
+                del plain
+            # Every rank continues from rank 0's generator, as after a single-device build.
+            state = [torch.get_rng_state()]
+            dist.broadcast_object_list(state, src=0)
+            torch.set_rng_state(state[0])
+        elif rank0:
+            print(f"FSDP: the full model ({nbytes / 2**30:.1f} GiB) does not fit in host memory; initialising each "
+                  "shard locally with reset_parameters(), so weights differ from a single-device run.", flush=True)
+
+    def setup(self, module: nn.Module, build_optimizers) -> None:
+        if self.module is None:
+            self.module = module
+            self._shard(module)
+        if build_optimizers is not None:
+            # After sharding: the optimizer must hold the DTensor shards, not the meta/full parameters.
+            self.optimizers, self.schedulers = build_optimizers()
+        self.clip_fn = build_clip_fn(self.spec, norm_fn=clip_grad_norm_sharded)
+
+    def _shard(self, module: nn.Module) -> None:
+        self.precision.convert_module(module)  # bf16-true: bf16 weights and optimizer states
+        if self.activation_checkpointing:
+            apply_activation_checkpointing(module, self.activation_checkpointing)
+        ties = find_tied_parameters(module)
+        device = torch.device("cpu") if self.cpu_offload else self.spec.device
+        if not self._needs_init:
+            module.to(device)
+        mesh = init_device_mesh(self.spec.device.type, (dist.get_world_size(),))
+        apply_fsdp(module, find_shard_units(module, self.shard_classes), mesh, self.reshard_after_forward,
+                   build_mp_policy(self.spec.precision), self.cpu_offload and CPUOffloadPolicy(
+                       pin_memory=self.spec.device.type == "cuda") or OffloadPolicy())
+        if self._needs_init:
+            module.to_empty(device=device)  # allocates the local shards only
+            apply_ties(module, ties)  # to_empty gives each tied name its own tensor; FSDP manages the first
+            self._init_shards(module)
+        # The Trainer calls `module.training_step(...)`, not `module(...)`: registering the step methods makes
+        # them run FSDP's root pre/post-forward (lazy init, gathering the root's parameters) like a forward.
+        for name in STEP_METHODS:
+            if hasattr(module, name):
+                register_fsdp_forward_method(module, name)
+
+    def _init_shards(self, module: nn.Module) -> None:
+        if self._is_from_full_state:
+            # Rank 0 holds the full state dict; torch broadcasts it and each rank keeps its shards.
+            options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+            set_model_state_dict(module, self._full_state or {}, options=options)
+            self._full_state = None
+            return
+        for m in module.modules():  # the fallback: shard-local init, drawn from DTensor's own RNG
+            if hasattr(m, "reset_parameters"):
+                m.reset_parameters()
+
+    def set_grad_sync(self, is_boundary: bool) -> None:
+        # Off the boundary gradients accumulate unsharded and un-reduced; reduce-scatter only at the last one.
+        if isinstance(self.module, FSDPModule):
+            self.module.set_requires_gradient_sync(is_boundary)
+
+    def forward(self, step, *args):
+        return step(*args)  # mixed precision is FSDP's MixedPrecisionPolicy, not autocast
+
+    def backward(self, loss) -> None:
+        self.precision.backward(loss)
+
+    def step(self):
+        return self.precision.step(self.optimizers, self.clip_fn)
+
+    def save(self, path: Path) -> None:
+        state: dict[str, Any] = {"model": get_model_state_dict(self.module)}
+        if self.optimizers:
+            state["optim"] = get_optimizer_state_dict(self.module, self.optimizers)
+        dcp.save(state, checkpoint_id=str(path / DCP_DIR))
+        if dist.get_rank() == 0:
+            torch.save({"precision": self.precision.state_dict()}, path / EXTRA)
+        barrier()
+
+    def load(self, path: Path, with_optimizer: bool = True) -> None:
+        # DCP loads in place into tensors shaped like this run's shards, resharding from the saved layout.
+        state: dict[str, Any] = {"model": get_model_state_dict(self.module)}
+        if with_optimizer and self.optimizers:
+            state["optim"] = get_optimizer_state_dict(self.module, self.optimizers)
+        dcp.load(state, checkpoint_id=str(path / DCP_DIR))
+        set_model_state_dict(self.module, state["model"])
+        if "optim" in state:
+            set_optimizer_state_dict(self.module, self.optimizers, state["optim"])
+        if with_optimizer and (path / EXTRA).exists():
+            self.precision.load_state_dict(torch.load(path / EXTRA, weights_only=False).get("precision", {}))
+
+    def teardown(self) -> None:
+        destroy_process_group()
+
+
+def find_shard_units(module: nn.Module, classes: list[type] | None) -> list[nn.Module]:
+    """Returns the submodules that become shard units, children before parents (the order fully_shard needs).
+
+    With `classes` None, the units are the repeated blocks: instances of the classes of the children of every
+    nn.ModuleList. A model without a ModuleList gets no units besides the root.
+
+    Raises:
+        ConfigError: if `classes` names a class not in the model, or the units hold no parameters at all.
+    """
+    if classes is None:
+        classes = [type(c) for m in module.modules() if isinstance(m, nn.ModuleList) for c in m]
+    classes = tuple(dict.fromkeys(classes))
+    units = [m for m in module.modules() if m is not module and isinstance(m, classes)]
+    candidates = sorted({type(c).__name__ for m in module.modules()
+                         if isinstance(m, (nn.ModuleList, nn.Sequential)) for c in m})
+    if classes and not units:
+        raise ConfigError(f"FSDP(shard_classes={[c.__name__ for c in classes]}) is not valid: no submodule of "
+                          f"{type(module).__name__} has those classes. Candidate block classes: "
+                          f"{', '.join(candidates) or 'none'}.")
+    if units and not any(True for u in units for _ in u.parameters()):
+        raise ConfigError(f"FSDP shard units {sorted({type(u).__name__ for u in units})} hold no parameters, so "
+                          f"there is nothing to shard in them. Pass shard_classes= naming blocks that own weights "
+                          f"(candidates: {', '.join(candidates) or 'none'}).")
+    if not any(True for _ in module.parameters()):
+        raise ConfigError(f"FSDP got {type(module).__name__} with no parameters: nothing to shard or train.")
+    return units[::-1]
+
+
+def apply_fsdp(module: nn.Module, units: list[nn.Module], mesh, reshard_after_forward: bool,
+               mp_policy: MixedPrecisionPolicy, offload_policy: OffloadPolicy) -> None:
+    """Calls `fully_shard` on each unit (children first), then on the root, which takes the rest."""
+    kwargs = dict(mesh=mesh, mp_policy=mp_policy, offload_policy=offload_policy)
+    for unit in units:
+        fully_shard(unit, reshard_after_forward=reshard_after_forward, **kwargs)
+    fully_shard(module, reshard_after_forward=reshard_after_forward, **kwargs)
+
+
+def build_mp_policy(precision: str) -> MixedPrecisionPolicy:
+    """bf16-mixed / 16-mixed: compute in half precision, reduce gradients and keep the shards in fp32."""
+    match precision:
+        case "bf16-mixed":
+            return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        case "16-mixed":
+            return MixedPrecisionPolicy(param_dtype=torch.float16, reduce_dtype=torch.float32)
+        case _:
+            return MixedPrecisionPolicy()  # 32-true, and bf16-true whose weights are already bf16
+
+
+def clip_grad_norm_sharded(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """Clips by the global norm of sharded (DTensor) gradients; returns that norm as a plain tensor.
+
+    Each rank's norm covers its shards only; `full_tensor()` reduces the partial norms across ranks."""
+    grads = [p.grad for p in params if p.grad is not None]
+    total = torch.nn.utils.get_total_norm(grads, 2.0)
+    if isinstance(total, DTensor):
+        total = total.full_tensor()
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    return total
+
+
+def find_tied_parameters(module: nn.Module) -> list[list[str]]:
+    """Groups of parameter names that share one tensor (e.g. GPT's lm_head.weight and wte.weight)."""
+    groups: dict[int, list[str]] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(p), []).append(name)
+    return [names for names in groups.values() if len(names) > 1]
+
+
+def apply_ties(module: nn.Module, ties: list[list[str]]) -> None:
+    """Makes every name in each group refer to the first name's parameter again."""
+    for first, *others in ties:
+        param = module.get_parameter(first)
+        for name in others:
+            owner, _, leaf = name.rpartition(".")
+            setattr(module.get_submodule(owner), leaf, param)
+
+
+def _fits_in_host_memory(nbytes: int) -> bool:
+    import psutil
+
+    return 2 * nbytes < psutil.virtual_memory().available  # the CPU copy plus its state dict
+
+
+def full_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """Merges the model part of an FSDP checkpoint directory into one state dict on CPU, offline (no process
+    group), keyed like the user's module's `state_dict()`; tied weights appear under each of their names.
+
+    Raises:
+        ConfigError: if `path` holds no DCP checkpoint.
+    """
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    ckpt = Path(path) / DCP_DIR
+    if not (ckpt / ".metadata").exists():
+        raise ConfigError(f"{path} is not an FSDP checkpoint: {ckpt / '.metadata'} is missing.")
+    # no_dist: this may run on rank 0 alone inside a distributed job; the planner rebuilds the tensors from the
+    # checkpoint's metadata (no model needed) and reads every shard of the "model" entry.
+    state: dict[str, Any] = {}
+    _load_state_dict(state, storage_reader=dcp.FileSystemReader(str(ckpt)),
+                     planner=_EmptyStateDictLoadPlanner(keys={"model"}), no_dist=True)
+    return dict(state["model"])
