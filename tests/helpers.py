@@ -1,45 +1,152 @@
-"""The one helper that starts real ranks: it runs tests/workload.py (or another script) as a subprocess.
+"""The one helper that starts real ranks: `launch` runs a script as N ranks under a chosen launcher.
 
-With `devices > 1` the Trainer itself spawns the other local ranks on 127.0.0.1 with a free port (gloo on CPU);
-`launcher="torchrun"` starts the same script under torchrun instead. Nothing in torch.distributed is mocked.
+Launchers: "python" (a plain `python script.py`; with `devices > 1` the Trainer spawns the other local ranks
+itself), "torchrun" (`--nproc-per-node N`), "torchrun-nodes" (N torchrun processes of one rank each, joined with
+`--nnodes N --node-rank i` on 127.0.0.1: how multi-node is tested on one machine), "slurm" (N processes carrying
+the variables `srun` sets; no srun binary needed) and "deepspeed" (the `deepspeed --num_gpus N` runner).
+Every rank uses gloo on 127.0.0.1 with a free port. Nothing in torch.distributed is mocked.
+`run_workload` runs tests/workload.py through `launch` and returns rank 0's JSON result.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOAD = ROOT / "tests" / "workload.py"
+LAUNCHERS = ("python", "torchrun", "torchrun-nodes", "slurm", "deepspeed")
+
+
+@dataclass
+class Launched:
+    """What the launched ranks left: the exit code (the first non-zero one), their joint output, the wall time."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+
+def _commands(script: list[str], launcher: str, nproc: int, port: int) -> list[tuple[list[str], dict]]:
+    py = sys.executable
+    if launcher == "python":
+        return [([py, *script], {})]
+    if launcher == "torchrun":
+        return [([py, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
+                  "--master-port", str(port), *script], {})]
+    if launcher == "torchrun-nodes":
+        return [([py, "-m", "torch.distributed.run", "--nnodes", str(nproc), "--nproc-per-node", "1",
+                  "--node-rank", str(i), "--master-addr", "127.0.0.1", "--master-port", str(port), *script], {})
+                for i in range(nproc)]
+    if launcher == "slurm":
+        # lightspeed derives the port from the job id (15000 + id % 20000); pick an id that lands on `port`.
+        job_id = 20000 * 7 + (port - 15000)
+        return [([py, *script], dict(SLURM_PROCID=str(i), SLURM_LOCALID=str(i), SLURM_NTASKS=str(nproc),
+                                     SLURM_NTASKS_PER_NODE=str(nproc), SLURM_NODELIST="localhost",
+                                     SLURM_NODEID="0", SLURM_JOB_ID=str(job_id), SLURM_JOB_NAME="train"))
+                for i in range(nproc)]
+    if launcher == "deepspeed":
+        return [([str(Path(py).parent / "deepspeed"), "--num_gpus", str(nproc), "--master_addr", "127.0.0.1",
+                  "--master_port", str(port), *script], {})]
+    raise ValueError(f"launcher={launcher!r}: use one of {LAUNCHERS}")
+
+
+def launch(script: list[str], cwd: Path, launcher: str = "python", nproc: int = 2, extra_env: dict | None = None,
+           timeout: float = 300) -> Launched:
+    """Starts `script` (argv after `python`) as `nproc` ranks under `launcher`; waits for every process.
+
+    On timeout every process group is killed and an AssertionError raised (a hang is a failure).
+    """
+    port = free_port(slurm=launcher == "slurm")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", **(extra_env or {})}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LIGHTSPEED_SPAWNED", "SLURM_PROCID", "SLURM_NTASKS"):
+        env.pop(key, None)
+    start = time.monotonic()
+    procs = []
+    for i, (cmd, more) in enumerate(_commands(script, launcher, nproc, port)):
+        out, err = (open(cwd / f".launch-{i}.{s}", "w+") for s in ("out", "err"))
+        procs.append((subprocess.Popen(cmd, cwd=cwd, env={**env, **more}, stdout=out, stderr=err,
+                                       start_new_session=True), out, err))
+    try:
+        for p, _, _ in procs:
+            p.wait(timeout=max(1.0, timeout - (time.monotonic() - start)))
+    except subprocess.TimeoutExpired:
+        for p, _, _ in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+        raise AssertionError(f"{launcher} run of {script} hung for {timeout}s:\n{_read(procs)[1][-4000:]}")
+    finally:
+        for p, _, _ in procs:
+            _kill_group(p.pid)  # stray ranks of a failed run
+    codes = [p.returncode for p, _, _ in procs]
+    stdout, stderr = _read(procs)
+    return Launched(next((c for c in codes if c), 0), stdout, stderr, time.monotonic() - start)
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _read(procs) -> tuple[str, str]:
+    outs, errs = [], []
+    for _, out, err in procs:
+        for f, acc in ((out, outs), (err, errs)):
+            f.flush()
+            f.seek(0)
+            acc.append(f.read())
+            f.close()
+    return "".join(outs), "".join(errs)
 
 
 def run_workload(tmp_path: Path, timeout: float = 300, launcher: str = "python", nproc: int = 2,
-                 extra_env: dict | None = None, check: bool = True, **opts) -> dict:
-    """Runs the workload with `opts`; returns rank 0's JSON result (or the CompletedProcess if check=False)."""
+                 extra_env: dict | None = None, check: bool = True, **opts) -> dict | Launched:
+    """Runs tests/workload.py with `opts`; returns rank 0's JSON result (or the Launched record if check=False).
+
+    `launcher="in-process"` runs a one-device workload inside the test process: no interpreter start-up.
+    """
     out = tmp_path / f"result-{len(list(tmp_path.glob('result-*')))}.json"
     opts.setdefault("root", str(tmp_path))
     opts["out"] = str(out)
-    cmd = [sys.executable, str(WORKLOAD), json.dumps(opts)]
-    if launcher == "torchrun":
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-               "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), *cmd[1:]]
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", **(extra_env or {})}
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+    if launcher == "in-process":
+        assert opts.get("devices", 1) == 1, "in-process runs are for one device; start ranks with a launcher"
+        import workload
+
+        workload.main(opts)
+        return json.loads(out.read_text())
+    run = launch([str(WORKLOAD), json.dumps(opts)], tmp_path, launcher, nproc, extra_env, timeout)
     if not check:
-        return proc  # type: ignore[return-value]
-    if proc.returncode != 0:
-        raise AssertionError(f"workload failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+        return run
+    if run.returncode != 0:
+        raise AssertionError(f"workload failed ({run.returncode}):\n{run.stdout[-3000:]}\n{run.stderr[-6000:]}")
     return json.loads(out.read_text())
 
 
-def _free_port() -> int:
-    sys.path.insert(0, str(ROOT / "src"))
-    from lightspeed.launch import find_free_port
+def free_port(slurm: bool = False) -> int:
+    """A free TCP port on 127.0.0.1 (for SLURM, one in the range lightspeed derives from a job id)."""
+    import socket
 
-    return find_free_port()
+    for _ in range(200):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            if slurm:
+                port = 15000 + int.from_bytes(os.urandom(2), "little") % 20000
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            else:
+                s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    raise RuntimeError("no free port")
 
 
 def assert_close_losses(a: list[float], b: list[float], rtol: float, what: str = "") -> None:

@@ -128,7 +128,9 @@ def start_local_ranks(n: int) -> DistInfo:
     port = find_free_port()
     argv = [sys.executable, *(_script_argv())]
     children = [subprocess.Popen(argv, env=_child_env(r, n, port)) for r in range(1, n)]
-    os.environ.update(_child_env(0, n, port))  # for libraries (DeepSpeed) that read these themselves
+    # For libraries (DeepSpeed) that read these themselves. Not the parent pid: rank 0 has no parent rank to
+    # watch, and a later Trainer in this process must not mistake its own launcher for one.
+    os.environ.update({k: v for k, v in _child_env(0, n, port).items() if k != "LIGHTSPEED_PARENT_PID"})
 
     def kill_children() -> None:
         for c in children:

@@ -217,11 +217,15 @@ class Trainer:
         for cb in self.callbacks:
             cb.on_train_epoch_start(self, module)
         batch_idx = -1
+        # Resuming restores the RNG at the point the save happened: at an epoch's end that is before this
+        # epoch's iterator draws its seed; mid-epoch it is after, once the sampler has been replayed.
+        if rng is not None and skip == 0:
+            checkpoint.set_rng_state(rng)
         iterator = iter(loader)
         for batch_idx in range(skip):  # resuming mid-epoch: replay the sampler up to where the save happened
             next(iterator)
-        if rng is not None:
-            checkpoint.set_rng_state(rng)  # after the iterator drew its seed, as in the uninterrupted run
+        if rng is not None and skip > 0:
+            checkpoint.set_rng_state(rng)
         for batch_idx, batch in enumerate(iterator, start=skip):
             if batch_idx >= n:
                 break
@@ -264,14 +268,16 @@ class Trainer:
             cb.on_train_batch_end(self, module, out, batch, batch_idx)
 
     def _end_train_epoch(self, module: Module, val_loader: Any, epoch_done: bool) -> None:
+        # Lightning's order: validation first, so on_train_epoch_end and epoch schedulers (ReduceLROnPlateau
+        # on val_loss) see this epoch's validation metrics; then the checkpoint callbacks save the result.
+        every = self.cfg.check_val_every_n_epoch
+        if val_loader is not None and every and (self.current_epoch + 1) % every == 0 and epoch_done:
+            self._validate_during_fit(module, val_loader)
         module.on_train_epoch_end()
         epoch_metrics = self.metrics.pop_epoch()
         if epoch_metrics:
             self.log_metrics({"epoch": self.current_epoch, **{k: float(v) for k, v in epoch_metrics.items()}})
-        every = self.cfg.check_val_every_n_epoch
-        if val_loader is not None and every and (self.current_epoch + 1) % every == 0 and epoch_done:
-            self._validate_during_fit(module, val_loader)
-        if epoch_done:
+        if epoch_done and module.automatic_optimization:  # under manual optimization the user steps them
             self._step_schedulers("epoch")
         self._epoch_done = epoch_done
         for cb in self.callbacks:
@@ -288,6 +294,8 @@ class Trainer:
         return v
 
     def _validate_during_fit(self, module: Module, loader: Any) -> None:
+        if num_batches(loader, self.cfg.limit_val_batches) == 0:
+            return  # limit_val_batches=0 turns validation off, hooks included (as in Lightning)
         self._run_eval("validate", module, loader, self.cfg.limit_val_batches, module.validation_step)
         self.stage, self.metrics.stage = "train", "train"
         module.train()
@@ -373,6 +381,8 @@ class Trainer:
             module.on_validation_epoch_start()
             for cb in self.callbacks:
                 cb.on_validation_epoch_start(self, module)
+        elif stage == "test":
+            module.on_test_epoch_start()
         n = num_batches(loader, limit)
         predictions = []
         for batch_idx, batch in enumerate(loader):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 from datetime import timedelta
 
 import torch
@@ -27,6 +28,9 @@ def init_process_group(spec: RunSpec, timeout_s: float = 600) -> None:
         # With nccl, binding the device lets torch create the communicator eagerly and use the right GPU.
         **({"device_id": spec.device} if backend == "nccl" else {}),
     )
+    # Leave the group before the interpreter tears down: gloo's threads otherwise abort at exit ("terminate
+    # called without an active exception"), turning a finished run into a failed one.
+    atexit.register(destroy_process_group)
 
 
 def destroy_process_group() -> None:

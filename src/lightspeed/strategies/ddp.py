@@ -94,11 +94,25 @@ class DDP:
             self.wrapped.require_backward_grad_sync = is_boundary
 
     def forward(self, step, *args):
-        with self.precision.autocast():
-            return self.wrapped(step, *args)
+        self._in_forward = True
+        try:
+            with self.precision.autocast():
+                return self.wrapped(step, *args)
+        finally:
+            self._in_forward = False
 
     def backward(self, loss) -> None:
+        if not (getattr(self, "_in_forward", False) and isinstance(self.wrapped, DistributedDataParallel)):
+            self.precision.backward(loss)
+            return
+        # Manual optimization: backward runs inside training_step, i.e. inside DDP's forward, before DDP's
+        # post-forward arms the gradient reducer. Arm it here instead, then clear the sync flag so the
+        # post-forward does not arm it a second time for a backward that never comes (the next forward's
+        # bucket rebuild would then fail).
+        self.wrapped.require_backward_grad_sync = True
+        self.wrapped.reducer.prepare_for_backward([loss] if self.find_unused_parameters else [])
         self.precision.backward(loss)
+        self.wrapped.require_backward_grad_sync = False
 
     def step(self):
         return self.precision.step(self.optimizers, self.clip_fn)
