@@ -76,7 +76,8 @@ def read_dist_info(env: dict | None = None) -> DistInfo:
             launcher = "deepspeed"
         else:
             launcher = "torchrun"
-        local_world = _int(env, "LOCAL_WORLD_SIZE", _int(env, "WORLD_SIZE"))
+        # torchrun says LOCAL_WORLD_SIZE; the deepspeed launcher says LOCAL_SIZE.
+        local_world = _int(env, "LOCAL_WORLD_SIZE", _int(env, "LOCAL_SIZE", _int(env, "WORLD_SIZE")))
         return DistInfo(
             rank=_int(env, "RANK"),
             local_rank=_int(env, "LOCAL_RANK", 0),
@@ -93,7 +94,8 @@ def read_dist_info(env: dict | None = None) -> DistInfo:
             rank=_int(env, "SLURM_PROCID"),
             local_rank=_int(env, "SLURM_LOCALID", 0),
             world_size=_int(env, "SLURM_NTASKS"),
-            local_world_size=_int(env, "SLURM_NTASKS_PER_NODE", _int(env, "SLURM_NTASKS")),
+            # SLURM writes "4" or, for several nodes, "4(x2)".
+            local_world_size=int(env.get("SLURM_NTASKS_PER_NODE", env["SLURM_NTASKS"]).split("(")[0]),
             node_rank=_int(env, "SLURM_NODEID", 0),
             master_addr=env.get("MASTER_ADDR") or _slurm_master(env.get("SLURM_NODELIST", "127.0.0.1")),
             # A port derived from the job id, so every task of the job agrees without talking.

@@ -1,0 +1,73 @@
+"""One unchanged script under every launcher, and a failing rank that takes every rank down without a hang.
+
+    OMP_NUM_THREADS=1 .venv/bin/python -m pytest -q tests/test_launch.py
+
+Each launcher runs tests/workload.py as 2 real gloo ranks on 127.0.0.1; all must give the same per-step losses.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import run_workload
+from lightspeed.launch import read_dist_info
+
+RUN = dict(max_steps=3, batch_size=4)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """Plain `python workload.py` with Trainer(devices=2): the Trainer spawns its second rank itself."""
+    return run_workload(tmp_path_factory.mktemp("python"), devices=2, **RUN)
+
+
+@pytest.mark.parametrize("launcher, opts", [
+    ("torchrun", dict(devices=2)),
+    ("torchrun-nodes", dict(devices=1, num_nodes=2)),  # 2 "nodes" of 1 rank, local rendezvous
+    ("slurm", dict(devices=2)),
+    ("deepspeed", dict(devices=2)),
+])
+def test_same_script_under_every_launcher(tmp_path, reference, launcher, opts):
+    result = run_workload(tmp_path, launcher=launcher, **opts, **RUN)
+    assert reference["world_size"] == result["world_size"] == 2
+    assert result["strategy"] == "ddp" and result["global_step"] == 3
+    assert result["losses"] == reference["losses"]
+
+
+def test_read_dist_info_classifies_launch_environments():
+    torchrun = read_dist_info({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
+                               "GROUP_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "1234",
+                               "TORCHELASTIC_RUN_ID": "x"})
+    assert (torchrun.launcher, torchrun.rank, torchrun.local_rank, torchrun.node_rank) == ("torchrun", 3, 1, 1)
+    assert (torchrun.world_size, torchrun.local_world_size, torchrun.master_port) == (4, 2, 1234)
+    # What `deepspeed --num_nodes 2 --num_gpus 2` exports (see deepspeed/launcher/launch.py): LOCAL_SIZE, CROSS_*.
+    ds = read_dist_info({"RANK": "2", "LOCAL_RANK": "0", "WORLD_SIZE": "4", "LOCAL_SIZE": "2", "CROSS_RANK": "1",
+                         "CROSS_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"})
+    assert (ds.launcher, ds.rank, ds.node_rank, ds.local_world_size) == ("deepspeed", 2, 1, 2)
+    slurm = read_dist_info({"SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "8", "SLURM_NODEID": "2",
+                            "SLURM_NTASKS_PER_NODE": "4", "SLURM_NODELIST": "gpu[07-10],cpu1", "SLURM_JOB_ID": "42"})
+    assert (slurm.launcher, slurm.rank, slurm.local_rank, slurm.world_size) == ("slurm", 5, 1, 8)
+    assert (slurm.node_rank, slurm.local_world_size, slurm.master_addr) == (2, 4, "gpu07")
+    assert slurm.master_port == 15042
+    # SLURM's "4(x2)" form of tasks per node, and an interactive allocation that is not a job step.
+    assert read_dist_info({"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "SLURM_NTASKS_PER_NODE": "4(x2)"}
+                          ).local_world_size == 4
+    assert read_dist_info({"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_JOB_NAME": "bash"}).launcher == "none"
+    assert read_dist_info({}).launcher == "none"
+
+
+@pytest.mark.parametrize("fail_rank", [1, 0])
+def test_failing_rank_stops_every_rank(tmp_path, fail_rank):
+    run = run_workload(tmp_path, devices=2, check=False, timeout=90, fail_rank=fail_rank, max_steps=20,
+                       batch_size=4)
+    assert run.returncode != 0
+    assert run.seconds < 60, f"took {run.seconds:.0f}s to stop"
+    assert f"deliberate failure on rank {fail_rank}" in run.stderr
+    assert "Traceback" in run.stderr
+
+
+def test_failing_rank_under_torchrun(tmp_path):
+    run = run_workload(tmp_path, launcher="torchrun", devices=2, check=False, timeout=90, fail_rank=1,
+                       max_steps=20, batch_size=4)
+    assert run.returncode != 0 and run.seconds < 60
+    assert "deliberate failure on rank 1" in run.stderr
