@@ -84,4 +84,5 @@ def main(opts: dict) -> None:
 
 
 if __name__ == "__main__":
-    main(json.loads(sys.argv[1]))
+    # The deepspeed launcher appends --local_rank=N to the script's arguments; the options are the other one.
+    main(json.loads(next(a for a in sys.argv[1:] if not a.startswith("--local_rank"))))
