@@ -187,7 +187,7 @@ class EarlyStopping(Callback):
         return f"EarlyStopping{{monitor={self.monitor},mode={self.mode}}}"
 
     def on_validation_end(self, trainer, module) -> None:
-        if not self.check_on_train_epoch_end and trainer.stage == "train":
+        if not self.check_on_train_epoch_end and trainer.fitting:  # not for a standalone trainer.validate()
             self._check(trainer)
 
     def on_train_epoch_end(self, trainer, module) -> None:

@@ -78,6 +78,7 @@ class Trainer:
         self.stage = "train"
         self.current_epoch = self.global_step = 0
         self.should_stop = False
+        self.fitting = False  # True inside fit, also while it validates (EarlyStopping acts only then)
         self._module: Module | None = None
         self._setup_for: str | None = None
         self._progress: ProgressBar | None = None
@@ -186,7 +187,7 @@ class Trainer:
         resume = checkpoint.resolve(ckpt_path, self.checkpoint_dir) if ckpt_path is not None else None
         self._launch()
         train_loader, val_loader = self._distribute(train_loader), self._distribute(val_loader)
-        self.stage, self.metrics.stage = "train", "train"
+        self.stage, self.metrics.stage, self.fitting = "train", "train", True
         self._setup(model, "train", getattr(train_loader, "batch_size", None))
         for cb in self.callbacks:
             cb.setup(self, model, "fit")
@@ -204,6 +205,7 @@ class Trainer:
         model.on_fit_end()
         for cb in self.callbacks:
             cb.on_fit_end(self, model)
+        self.fitting = False
         self._finish()
 
     def _train_epoch(self, module: Module, loader: Any, val_loader: Any, skip: int, rng: dict | None) -> None:
