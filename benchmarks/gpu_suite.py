@@ -1,0 +1,282 @@
+"""GPU benchmark suite: every lightspeed strategy side by side with hand-written PyTorch and DeepSpeed loops.
+
+    python benchmarks/gpu_suite.py                       # the full table on one GPU (1.34B GPT, bf16)
+    python benchmarks/gpu_suite.py --only plain_pytorch,deepspeed_stage_2
+    python benchmarks/gpu_suite.py --memory-cap 16       # largest GPT that fits under a 16 GiB cap, per setup
+    python benchmarks/gpu_suite.py --tiny                # CPU smoke run of the same code (used by the tests)
+
+Each configuration runs in its own subprocess (clean memory, clean peak statistics) on the same GPT (d=2048,
+24 layers, 16 heads, vocab 32000, seq 1024, micro-batch 8, random tokens). Warm-up steps are excluded; the
+figure is the median step time of the timed steps. MFU counts 6·N + 12·L·d·T FLOPs per token (N without the
+position embedding) against 989 TFLOP/s (H100/H200 dense bf16).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+
+import lightspeed as ls  # noqa: E402
+from lightspeed.examples.gpt import GPT, SIZES, Block, GPTModule, RandomTokens  # noqa: E402
+
+PEAK_FLOPS = 989e12
+LIGHTSPEED = {
+    "single": lambda: "single",
+    "single+compile": lambda: "single",
+    "deepspeed_stage_1": lambda: "deepspeed_stage_1",
+    "deepspeed_stage_2": lambda: "deepspeed_stage_2",
+    "deepspeed_stage_2+ac": lambda: ls.DeepSpeed(stage=2, activation_checkpointing=[Block]),
+    "deepspeed_stage_3": lambda: "deepspeed_stage_3",
+    "deepspeed_stage_3+ac": lambda: ls.DeepSpeed(stage=3, activation_checkpointing=[Block]),
+    "deepspeed_stage_2_offload": lambda: "deepspeed_stage_2_offload",
+    "fsdp": lambda: "fsdp",
+    "fsdp+ac": lambda: ls.FSDP(activation_checkpointing=[Block]),
+    "fsdp_grad_op": lambda: "fsdp_grad_op",
+    # Used by the memory-cap search only:
+    "deepspeed_stage_3_offload_full": lambda: "deepspeed_stage_3_offload",
+    "fsdp_offload": lambda: ls.FSDP(cpu_offload=True),
+}
+BASELINES = ["plain_pytorch", "plain_deepspeed_zero2"]
+ALL = BASELINES + [n for n in LIGHTSPEED if n not in ("deepspeed_stage_3_offload_full", "fsdp_offload")]
+
+
+def flops_per_token(model: GPT) -> float:
+    c = model.cfg
+    n = model.num_params() - model.wpe.weight.numel()
+    return 6 * n + 12 * c.n_layer * c.n_embd * c.block_size
+
+
+class FusedAdamGPT(GPTModule):
+    """The demo module with fused AdamW on CUDA, as a speed-minded user would write it (both loops use it)."""
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1,
+                                 fused=torch.cuda.is_available())
+
+
+class StepTimer(ls.Callback):
+    def __init__(self):
+        self.stamps: list[float] = []
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if trainer.device.type == "cuda":
+            torch.cuda.synchronize()
+        self.stamps.append(time.perf_counter())
+
+
+def _step_times(stamps: list[float], warmup: int) -> list[float]:
+    return [b - a for a, b in zip(stamps, stamps[1:])][warmup - 1:]
+
+
+def _loader(cfg, micro_batch: int, steps: int):
+    return torch.utils.data.DataLoader(RandomTokens(cfg.vocab_size, cfg.block_size, micro_batch * steps),
+                                       batch_size=micro_batch)
+
+
+def run_plain_pytorch(cfg, micro_batch: int, steps: int, warmup: int, device) -> list[float]:
+    torch.manual_seed(0)
+    model = GPT(cfg).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1,
+                            fused=device.type == "cuda")
+    dtype = torch.bfloat16
+    stamps = []
+    for x, y in _loader(cfg, micro_batch, steps):
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with torch.autocast(device.type, dtype=dtype):
+            logits = model(x)
+        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        stamps.append(time.perf_counter())
+    return _step_times(stamps, warmup)
+
+
+def run_plain_deepspeed(cfg, micro_batch: int, steps: int, warmup: int, device) -> list[float]:
+    """A hand-written DeepSpeed ZeRO-2 loop, bf16, DeepSpeed's own (fused) Adam: what users write today."""
+    import deepspeed
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(ls.launch.find_free_port()), RANK="0",
+                      LOCAL_RANK="0", WORLD_SIZE="1")
+    deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
+    torch.manual_seed(0)
+    model = GPT(cfg)
+    config = {
+        "train_micro_batch_size_per_gpu": micro_batch, "gradient_accumulation_steps": 1,
+        "bf16": {"enabled": True}, "zero_optimization": {"stage": 2}, "steps_per_print": 10**9,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "betas": [0.9, 0.95], "weight_decay": 0.1}},
+    }
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    stamps = []
+    for x, y in _loader(cfg, micro_batch, steps):
+        x, y = x.to(engine.device), y.to(engine.device)
+        logits = engine(x)
+        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1))
+        engine.backward(loss)
+        engine.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        stamps.append(time.perf_counter())
+    return _step_times(stamps, warmup)
+
+
+def run_lightspeed(name: str, cfg, micro_batch: int, steps: int, warmup: int, device) -> list[float]:
+    torch.manual_seed(0)
+    timer = StepTimer()
+    trainer = ls.Trainer(strategy=LIGHTSPEED[name](), devices=1, accelerator=device.type, precision="bf16-mixed",
+                         max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         callbacks=[timer], compile=name.endswith("+compile"))
+    trainer.fit(FusedAdamGPT(cfg), _loader(cfg, micro_batch, steps))
+    return _step_times(timer.stamps, warmup)
+
+
+def run_one(name: str, args) -> dict:
+    """Runs one configuration in this process; returns its figures."""
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
+    cfg = _model_cfg(args)
+    if args.cap_gib and device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gib * 2**30 / total), device)
+    steps = args.warmup + args.steps
+    if name == "plain_pytorch":
+        times = run_plain_pytorch(cfg, args.micro_batch, steps, args.warmup, device)
+    elif name == "plain_deepspeed_zero2":
+        times = run_plain_deepspeed(cfg, args.micro_batch, steps, args.warmup, device)
+    else:
+        times = run_lightspeed(name, cfg, args.micro_batch, steps, args.warmup, device)
+    with torch.device("meta"):
+        meta_model = GPT(cfg)
+    step_s = statistics.median(times)
+    tokens = args.micro_batch * cfg.block_size
+    return {
+        "name": name, "params": meta_model.num_params(), "step_s": step_s, "tok_s": tokens / step_s,
+        "mfu": tokens / step_s * flops_per_token(meta_model) / PEAK_FLOPS,
+        "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan"),
+        "timed_steps": len(times),
+    }
+
+
+def _model_cfg(args):
+    if args.tiny:
+        return replace(SIZES["tiny"], vocab_size=256)
+    return replace(SIZES["1.3b"], n_layer=args.layers or SIZES["1.3b"].n_layer)
+
+
+def _subprocess(name: str, args, extra: list[str] | None = None, timeout: float = 900) -> dict:
+    cmd = [sys.executable, __file__, "--run", name, "--steps", str(args.steps), "--warmup", str(args.warmup),
+           "--micro-batch", str(args.micro_batch), *(["--tiny"] if args.tiny else []), *(extra or [])]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"name": name, "error": f"timed out after {timeout:.0f}s"}
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+    oom = "out of memory" in proc.stderr.lower() or "OutOfMemory" in proc.stderr
+    return {"name": name, "error": "OOM" if oom else " | ".join(tail)[-300:]}
+
+
+def speed_table(args) -> list[dict]:
+    from rich.console import Console
+    from rich.table import Table
+
+    names = args.only.split(",") if args.only else ALL
+    results = []
+    for name in names:
+        print(f"[gpu_suite] running {name} ...", file=sys.stderr, flush=True)
+        r = _subprocess(name, args)
+        print(f"[gpu_suite] {json.dumps(r)}", file=sys.stderr, flush=True)
+        results.append(r)
+    base = {r["name"]: r["tok_s"] for r in results if r["name"] in BASELINES and "tok_s" in r}
+    table = Table(title=f"GPT {results[0].get('params', 0) / 1e9:.2f}B, micro-batch {args.micro_batch}, "
+                        f"seq {_model_cfg(args).block_size}, bf16; median of {args.steps} steps")
+    for col in ("setup", "tok/s", "× plain PyTorch", "× plain DeepSpeed Z2", "MFU", "peak GiB"):
+        table.add_column(col, justify="right")
+    for r in results:
+        if "error" in r:
+            table.add_row(r["name"], r["error"], "", "", "", "")
+            continue
+        ratio = lambda b: f"{r['tok_s'] / base[b]:.3f}" if b in base else "-"  # noqa: E731
+        table.add_row(r["name"], f"{r['tok_s']:,.0f}", ratio("plain_pytorch"), ratio("plain_deepspeed_zero2"),
+                      f"{r['mfu']:.3f}", f"{r['peak_gib']:.1f}")
+    Console(width=140).print(table)
+    return results
+
+
+def memory_cap(args) -> list[dict]:
+    """Largest GPT (by depth) that trains 5 steps at micro-batch 1 under the GPU memory cap, per setup."""
+    from rich.console import Console
+    from rich.table import Table
+
+    setups = {"plain_pytorch": (12, 40), "deepspeed_stage_3_offload_full": (48, 128), "fsdp_offload": (24, 96)}
+    if args.only:
+        setups = {k: v for k, v in setups.items() if k in args.only.split(",")}
+    rows = []
+    for name, (lo, hi) in setups.items():
+        best = None
+        while lo <= hi:  # bisection on the number of layers; each probe is its own process
+            mid = (lo + hi) // 2
+            r = _subprocess(name, args,
+                            ["--layers", str(mid), "--cap-gib", str(args.memory_cap)], timeout=args.probe_timeout)
+            print(f"[gpu_suite] cap probe {name} layers={mid}: {json.dumps(r)}", file=sys.stderr, flush=True)
+            if "error" in r:
+                hi = mid - 1
+            else:
+                best, lo = r | {"layers": mid}, mid + 1
+        rows.append(best or {"name": name, "error": "nothing fit"})
+    table = Table(title=f"Largest GPT trained under a {args.memory_cap:g} GiB GPU cap (micro-batch 1, 5 steps)")
+    for col in ("setup", "layers", "parameters", "s/step", "tok/s"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        if "error" in r:
+            table.add_row(r["name"], "-", r["error"], "", "")
+        else:
+            table.add_row(r["name"], str(r["layers"]), f"{r['params'] / 1e9:.2f}B", f"{r['step_s']:.2f}",
+                          f"{r['tok_s']:,.0f}")
+    Console(width=140).print(table)
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run", help=argparse.SUPPRESS)
+    p.add_argument("--only", help="comma-separated configuration names")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--micro-batch", type=int, default=8)
+    p.add_argument("--layers", type=int, default=None)
+    p.add_argument("--cap-gib", type=float, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--memory-cap", type=float, default=None, help="GiB; run the bisection instead of the table")
+    p.add_argument("--probe-timeout", type=float, default=300)
+    p.add_argument("--tiny", action="store_true", help="CPU smoke run with the tiny model")
+    p.add_argument("--json", help="also write the results here")
+    args = p.parse_args()
+    if args.run:
+        print("RESULT " + json.dumps(run_one(args.run, args)), flush=True)
+        return
+    if args.memory_cap:
+        args.micro_batch, args.warmup, args.steps = 1, 1, 4  # 5 steps at micro-batch 1, as the issue asks
+    results = memory_cap(args) if args.memory_cap else speed_table(args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
