@@ -6,6 +6,14 @@ Options (all optional except out): strategy, devices, max_steps, max_epochs, acc
 precision, batch_size, ckpt_every, resume ("last" or a path), root, seed, limit_train_batches, shuffle,
 predict, validate, test, consolidate (a path), fail_rank (raise on that rank at step 3), dropout, num_nodes,
 progress (show the progress bar).
+DeepSpeed options: ds (DeepSpeed(**ds) as the strategy; "ac": true checkpoints the GPT blocks), ds_hook (a dict
+merged into the config by configure_deepspeed), fit (false: evaluate only, from resume), probe (a path: rank 0
+saves the eval-mode logits of the first batch there), two_optimizers; result["deepspeed"] holds engine facts.
+FSDP / ZeRO-1 options: fsdp (FSDP(**fsdp) as the strategy; shard_classes and activation_checkpointing as class
+names from lightspeed.examples.gpt or torch.nn), init_weights (a path: rank 0 saves the full weights at fit start),
+build_in_init (the GPT is built in __init__, not configure_model), manual (automatic_optimization=False),
+duck_optimizer (configure_optimizers returns an object that is not a torch optimizer), memory (result["memory"]:
+each rank's lightspeed.memory.measure after fit).
 """
 
 from __future__ import annotations
@@ -32,6 +40,18 @@ class Workload(GPTModule):
         super().__init__(cfg, lr=opts.get("lr", 3e-3), warmup_steps=opts.get("warmup", 0))
         self.opts = opts
         self.losses: list[float] = []
+        if opts.get("manual"):
+            self.automatic_optimization = False
+        if opts.get("build_in_init"):
+            self.configure_model()
+
+    def on_fit_start(self):
+        if self.opts.get("init_weights"):
+            # full_tensor() is a collective: every rank gathers, rank 0 writes.
+            full = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
+                    for k, v in self.state_dict().items()}
+            if self.global_rank == 0:
+                torch.save(full, self.opts["init_weights"])
 
     def training_step(self, batch, batch_idx):
         if self.opts.get("fail_rank") == self.global_rank and self.global_step == 3:
@@ -39,7 +59,87 @@ class Workload(GPTModule):
         loss = self._loss(batch)
         self.log("loss", loss, prog_bar=True, sync_dist=True)
         self.losses.append(float(self.trainer.callback_metrics["loss"]))
+        if self.opts.get("manual"):  # the same update as the automatic loop, done by hand
+            opt = self.optimizers()
+            opt.zero_grad()
+            self.manual_backward(loss)
+            opt.step()
         return loss
+
+    def configure_deepspeed(self, config: dict) -> dict:
+        for key, value in self.opts.get("ds_hook", {}).items():  # one level deep is enough for the tests
+            config[key] = {**config[key], **value} if isinstance(value, dict) and key in config else value
+        return config
+
+    def configure_optimizers(self):
+        if self.opts.get("duck_optimizer"):
+            return DuckSGD(self.parameters())
+        if not self.opts.get("two_optimizers"):
+            return super().configure_optimizers()
+        return [torch.optim.SGD(self.model.blocks.parameters(), lr=0.1), torch.optim.SGD(self.model.wte.parameters(), lr=0.1)]
+
+
+class DuckSGD:
+    """Has step / zero_grad / param_groups but is not a torch.optim.Optimizer."""
+
+    def __init__(self, params):
+        self.inner = torch.optim.SGD(params, lr=0.1)
+        self.param_groups = self.inner.param_groups
+
+    def step(self):
+        self.inner.step()
+
+    def zero_grad(self, set_to_none=True):
+        self.inner.zero_grad(set_to_none)
+
+
+def _classes(names):
+    import lightspeed.examples.gpt as gpt
+
+    return [getattr(gpt, n, None) or getattr(torch.nn, n) for n in names]
+
+
+def _strategy(opts: dict):
+    if opts.get("fsdp") is not None:
+        from lightspeed.strategies.fsdp import FSDP
+
+        kw = dict(opts["fsdp"])
+        for key in ("shard_classes", "activation_checkpointing"):
+            if kw.get(key):
+                kw[key] = _classes(kw[key])
+        return FSDP(**kw)
+    if not opts.get("ds"):
+        return opts.get("strategy", "auto")
+    from lightspeed.examples.gpt import Block
+
+    kw = dict(opts["ds"])
+    if kw.pop("ac", False):
+        kw["activation_checkpointing"] = [Block]
+    return ls.DeepSpeed(**kw)
+
+
+def _deepspeed_facts(strategy) -> dict:
+    """Engine facts for the DeepSpeed tests: config, optimizer class, each rank's share of the parameters."""
+    import torch.distributed as dist
+
+    engine = strategy.engine
+    local = sum(getattr(p, "ds_tensor", p).numel() for p in engine.module.parameters())
+    total = sum(getattr(p, "ds_numel", p.numel()) for p in engine.module.parameters())
+    shares = [None] * dist.get_world_size()
+    dist.all_gather_object(shares, local)
+    inner = getattr(engine.optimizer, "optimizer", engine.optimizer)
+    return {"config": engine.config, "optimizer": type(inner).__name__, "global_steps": engine.global_steps,
+            "local_params": shares, "total_params": total,
+            "lr": [g["lr"] for g in inner.param_groups] if inner is not None else None}
+
+
+def _probe(trainer, module, data, path: str) -> None:
+    x = torch.stack([data[i][0] for i in range(4)])
+    module.eval()
+    with torch.no_grad():
+        logits = trainer.strategy.forward(lambda inp: module(inp), x)
+    if trainer.is_global_zero:
+        torch.save({"x": x, "logits": logits}, path)
 
 
 def main(opts: dict) -> None:
@@ -53,7 +153,7 @@ def main(opts: dict) -> None:
     if opts.get("ckpt_every"):
         callbacks.append(ls.ModelCheckpoint(every_n_train_steps=opts["ckpt_every"], save_top_k=-1))
     trainer = ls.Trainer(
-        strategy=opts.get("strategy", "auto"), devices=opts.get("devices", 1), num_nodes=opts.get("num_nodes", 1),
+        strategy=_strategy(opts), devices=opts.get("devices", 1), num_nodes=opts.get("num_nodes", 1),
         max_steps=opts.get("max_steps", -1),
         max_epochs=opts.get("max_epochs"), accumulate_grad_batches=opts.get("accumulate", 1),
         gradient_clip_val=opts.get("clip"), gradient_clip_algorithm=opts.get("clip_algo", "norm"),
@@ -64,7 +164,10 @@ def main(opts: dict) -> None:
         callbacks=callbacks, logger=False, accelerator="cpu",
     )
     result: dict = {"world_size": trainer.world_size}
-    trainer.fit(module, train, val if opts.get("val") else None, ckpt_path=opts.get("resume"))
+    if opts.get("fit", True):
+        trainer.fit(module, train, val if opts.get("val") else None, ckpt_path=opts.get("resume"))
+    else:
+        result["validate"] = trainer.validate(module, val, ckpt_path=opts.get("resume"))
     result.update(losses=module.losses, global_step=trainer.global_step, epoch=trainer.current_epoch,
                   strategy=trainer.strategy.name)
     if opts.get("validate"):
@@ -78,6 +181,21 @@ def main(opts: dict) -> None:
         trainer.save_checkpoint(opts["save_to"])
         if trainer.is_global_zero and opts.get("consolidate"):
             ls.consolidate(opts["save_to"], opts["consolidate"])
+    if opts.get("probe"):
+        _probe(trainer, module, data, opts["probe"])
+    if opts.get("memory"):
+        import torch.distributed as dist
+        from lightspeed.memory import measure
+
+        # One more forward/backward, no step: gradients exist only between backward and the step's zero_grad.
+        module.train()
+        trainer.strategy.set_grad_sync(True)
+        trainer.strategy.backward(trainer.strategy.forward(module.training_step, next(iter(train)), 0))
+        per_rank = [None] * dist.get_world_size()
+        dist.all_gather_object(per_rank, measure(trainer.strategy))
+        result["memory"] = per_rank
+    if getattr(trainer.strategy, "engine", None) is not None:
+        result["deepspeed"] = _deepspeed_facts(trainer.strategy)
     if trainer.is_global_zero:
         with open(opts["out"], "w") as f:
             json.dump(result, f)
