@@ -90,11 +90,24 @@ class ZeRO1:
             self.wrapped.require_backward_grad_sync = is_boundary
 
     def forward(self, step, *args):
-        with self.precision.autocast():
-            return self.wrapped(step, *args)
+        self._is_in_forward = True
+        try:
+            with self.precision.autocast():
+                return self.wrapped(step, *args)
+        finally:
+            self._is_in_forward = False
 
     def backward(self, loss) -> None:
+        if not (getattr(self, "_is_in_forward", False) and isinstance(self.wrapped, DistributedDataParallel)):
+            self.precision.backward(loss)
+            return
+        # Manual optimization (as in ddp.py): backward runs inside training_step, i.e. inside DDP's forward,
+        # before DDP's post-forward arms the reducer. Arm it here, then clear the sync flag so the post-forward
+        # does not arm it again for a backward that never comes.
+        self.wrapped.require_backward_grad_sync = True
+        self.wrapped.reducer.prepare_for_backward([loss] if self.find_unused_parameters else [])
         self.precision.backward(loss)
+        self.wrapped.require_backward_grad_sync = False
 
     def step(self):
         return self.precision.step(self.optimizers, self.clip_fn)
