@@ -20,6 +20,7 @@ _REDUCE = {"mean", "sum", "max", "min"}
 @dataclass
 class _EpochAccumulator:
     reduce_fx: str
+    stage: str
     total: torch.Tensor | None = None
     count: int = 0
 
@@ -72,7 +73,7 @@ class MetricStore:
             if on_epoch:
                 self.latest[name] = tensor
         if on_epoch:
-            acc = self.epoch_metrics.setdefault(epoch_name, _EpochAccumulator(fx))
+            acc = self.epoch_metrics.setdefault(epoch_name, _EpochAccumulator(fx, self.stage))
             acc.add(tensor)
         names = {step_name, epoch_name, name}
         if prog_bar:
@@ -86,9 +87,11 @@ class MetricStore:
         return {k: v for k, v in out.items() if k not in self.hidden_from_logger}
 
     def pop_epoch(self) -> dict[str, torch.Tensor]:
-        """Epoch aggregates (for loggers and callbacks); clears the accumulators."""
-        out = {name: acc.compute() for name, acc in self.epoch_metrics.items() if acc.count}
-        self.epoch_metrics = {}
+        """This stage's epoch aggregates (for loggers and callbacks); clears their accumulators. Another stage's
+        stay: a validation run in the middle of a training epoch must not cut the training averages short."""
+        mine = {name: acc for name, acc in self.epoch_metrics.items() if acc.stage == self.stage}
+        out = {name: acc.compute() for name, acc in mine.items() if acc.count}
+        self.epoch_metrics = {k: v for k, v in self.epoch_metrics.items() if k not in mine}
         self.latest.update(out)
         return {k: v for k, v in out.items() if k not in self.hidden_from_logger}
 

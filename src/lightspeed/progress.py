@@ -19,8 +19,8 @@ def _fmt(metrics: dict[str, float]) -> str:
 class ProgressBar:
     """Shows epoch, step, loss and prog_bar metrics, it/s and ETA. The trainer adds it on rank 0.
 
-    When stdout is not a terminal, rich cannot redraw a bar; then it prints one line per `refresh_lines`
-    percent of the run instead, so CI logs stay short and readable.
+    When stdout is not a terminal, rich cannot redraw a bar; then it prints a plain line every `line_every_s`
+    seconds and a last one at `stop`, so CI logs stay short and readable.
     """
 
     def __init__(self, console: Console | None = None, line_every_s: float = 10.0):
@@ -36,6 +36,8 @@ class ProgressBar:
     def start(self, total_steps: int | None, description: str) -> None:
         self._start = self._last_line = time.perf_counter()
         self._done, self._total, self._desc = 0, total_steps, description
+        self._metrics: dict[str, float] = {}
+        self._printed = 0  # steps done when the last plain line was printed
         if self.is_terminal:
             self._progress = Progress(
                 TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -55,19 +57,30 @@ class ProgressBar:
             if metrics is not None:
                 fields["metrics"] = _fmt(metrics)
             self._progress.update(self._task, advance=1, **fields)
-        elif metrics is not None and (now - self._last_line >= self.line_every_s or self._done == self._total):
-            self._last_line = now
-            total = f"/{self._total}" if self._total else ""
-            eta = ""
-            if self._total:
-                eta = f" eta {max(self._total - self._done, 0) / rate:.0f}s"
-            self.console.print(f"{description} step {self._done}{total} {rate:.2f} it/s{eta} {_fmt(metrics)}",
-                               highlight=False)
+        else:
+            self._desc, self._metrics = description, metrics if metrics is not None else self._metrics
+            if now - self._last_line >= self.line_every_s and self._done != self._total:
+                self._print_line(now)  # the last line comes from stop(), with the final metrics
 
-    def stop(self) -> None:
+    def _print_line(self, now: float) -> None:
+        self._last_line, self._printed = now, self._done
+        rate = self._done / max(now - self._start, 1e-9)
+        total = f"/{self._total}" if self._total else ""
+        eta = f" eta {max(self._total - self._done, 0) / rate:.0f}s" if self._total else ""
+        self.console.print(f"{self._desc} step {self._done}{total} {rate:.2f} it/s{eta} {_fmt(self._metrics)}",
+                           highlight=False)
+
+    def stop(self, metrics: dict[str, float] | None = None) -> None:
+        """Ends the bar; without a terminal, prints a last line with the final `metrics` unless one was just
+        printed (a run that stops early, e.g. by EarlyStopping, still ends its log with where it stopped)."""
         if self._progress is not None:
+            if metrics is not None:
+                self._progress.update(self._task, metrics=_fmt(metrics))
             self._progress.stop()
             self._progress = None
+        elif self._printed != self._done:
+            self._metrics = metrics if metrics is not None else self._metrics
+            self._print_line(time.perf_counter())
 
 
 def metrics_table(title: str, metrics: dict[str, float]) -> Table:

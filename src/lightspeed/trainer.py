@@ -337,7 +337,7 @@ class Trainer:
 
     def _finish(self) -> None:
         if self._progress is not None:
-            self._progress.stop()
+            self._progress.stop(self.metrics.prog_bar_values())
             self._progress = None
         for lg in self.loggers if self.is_global_zero else []:
             lg.finalize()
