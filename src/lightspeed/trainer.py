@@ -450,6 +450,8 @@ def _loss_of(out: Any) -> torch.Tensor:
     loss = out.get("loss") if isinstance(out, dict) else out
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         shape = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else repr(loss)[:80]
+        if isinstance(out, dict) and "loss" not in out:
+            shape = f"a dict without 'loss' (keys {sorted(map(str, out))})"
         raise ConfigError(f"training_step returned {shape}: under automatic optimization it must return a "
                           "scalar loss tensor or a dict with a 'loss' scalar.")
     return loss.reshape(())
