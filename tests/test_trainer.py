@@ -258,6 +258,29 @@ def test_val_check_interval_and_limits(tmp_path):
     assert trainer.global_step == 7 and model.calls.count("training_step") == 7 and trainer.current_epoch == 1
 
 
+class Dropout(Regress):
+    def __init__(self):
+        super().__init__()
+        self.drop, self.losses = torch.nn.Dropout(0.5), []
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.layer(self.drop(x)), y)
+        self.losses.append(float(loss.detach()))
+        return loss
+
+
+def test_validation_does_not_move_training_rng(tmp_path):
+    def losses(**kw) -> list[float]:
+        torch.manual_seed(0)
+        model = Dropout()
+        make_trainer(tmp_path, max_epochs=2, limit_val_batches=2, **kw).fit(
+            model, regression_data(shuffle=True), regression_data(shuffle=True))
+        return model.losses
+
+    assert losses(val_check_interval=0.25) == losses(check_val_every_n_epoch=None) == losses()
+
+
 @dataclasses.dataclass
 class Pair:
     x: torch.Tensor

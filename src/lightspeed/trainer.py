@@ -298,7 +298,11 @@ class Trainer:
     def _validate_during_fit(self, module: Module, loader: Any) -> None:
         if num_batches(loader, self.cfg.limit_val_batches) == 0:
             return  # limit_val_batches=0 turns validation off, hooks included (as in Lightning)
+        # Validation must not move the training RNG (its loader draws a seed): training then gives the same
+        # losses whatever val_check_interval is, and a checkpoint saved just before a validation resumes exactly.
+        rng = checkpoint.rng_state()
         self._run_eval("validate", module, loader, self.cfg.limit_val_batches, module.validation_step)
+        checkpoint.set_rng_state(rng)
         self.stage, self.metrics.stage = "train", "train"
         module.train()
 
