@@ -17,8 +17,10 @@ is one `engine.global_steps`, which equals the Trainer's `global_step`.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import copy
+import importlib.util
 import json
 import logging
 from dataclasses import dataclass, field
@@ -114,12 +116,14 @@ class DeepSpeed:
         if "nvme" in (self.offload_optimizer, self.offload_params) and self.nvme_path is None:
             raise ConfigError("DeepSpeed offload to 'nvme' needs nvme_path=<a directory on a fast local disk>, e.g. "
                               "DeepSpeed(stage=3, offload_optimizer='nvme', offload_params='nvme', nvme_path='/nvme').")
+        if importlib.util.find_spec("deepspeed") is None:
+            _import_deepspeed()  # raises the install hint now, before any rank is started
         self.user_config = _read_config(self.config)
         offload = "_offload" if self.offload_optimizer or self.offload_params else ""
         nvme = "_nvme" if "nvme" in (self.offload_optimizer, self.offload_params) else ""
         self.name = f"deepspeed_stage_{self.stage}{offload}{nvme}"
         self.engine = None
-        self._checkpointing_applied = False
+        self._checkpointing_applied = self._exit_registered = False
 
     # ------------------------------------------------------------------ config
     def connect(self, spec: RunSpec) -> None:
@@ -137,6 +141,10 @@ class DeepSpeed:
                                     init_method=f"tcp://127.0.0.1:{find_free_port()}", rank=0, world_size=1)
         # DeepSpeed's comm layer adopts the torch process group that is already there.
         deepspeed.init_distributed(dist_backend=dist.get_backend(), dist_init_required=False, verbose=False)
+        if not self._exit_registered:
+            # Nothing else ends the engine: left to interpreter shutdown, gloo's threads can abort a rank.
+            atexit.register(self.teardown)
+            self._exit_registered = True
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
 
     def build_config(self, module: torch.nn.Module | None = None) -> dict:
@@ -328,11 +336,12 @@ class DeepSpeed:
     # ------------------------------------------------------------------ checkpoints
     def save(self, path: Path) -> None:
         self.engine.save_checkpoint(str(path), tag=TAG, client_state={"lightspeed_strategy": self.name},
-                                    save_latest=False)
+                                    save_latest=True)  # lets DeepSpeed's zero_to_fp32.py run without a tag
 
     def load(self, path: Path, with_optimizer: bool = True) -> None:
-        if self.engine.optimizer is None:
-            # No optimizer (evaluation): ZeRO keeps the fp32 weights with the optimizer state, so merge them.
+        if not self.optimizers:
+            # An evaluation engine has no optimizer, and ZeRO keeps the fp32 weights with the optimizer state
+            # (DeepSpeed's own weights-only load needs one), so merge the shards and load them.
             _load_weights(_import_deepspeed(), self.module, full_state_dict(Path(path)))
             return
         self.engine.load_checkpoint(str(path), tag=TAG, load_optimizer_states=with_optimizer,
