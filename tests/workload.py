@@ -128,9 +128,9 @@ def _deepspeed_facts(strategy) -> dict:
     shares = [None] * dist.get_world_size()
     dist.all_gather_object(shares, local)
     inner = getattr(engine.optimizer, "optimizer", engine.optimizer)
-    return {"config": engine.config, "optimizer": type(inner).__name__, "global_steps": engine.global_steps,
-            "local_params": shares, "total_params": total,
-            "lr": [g["lr"] for g in inner.param_groups] if inner is not None else None}
+    return {"config": engine.config, "optimizer": type(inner).__name__, "optimizers": len(strategy.optimizers),
+            "global_steps": engine.global_steps, "local_params": shares, "total_params": total,
+            "lr": [g["lr"] for g in inner.param_groups] if strategy.optimizers else None}
 
 
 def _probe(trainer, module, data, path: str) -> None:
