@@ -105,6 +105,15 @@ def read_dist_info(env: dict | None = None) -> DistInfo:
     return DistInfo()
 
 
+def export_env(info: DistInfo) -> None:
+    """Writes the rank variables torchrun would set, for libraries that read them (DeepSpeed's CUDA path
+    asserts LOCAL_RANK). Variables already present are left alone: the launcher's word stands."""
+    values = dict(RANK=info.rank, LOCAL_RANK=info.local_rank, WORLD_SIZE=info.world_size,
+                  LOCAL_WORLD_SIZE=info.local_world_size, MASTER_ADDR=info.master_addr, MASTER_PORT=info.master_port)
+    for key, value in values.items():
+        os.environ.setdefault(key, str(value))
+
+
 def find_free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

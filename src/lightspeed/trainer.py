@@ -25,7 +25,7 @@ from .callbacks import Callback, ModelCheckpoint
 from .config import TrainerConfig
 from .data import move_to_device, num_batches, set_epoch, with_distributed_sampler
 from .errors import ConfigError
-from .launch import DistInfo, read_dist_info, start_local_ranks, watch_parent
+from .launch import DistInfo, export_env, read_dist_info, start_local_ranks, watch_parent
 from .loggers import CSVLogger, Logger, TensorBoardLogger
 from .metrics import MetricStore
 from .module import Module
@@ -128,6 +128,7 @@ class Trainer:
             self.dist = self._env
             if self._env.launcher == "lightspeed":
                 watch_parent()
+        export_env(self.dist)
         dev_type = self.cfg.device_type
         self.device = torch.device("cuda", self.dist.local_rank) if dev_type == "cuda" else torch.device("cpu")
         self.metrics.device = self.device
