@@ -107,9 +107,13 @@ def read_dist_info(env: dict | None = None) -> DistInfo:
 
 def export_env(info: DistInfo) -> None:
     """Writes the rank variables torchrun would set, for libraries that read them (DeepSpeed's CUDA path
-    asserts LOCAL_RANK). Variables already present are left alone: the launcher's word stands."""
-    values = dict(RANK=info.rank, LOCAL_RANK=info.local_rank, WORLD_SIZE=info.world_size,
-                  LOCAL_WORLD_SIZE=info.local_world_size, MASTER_ADDR=info.master_addr, MASTER_PORT=info.master_port)
+    asserts LOCAL_RANK). Variables already present are left alone: the launcher's word stands. A plain
+    one-process run gets LOCAL_RANK only, so a later Trainer in the same script does not mistake it for torchrun.
+    """
+    values: dict = dict(LOCAL_RANK=info.local_rank)
+    if info.launcher != "none":
+        values.update(RANK=info.rank, WORLD_SIZE=info.world_size, LOCAL_WORLD_SIZE=info.local_world_size,
+                      MASTER_ADDR=info.master_addr, MASTER_PORT=info.master_port)
     for key, value in values.items():
         os.environ.setdefault(key, str(value))
 
