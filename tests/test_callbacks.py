@@ -52,6 +52,9 @@ def test_checkpoint_mode_max_with_save_last(tmp_path):
     assert _dirs(tmp_path) == ["epoch=4-step=10", "epoch=5-step=12", "last"]
     assert (tmp_path / "checkpoints" / "last").resolve().name == "epoch=5-step=12"
     assert ckpt.best_model_path.endswith("epoch=4-step=10")
+    # A newer best replaces both the old best and the directory kept only as `last`.
+    fit_scripted(tmp_path / "again", [5.0, 3.0, 6.0], ls.ModelCheckpoint(monitor="score", mode="max", save_last=True))
+    assert _dirs(tmp_path / "again") == ["epoch=2-step=6", "last"]
 
 
 def test_checkpoint_every_n_steps_and_epochs(tmp_path):

@@ -85,6 +85,7 @@ class ModelCheckpoint(Callback):
         self.best_model_score: float | None = None
         self.last_model_path = ""
         self._last_saved_step = -1
+        self._last_only: str | None = None  # the newest save when kept only as `last`, not among the top k
 
     @property
     def state_key(self) -> str:
@@ -126,15 +127,15 @@ class ModelCheckpoint(Callback):
         if keep:
             self.best_k[str(path)] = score if score is not None else float(trainer.global_step)
             self._prune(trainer, current=str(path))
-        elif trainer.is_global_zero:
-            self._remember_for_last_only(trainer, path)
+        self._drop_previous_last_only(trainer, None if keep else str(path))
 
-    def _remember_for_last_only(self, trainer, path: Path) -> None:
-        # Kept only as `last`: remove the previous such directory once `last` points elsewhere.
-        prev = getattr(self, "_last_only", None)
-        if prev and prev not in self.best_k and prev != str(path):
+    def _drop_previous_last_only(self, trainer, last_only: str | None) -> None:
+        # A directory kept only as `last` goes once `last` points elsewhere, whether at a new best or a newer
+        # last-only one.
+        prev = self._last_only
+        if trainer.is_global_zero and prev and prev not in self.best_k and prev != last_only:
             shutil.rmtree(prev, ignore_errors=True)
-        self._last_only = str(path)
+        self._last_only = last_only
 
     def _worst(self) -> float | None:
         if not self.best_k:
