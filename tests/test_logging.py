@@ -44,6 +44,9 @@ def test_csv_and_tensorboard(tmp_path):
     trainer = make_trainer(tmp_path, max_epochs=2, limit_train_batches=4, limit_val_batches=1, logger=True,
                            log_every_n_steps=2, val_check_interval=0.5)
     trainer.fit(Logged(), regression_data(), regression_data())
+    # After the epoch, the plain name holds the epoch mean (what ModelCheckpoint/EarlyStopping monitor).
+    metrics = trainer.callback_metrics
+    assert (float(metrics["a"]), float(metrics["a_step"]), float(metrics["a_epoch"])) == (1.5, 3.0, 1.5)
     version = tmp_path / "lightspeed_logs" / "version_0"
     rows = _rows(version / "metrics.csv")
     step_rows = [r for r in rows if r["a_step"]]

@@ -21,6 +21,7 @@ _REDUCE = {"mean", "sum", "max", "min"}
 class _EpochAccumulator:
     reduce_fx: str
     stage: str
+    plain_name: str  # `loss` for `loss_epoch`: after the epoch, `loss` means the epoch value (as in Lightning)
     total: torch.Tensor | None = None
     count: int = 0
 
@@ -73,7 +74,7 @@ class MetricStore:
             if on_epoch:
                 self.latest[name] = tensor
         if on_epoch:
-            acc = self.epoch_metrics.setdefault(epoch_name, _EpochAccumulator(fx, self.stage))
+            acc = self.epoch_metrics.setdefault(epoch_name, _EpochAccumulator(fx, self.stage, name))
             acc.add(tensor)
         names = {step_name, epoch_name, name}
         if prog_bar:
@@ -93,6 +94,7 @@ class MetricStore:
         out = {name: acc.compute() for name, acc in mine.items() if acc.count}
         self.epoch_metrics = {k: v for k, v in self.epoch_metrics.items() if k not in mine}
         self.latest.update(out)
+        self.latest.update({mine[name].plain_name: value for name, value in out.items()})
         return {k: v for k, v in out.items() if k not in self.hidden_from_logger}
 
     def prog_bar_values(self) -> dict[str, float]:
