@@ -1,0 +1,50 @@
+"""The benchmark scripts and the demo, run at tiny sizes on CPU so they cannot rot (no timing asserts)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+
+
+def _run(args: list[str], cwd: Path, timeout: float = 400) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, *args], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc
+
+
+def test_gpu_suite_tiny_runs_every_kind_of_setup(tmp_path):
+    names = "plain_pytorch,plain_deepspeed_zero2,single,deepspeed_stage_2,fsdp+ac"
+    out = tmp_path / "r.json"
+    proc = _run([str(ROOT / "benchmarks" / "gpu_suite.py"), "--tiny", "--only", names, "--steps", "3",
+                 "--warmup", "1", "--json", str(out)], tmp_path)
+    results = {r["name"]: r for r in json.loads(out.read_text())}
+    assert set(results) == set(names.split(","))
+    for name, r in results.items():
+        assert "error" not in r, f"{name}: {r.get('error')}"
+        assert r["tok_s"] > 0 and r["timed_steps"] == 3
+    assert "× plain PyTorch" in proc.stdout and "deepspeed_stage_2" in proc.stdout
+
+
+def test_overhead_benchmark_prints_ratio(tmp_path):
+    proc = _run([str(ROOT / "benchmarks" / "overhead.py"), "--size", "tiny", "--steps", "8", "--repeats", "1"],
+                tmp_path)
+    assert "ratio to plain loop" in proc.stdout and "lightspeed Trainer" in proc.stdout
+
+
+def test_demo_trains_and_shows_summary(tmp_path):
+    proc = _run(["-m", "lightspeed.cli", "demo", "--size", "tiny", "--max-steps", "12", "--root", str(tmp_path / "d")],
+                tmp_path)
+    out = proc.stdout
+    for row in ("strategy", "deepspeed_stage_2", "tokens/s", "peak memory", "first loss", "last loss", "checkpoint"):
+        assert row in out, f"summary lacks {row!r}:\n{out[-3000:]}"
+    first = float(out.split("first loss")[1].split()[1])
+    last = float(out.split("last loss")[1].split()[1])
+    assert last < first
+    assert (tmp_path / "d" / "demo-gpt.safetensors").exists()
+    assert (tmp_path / "d" / "checkpoints" / "last" / "meta.json").exists()
