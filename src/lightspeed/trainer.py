@@ -67,6 +67,9 @@ class Trainer:
                 raise ConfigError(f"devices={cfg.devices} × num_nodes={cfg.num_nodes} does not match the "
                                   f"{self._env.launcher} world size {self.world_size}.")
         self.strategy = build_strategy(strategy, self.world_size)
+        if cfg.gradient_clip_algorithm not in getattr(self.strategy, "clip_algorithms", ("norm", "value")):
+            raise ConfigError(f"gradient_clip_algorithm={cfg.gradient_clip_algorithm!r} is not valid with strategy "
+                              f"{self.strategy.name!r}: it clips by global norm only. Use 'norm'.")
         self.callbacks = list(callbacks or [])
         if cfg.enable_checkpointing and not any(isinstance(c, ModelCheckpoint) for c in self.callbacks):
             self.callbacks.append(ModelCheckpoint())

@@ -102,6 +102,7 @@ class DeepSpeed:
     allgather_bucket_size: int = 200_000_000
     reduce_bucket_size: int = 200_000_000
     is_manual_optimization_supported: bool = False
+    clip_algorithms: tuple = ("norm",)  # the Trainer checks this before any rank starts
     optimizers: list = field(default_factory=list)
     schedulers: list = field(default_factory=list)
 
@@ -276,7 +277,7 @@ class DeepSpeed:
         params = [p for p in module.parameters() if hasattr(p, "ds_id")]
         if not params:
             return contextlib.nullcontext()
-        free = (torch.cuda.mem_get_info(self.spec.device)[0] if self.spec.device.type == "cuda"
+        free = (_cuda_free(self.spec.device) if self.spec.device.type == "cuda"
                 else psutil.virtual_memory().available / max(1, self.spec.dist.local_world_size))
         # Rank 0 decides for all: GatheredParameters is collective, and free memory differs between ranks.
         if not _broadcast_from_rank0(sum(p.ds_numel for p in params) * params[0].element_size() < 0.5 * free):
@@ -365,6 +366,13 @@ def _broadcast_from_rank0(value: Any) -> Any:
     box = [value]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def _cuda_free(device: torch.device) -> float:
+    """Free device memory, honouring a cap set with torch.cuda.set_per_process_memory_fraction."""
+    free, total = torch.cuda.mem_get_info(device)
+    capped = torch.cuda.get_per_process_memory_fraction(device) * total - torch.cuda.memory_reserved(device)
+    return min(free, capped)
 
 
 def _fits_in_host_memory(numel: int) -> bool:
