@@ -48,9 +48,20 @@ LIGHTSPEED = {
     # Used by the memory-cap search only:
     "deepspeed_stage_3_offload_full": lambda: "deepspeed_stage_3_offload",
     "fsdp_offload": lambda: ls.FSDP(cpu_offload=True),
+    "deepspeed_stage_3_offload_full+ac": lambda: ls.DeepSpeed(stage=3, offload_optimizer="cpu", offload_params="cpu",
+                                                             activation_checkpointing=[Block]),
+    "deepspeed_stage_3_offload_opt+ac": lambda: ls.DeepSpeed(stage=3, offload_optimizer="cpu",
+                                                            activation_checkpointing=[Block]),
 }
+# The offloaded step at a fixed size under the cap, a global batch of 8 sequences per optimizer step, three ways:
+# (name, micro-batch, accumulation)
+OFFLOAD_VARIANTS = [
+    ("deepspeed_stage_3_offload_full", 1, 8),      # the plain configuration: micro-batch 1, 8 accumulation steps
+    ("deepspeed_stage_3_offload_full+ac", 8, 1),   # one micro-batch of 8: the CPU optimizer and transfers amortised
+    ("deepspeed_stage_3_offload_opt+ac", 8, 1),    # parameters stay on the GPU when they fit: offload only Adam
+]
 BASELINES = ["plain_pytorch", "plain_deepspeed_zero2"]
-ALL = BASELINES + [n for n in LIGHTSPEED if n not in ("deepspeed_stage_3_offload_full", "fsdp_offload")]
+ALL = BASELINES + [n for n in LIGHTSPEED if "offload_full" not in n and "offload_opt" not in n and n != "fsdp_offload"]
 
 
 def flops_per_token(model: GPT) -> float:
@@ -135,13 +146,14 @@ def run_plain_deepspeed(cfg, micro_batch: int, steps: int, warmup: int, device) 
     return _step_times(stamps, warmup)
 
 
-def run_lightspeed(name: str, cfg, micro_batch: int, steps: int, warmup: int, device) -> list[float]:
+def run_lightspeed(name: str, cfg, micro_batch: int, steps: int, warmup: int, device, accumulate: int = 1):
+    """Times optimizer steps (each of `accumulate` micro-batches) of lightspeed's Trainer."""
     torch.manual_seed(0)
     timer = StepTimer()
     trainer = ls.Trainer(strategy=LIGHTSPEED[name](), devices=1, accelerator=device.type, precision="bf16-mixed",
                          max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         callbacks=[timer], compile=name.endswith("+compile"))
-    trainer.fit(FusedAdamGPT(cfg), _loader(cfg, micro_batch, steps))
+                         callbacks=[timer], compile=name.endswith("+compile"), accumulate_grad_batches=accumulate)
+    trainer.fit(FusedAdamGPT(cfg), _loader(cfg, micro_batch, steps * accumulate))
     return _step_times(timer.stamps, warmup)
 
 
@@ -158,11 +170,11 @@ def run_one(name: str, args) -> dict:
     elif name == "plain_deepspeed_zero2":
         times = run_plain_deepspeed(cfg, args.micro_batch, steps, args.warmup, device)
     else:
-        times = run_lightspeed(name, cfg, args.micro_batch, steps, args.warmup, device)
+        times = run_lightspeed(name, cfg, args.micro_batch, steps, args.warmup, device, args.accumulate)
     with torch.device("meta"):
         meta_model = GPT(cfg)
     step_s = statistics.median(times)
-    tokens = args.micro_batch * cfg.block_size
+    tokens = args.micro_batch * args.accumulate * cfg.block_size  # per optimizer step
     return {
         "name": name, "params": meta_model.num_params(), "step_s": step_s, "tok_s": tokens / step_s,
         "mfu": tokens / step_s * flops_per_token(meta_model) / PEAK_FLOPS,
@@ -179,7 +191,8 @@ def _model_cfg(args):
 
 def _subprocess(name: str, args, extra: list[str] | None = None, timeout: float = 900) -> dict:
     cmd = [sys.executable, __file__, "--run", name, "--steps", str(args.steps), "--warmup", str(args.warmup),
-           "--micro-batch", str(args.micro_batch), *(["--tiny"] if args.tiny else []), *(extra or [])]
+           "--micro-batch", str(args.micro_batch), "--accumulate", str(args.accumulate),
+           *(["--tiny"] if args.tiny else []), *(extra or [])]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
@@ -201,7 +214,7 @@ def speed_table(args) -> list[dict]:
     results = []
     for name in names:
         print(f"[gpu_suite] running {name} ...", file=sys.stderr, flush=True)
-        r = _subprocess(name, args)
+        r = _subprocess(name, args, timeout=args.per_run_timeout)
         print(f"[gpu_suite] {json.dumps(r)}", file=sys.stderr, flush=True)
         results.append(r)
     base = {r["name"]: r["tok_s"] for r in results if r["name"] in BASELINES and "tok_s" in r}
@@ -254,6 +267,34 @@ def memory_cap(args) -> list[dict]:
     return rows
 
 
+def offload_speed(args) -> list[dict]:
+    """Tokens/s of the offloaded stage-3 step at `--layers` under the cap, for each way in OFFLOAD_VARIANTS."""
+    from rich.console import Console
+    from rich.table import Table
+
+    rows = []
+    for name, micro, accum in OFFLOAD_VARIANTS:
+        args.micro_batch, args.accumulate = micro, accum
+        r = _subprocess(name, args, ["--layers", str(args.layers), "--cap-gib", str(args.memory_cap)],
+                        timeout=args.probe_timeout)
+        print(f"[gpu_suite] offload {name} mb={micro} accum={accum}: {json.dumps(r)}", file=sys.stderr, flush=True)
+        rows.append(r | {"micro_batch": micro, "accumulate": accum})
+    base = rows[0].get("tok_s")
+    table = Table(title=f"Offloaded ZeRO-3 at {args.layers} layers under a {args.memory_cap:g} GiB cap, "
+                        "8 sequences per optimizer step")
+    for col in ("setup", "micro-batch × accumulation", "s/step", "tok/s", "× plain offload", "peak GiB"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        if "error" in r:
+            table.add_row(r["name"], f"{r['micro_batch']} × {r['accumulate']}", r["error"], "", "", "")
+            continue
+        ratio = f"{r['tok_s'] / base:.2f}" if base else "-"
+        table.add_row(r["name"], f"{r['micro_batch']} × {r['accumulate']}", f"{r['step_s']:.2f}",
+                      f"{r['tok_s']:,.0f}", ratio, f"{r['peak_gib']:.1f}")
+    Console(width=140).print(table)
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", help=argparse.SUPPRESS)
@@ -261,19 +302,28 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--micro-batch", type=int, default=8)
+    p.add_argument("--accumulate", type=int, default=1)
     p.add_argument("--layers", type=int, default=None)
     p.add_argument("--cap-gib", type=float, default=None, help=argparse.SUPPRESS)
     p.add_argument("--memory-cap", type=float, default=None, help="GiB; run the bisection instead of the table")
     p.add_argument("--probe-timeout", type=float, default=300)
+    p.add_argument("--offload-speed", action="store_true",
+                   help="with --memory-cap and --layers: compare ways to run the offloaded ZeRO-3 step")
+    p.add_argument("--per-run-timeout", type=float, default=900)
     p.add_argument("--tiny", action="store_true", help="CPU smoke run with the tiny model")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()
     if args.run:
         print("RESULT " + json.dumps(run_one(args.run, args)), flush=True)
         return
-    if args.memory_cap:
+    if args.offload_speed:
+        args.warmup, args.steps = 1, 3
+        results = offload_speed(args)
+    elif args.memory_cap:
         args.micro_batch, args.warmup, args.steps = 1, 1, 4  # 5 steps at micro-batch 1, as the issue asks
-    results = memory_cap(args) if args.memory_cap else speed_table(args)
+        results = memory_cap(args)
+    else:
+        results = speed_table(args)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 
