@@ -60,9 +60,9 @@ def test_read_dist_info_classifies_launch_environments():
 def test_failing_rank_stops_every_rank(tmp_path, fail_rank):
     run = run_workload(tmp_path, devices=2, check=False, timeout=90, fail_rank=fail_rank, max_steps=20,
                        batch_size=4)
-    assert run.returncode != 0
+    assert run.returncode != 0, run.stderr[-3000:]
     assert run.seconds < 60, f"took {run.seconds:.0f}s to stop"
-    assert f"deliberate failure on rank {fail_rank}" in run.stderr
+    assert f"deliberate failure on rank {fail_rank}" in run.stderr, run.stderr[-3000:]
     assert "Traceback" in run.stderr
 
 

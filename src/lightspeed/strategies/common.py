@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import gc
 from datetime import timedelta
 
 import torch
@@ -36,6 +37,9 @@ def init_process_group(spec: RunSpec, timeout_s: float = 600) -> None:
 def destroy_process_group() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+        # Free what still holds the group (a DDP reducer in a trainer <-> module reference cycle) now, while
+        # the interpreter is alive: gloo work freed during interpreter finalization aborts the process.
+        gc.collect()
 
 
 def barrier() -> None:
