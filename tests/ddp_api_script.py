@@ -76,7 +76,10 @@ def main(out: str) -> None:
     trainer2 = ls.Trainer(max_steps=5, **kw)
     # Rank-dependent data: without DDP's gradient all-reduce the two ranks' weights would drift apart.
     trainer2.fit(manual, DataLoader(TensorDataset(x / 10, (trainer.global_rank + 1) * x / 10), batch_size=1))
-    result = dict(global_rank=model.global_rank, train_order=model.order,
+    # shuffle=True: a DistributedSampler that reshuffles each epoch (set_epoch), the ranks splitting the data.
+    shuffled = Logs()
+    ls.Trainer(max_epochs=2, **kw).fit(shuffled, DataLoader(data, batch_size=1, shuffle=True))
+    result = dict(global_rank=model.global_rank, train_order=model.order, shuffled_order=shuffled.order,
                   predictions=[int(v) for p in preds for v in p], manual_losses=manual.losses,
                   manual_weights=[float(p.detach()) for p in manual.parameters()],
                   manual_lr=trainer2.strategy.optimizers[0].param_groups[0]["lr"], **metrics)

@@ -346,6 +346,14 @@ def test_ddp_sampler_keeps_shuffle_false_and_predict_order(ddp_api):
     assert r0["predictions"] == [0, 2, 4, 6, 8] and r1["predictions"] == [1, 3, 5, 7, 9]
 
 
+def test_ddp_shuffle_reshuffles_each_epoch(ddp_api):
+    r0, r1, _ = ddp_api
+    epochs = [(r0["shuffled_order"][i:i + 5], r1["shuffled_order"][i:i + 5]) for i in (0, 5)]
+    for a, b in epochs:
+        assert sorted(a + b) == list(range(10))  # each epoch: the ranks split the data, no overlap
+    assert epochs[0] != epochs[1] and epochs[0][0] != [0, 2, 4, 6, 8]
+
+
 def test_ddp_manual_optimization_keeps_ranks_in_sync(ddp_api):
     r0, r1, _ = ddp_api
     assert r0["manual_weights"] == r1["manual_weights"]  # DDP averaged the manual_backward gradients
