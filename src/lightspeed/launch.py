@@ -118,6 +118,38 @@ def export_env(info: DistInfo) -> None:
         os.environ.setdefault(key, str(value))
 
 
+_exit_state = {"installed": False, "failed": False}
+
+
+def end_with_os_exit() -> None:
+    """Makes this rank end with `os._exit` once Python's own exit handlers have run.
+
+    Interpreter finalisation destroys native communication objects (gloo connections, DeepSpeed's shared-memory
+    communicator) whose threads can still be joinable; the C++ runtime then calls std::terminate and a rank that
+    finished its work dies with SIGABRT ("terminate called without an active exception"), failing the whole run
+    at random. Every atexit handler (loggers, process-group teardown, waiting for the other ranks) still runs;
+    only the native finalisers are skipped. The exit status is 1 after an uncaught exception, else 0 (so an
+    explicit `sys.exit(n)` in a distributed script reads as 0 or 1).
+    """
+    if _exit_state["installed"]:
+        return
+    _exit_state["installed"] = True
+    previous = sys.excepthook
+
+    def note_failure(*exc_info) -> None:
+        _exit_state["failed"] = True
+        previous(*exc_info)
+
+    sys.excepthook = note_failure
+    atexit.register(_os_exit)  # registered first, so it runs last
+
+
+def _os_exit() -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1 if _exit_state["failed"] else 0)
+
+
 def find_free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

@@ -25,7 +25,7 @@ from .callbacks import Callback, ModelCheckpoint
 from .config import TrainerConfig
 from .data import move_to_device, num_batches, set_epoch, with_distributed_sampler
 from .errors import ConfigError
-from .launch import DistInfo, export_env, read_dist_info, start_local_ranks, watch_parent
+from .launch import DistInfo, end_with_os_exit, export_env, read_dist_info, start_local_ranks, watch_parent
 from .loggers import CSVLogger, Logger, TensorBoardLogger
 from .metrics import MetricStore
 from .module import Module
@@ -125,6 +125,8 @@ class Trainer:
         """Starts the other local ranks (plain `python` with devices > 1) or joins the external launcher's."""
         if self.dist is not None:
             return
+        if self.world_size > 1:
+            end_with_os_exit()  # before start_local_ranks, whose exit handler must run first
         if self._env.launcher == "none" and self.world_size > 1:
             self.dist = start_local_ranks(self.world_size)
         else:

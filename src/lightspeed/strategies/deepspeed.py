@@ -381,12 +381,14 @@ def _fits_in_host_memory(numel: int) -> bool:
 
 
 def _copy_from_rank0(deepspeed, module: torch.nn.Module, plain: torch.nn.Module | None) -> None:
-    """Overwrites the partitioned parameters (and buffers) with rank 0's plain build. Collective."""
-    params = dict(module.named_parameters())
-    with deepspeed.zero.GatheredParameters(list(params.values()), modifier_rank=0), torch.no_grad():
-        if plain is not None:
-            source = dict(plain.named_parameters())
-            for name, p in params.items():
+    """Overwrites the partitioned parameters (and buffers) with rank 0's plain build. Collective.
+
+    One parameter is gathered at a time, so the copy never holds more than one full tensor on the device:
+    the models this path exists for are the ones that do not fit there whole."""
+    source = dict(plain.named_parameters()) if plain is not None else {}
+    for name, p in module.named_parameters():
+        with deepspeed.zero.GatheredParameters([p], modifier_rank=0), torch.no_grad():
+            if plain is not None:
                 p.copy_(source[name])
     source_buffers = dict(plain.named_buffers()) if plain is not None else {}
     for name, b in module.named_buffers():
