@@ -241,6 +241,8 @@ def memory_cap(args) -> list[dict]:
     setups = {"plain_pytorch": (12, 40), "deepspeed_stage_3_offload_full": (48, 128), "fsdp_offload": (24, 96)}
     if args.only:
         setups = {k: v for k, v in setups.items() if k in args.only.split(",")}
+    if args.lo is not None and args.hi is not None:  # narrow the search where earlier runs located the edge
+        setups = {k: (args.lo, args.hi) for k in setups}
     rows = []
     for name, (lo, hi) in setups.items():
         best = None
@@ -307,6 +309,8 @@ def main() -> None:
     p.add_argument("--cap-gib", type=float, default=None, help=argparse.SUPPRESS)
     p.add_argument("--memory-cap", type=float, default=None, help="GiB; run the bisection instead of the table")
     p.add_argument("--probe-timeout", type=float, default=300)
+    p.add_argument("--lo", type=int, help="memory-cap search: fewest layers to try")
+    p.add_argument("--hi", type=int, help="memory-cap search: most layers to try")
     p.add_argument("--offload-speed", action="store_true",
                    help="with --memory-cap and --layers: compare ways to run the offloaded ZeRO-3 step")
     p.add_argument("--per-run-timeout", type=float, default=900)
