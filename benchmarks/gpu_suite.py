@@ -159,7 +159,7 @@ def run_lightspeed(name: str, cfg, micro_batch: int, steps: int, warmup: int, de
 
 def run_one(name: str, args) -> dict:
     """Runs one configuration in this process; returns its figures."""
-    device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
+    device = torch.device("cuda", 0) if torch.cuda.is_available() and not args.tiny else torch.device("cpu")
     cfg = _model_cfg(args)
     if args.cap_gib and device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
