@@ -229,7 +229,7 @@ class DeepSpeed:
         with deepspeed.zero.Init(config_dict_or_path=config, remote_device=self.offload_params):
             module.configure_model()
         numel = sum(getattr(p, "ds_numel", p.numel()) for p in module.parameters())
-        if not _broadcast_from_rank0(rank0 and _fits_in_host_memory(numel)):
+        if not _broadcast_from_rank0(rank0 and self._plain_copy_fits(numel)):
             self._log0(f"DeepSpeed stage 3: the model ({numel} parameters) would not fit in host memory twice; "
                        "initialised sharded only (zero.Init), so parent-applied init may differ from DDP.")
             return
@@ -239,6 +239,12 @@ class DeepSpeed:
         _copy_from_rank0(deepspeed, module, plain)
         # Every rank continues from the RNG state a plain build leaves, as under DDP (dropout masks agree).
         set_rng_state(_broadcast_from_rank0(rng_state() if rank0 else None))
+
+    def _plain_copy_fits(self, numel: int) -> bool:
+        """Rank 0's plain fp32 copy must fit beside what offload will keep in host memory for the whole run
+        (fp32 master weights, gradients and two Adam moments: 16 bytes a parameter; bf16 weights: 2 more)."""
+        resident = (16 * numel if self.offload_optimizer else 0) + (2 * numel if self.offload_params else 0)
+        return 4 * numel + resident < 0.8 * psutil.virtual_memory().available
 
     def setup(self, module: torch.nn.Module, build_optimizers) -> None:
         deepspeed = _import_deepspeed()
@@ -375,9 +381,6 @@ def _cuda_free(device: torch.device) -> float:
     return min(free, capped)
 
 
-def _fits_in_host_memory(numel: int) -> bool:
-    """Rank 0 holds a plain copy and, while copying, the gathered parameters: twice the fp32 model."""
-    return 2 * 4 * numel < 0.8 * psutil.virtual_memory().available
 
 
 def _copy_from_rank0(deepspeed, module: torch.nn.Module, plain: torch.nn.Module | None) -> None:
