@@ -179,7 +179,11 @@ def start_local_ranks(n: int) -> DistInfo:
     # watch, and a later Trainer in this process must not mistake its own launcher for one.
     os.environ.update({k: v for k, v in _child_env(0, n, port).items() if k != "LIGHTSPEED_PARENT_PID"})
 
-    def kill_children() -> None:
+    def kill_children(grace_s: float = 3.0) -> None:
+        # A rank that is failing too may still be writing its traceback: let it finish before SIGTERM.
+        deadline = time.time() + grace_s
+        while time.time() < deadline and any(c.poll() is None for c in children):
+            time.sleep(0.05)
         for c in children:
             if c.poll() is None:
                 c.terminate()
@@ -195,8 +199,9 @@ def start_local_ranks(n: int) -> DistInfo:
             for c in children:
                 code = c.poll()
                 if code not in (None, 0):
+                    # sys.__stderr__: torch's excepthook may have swapped sys.stderr for a buffer just now.
                     print(f"[lightspeed] rank {children.index(c) + 1} failed with exit code {code}; "
-                          "stopping every rank.", file=sys.stderr, flush=True)
+                          "stopping every rank.", file=sys.__stderr__, flush=True)
                     kill_children()
                     os._exit(code if code > 0 else 1)
             if all(c.poll() is not None for c in children):
@@ -206,10 +211,11 @@ def start_local_ranks(n: int) -> DistInfo:
     failed: list[bool] = []
     previous_hook = sys.excepthook
 
-    def on_uncaught(*exc_info) -> None:  # rank 0 itself failed: print, then take every other rank down
+    def on_uncaught(*exc_info) -> None:
+        # Rank 0 itself failed. Only note it here: torch's excepthook, which wraps this one, writes the traceback
+        # after we return; the exit handler then takes the other ranks down.
         failed.append(True)
         previous_hook(*exc_info)
-        kill_children()
 
     sys.excepthook = on_uncaught
     atexit.register(_wait_then_kill, children, kill_children, failed)
@@ -228,7 +234,7 @@ def _wait_then_kill(children, kill_children, failed: list) -> None:
     kill_children()
     codes = [c.returncode for c in children if c.returncode not in (None, 0)]
     if codes and not failed:
-        print(f"[lightspeed] a rank exited with code {codes[0]}", file=sys.stderr, flush=True)
+        print(f"[lightspeed] a rank exited with code {codes[0]}", file=sys.__stderr__, flush=True)
         os._exit(codes[0] if codes[0] > 0 else 1)
 
 
