@@ -14,6 +14,8 @@ names from lightspeed.examples.gpt or torch.nn), init_weights (a path: rank 0 sa
 build_in_init (the GPT is built in __init__, not configure_model), manual (automatic_optimization=False),
 duck_optimizer (configure_optimizers returns an object that is not a torch optimizer), memory (result["memory"]:
 each rank's lightspeed.memory.measure after fit).
+DDP option: ddp_comm_hook ("fp16", "bf16", "powersgd": DDP(comm_hook=...); "count": a plain all-reduce hook in the
+`(state, hook)` form that records, per call, how many micro-batches had run: result["comm_hook_calls"]).
 """
 
 from __future__ import annotations
@@ -99,7 +101,19 @@ def _classes(names):
     return [getattr(gpt, n, None) or getattr(torch.nn, n) for n in names]
 
 
-def _strategy(opts: dict):
+def _counting_allreduce(state: dict, bucket):
+    """A DDP comm hook: torch's plain all-reduce, noting which micro-batch's backward called it."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    state["calls"].append(len(state["module"].losses))
+    return default_hooks.allreduce_hook(None, bucket)
+
+
+def _strategy(opts: dict, module=None):
+    if opts.get("ddp_comm_hook") == "count":
+        return ls.DDP(comm_hook=({"calls": [], "module": module}, _counting_allreduce))
+    if opts.get("ddp_comm_hook"):
+        return ls.DDP(comm_hook=opts["ddp_comm_hook"])
     if opts.get("fsdp") is not None:
         from lightspeed.strategies.fsdp import FSDP
 
@@ -153,7 +167,7 @@ def main(opts: dict) -> None:
     if opts.get("ckpt_every"):
         callbacks.append(ls.ModelCheckpoint(every_n_train_steps=opts["ckpt_every"], save_top_k=-1))
     trainer = ls.Trainer(
-        strategy=_strategy(opts), devices=opts.get("devices", 1), num_nodes=opts.get("num_nodes", 1),
+        strategy=_strategy(opts, module), devices=opts.get("devices", 1), num_nodes=opts.get("num_nodes", 1),
         max_steps=opts.get("max_steps", -1),
         max_epochs=opts.get("max_epochs"), accumulate_grad_batches=opts.get("accumulate", 1),
         gradient_clip_val=opts.get("clip"), gradient_clip_algorithm=opts.get("clip_algo", "norm"),
@@ -194,6 +208,8 @@ def main(opts: dict) -> None:
         per_rank = [None] * dist.get_world_size()
         dist.all_gather_object(per_rank, measure(trainer.strategy))
         result["memory"] = per_rank
+    if opts.get("ddp_comm_hook") == "count":
+        result["comm_hook_calls"] = trainer.strategy.comm_hook[0]["calls"]
     if getattr(trainer.strategy, "engine", None) is not None:
         result["deepspeed"] = _deepspeed_facts(trainer.strategy)
     if trainer.is_global_zero:

@@ -79,8 +79,10 @@ class DDP:
                 return
             case "fp16":
                 self.wrapped.register_comm_hook(dist.group.WORLD, default_hooks.fp16_compress_hook)
-            case "bf16":
+            case "bf16" if self.spec.device.type == "cuda":
                 self.wrapped.register_comm_hook(dist.group.WORLD, default_hooks.bf16_compress_hook)
+            case "bf16":
+                self.wrapped.register_comm_hook(dist.group.WORLD, bf16_compress_hook_any_backend)
             case "powersgd":
                 state = powerSGD_hook.PowerSGDState(
                     process_group=None, matrix_approximation_rank=self.powersgd_rank, start_powerSGD_iter=2
@@ -128,3 +130,21 @@ class DDP:
 
     def teardown(self) -> None:
         destroy_process_group()
+
+
+def bf16_compress_hook_any_backend(process_group, bucket):
+    """torch's bf16_compress_hook for any backend: all-reduces the bucket in bf16, averaged, then casts back.
+
+    torch refuses to register its own hook unless NCCL ≥ 2.10 is present (a check by function name), yet gloo
+    all-reduces bf16 too; this is the same computation under another name, used on CPU.
+    """
+    group = process_group if process_group is not None else dist.group.WORLD
+    buffer = bucket.buffer()
+    compressed = buffer.to(torch.bfloat16).div_(dist.get_world_size(group))
+    future = dist.all_reduce(compressed, group=group, async_op=True).get_future()
+
+    def decompress(fut):
+        buffer.copy_(fut.value()[0])
+        return buffer
+
+    return future.then(decompress)
