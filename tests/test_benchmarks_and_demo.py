@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -43,8 +44,11 @@ def test_demo_trains_and_shows_summary(tmp_path):
     out = proc.stdout
     for row in ("strategy", "deepspeed_stage_2", "tokens/s", "peak memory", "first loss", "last loss", "checkpoint"):
         assert row in out, f"summary lacks {row!r}:\n{out[-3000:]}"
-    first = float(out.split("first loss")[1].split()[1])
-    last = float(out.split("last loss")[1].split()[1])
+    def row_value(label: str) -> float:
+        line = next(ln for ln in out.splitlines() if label in ln)
+        return float(re.findall(r"\d+\.\d+", line)[-1])
+
+    first, last = row_value("first loss"), row_value("last loss")
     assert last < first
     assert (tmp_path / "d" / "demo-gpt.safetensors").exists()
     assert (tmp_path / "d" / "checkpoints" / "last" / "meta.json").exists()

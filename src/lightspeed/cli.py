@@ -1,15 +1,17 @@
 """Command line: `lightspeed demo` trains the demo GPT; `lightspeed convert` turns a checkpoint into safetensors.
 
-    lightspeed demo [--strategy deepspeed_stage_2] [--devices 2] [--precision 32-true] [--max-steps 150] [--size small]
+    lightspeed demo [--strategy deepspeed_stage_2] [--devices 2] [--precision 32-true] [--max-steps 300] [--size small]
     lightspeed convert CHECKPOINT OUT.safetensors
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -27,6 +29,7 @@ class Throughput(Callback):
         self.first_loss = self.last_loss = self.tokens_per_s = float("nan")
         self._t0: float | None = None
         self._steps = 0
+        self._recent: list[float] = []
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
         loss = float((outputs if isinstance(outputs, torch.Tensor) else outputs["loss"]).detach())
@@ -34,7 +37,8 @@ class Throughput(Callback):
             self.first_loss, self._t0 = loss, time.perf_counter()
             return
         self._steps += 1
-        self.last_loss = loss
+        self._recent = (self._recent + [loss])[-20:]
+        self.last_loss = sum(self._recent) / len(self._recent)  # one batch's loss is noisy: the last 20 steps
         self.tokens_per_s = self._steps * self.tokens_per_step / (time.perf_counter() - self._t0)
 
 
@@ -42,6 +46,15 @@ def _peak_memory(device: torch.device) -> str:
     if device.type == "cuda":
         return f"{torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB (GPU)"
     return f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB (rank 0 RSS)"
+
+
+def _quiet_backends(accelerator: str) -> None:
+    """The demo's output should be the progress bar and the summary: name DeepSpeed's accelerator so it does not
+    announce its guess, and drop torch's deprecation notices about calls DeepSpeed makes. Ranks re-run this
+    command, so the settings reach them too."""
+    if accelerator == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
 
 
 def demo(args: argparse.Namespace) -> None:
@@ -53,6 +66,7 @@ def demo(args: argparse.Namespace) -> None:
     from .conversion import consolidate
     from .examples.gpt import SIZES, ByteWindows, GPTModule, stdlib_corpus
 
+    _quiet_backends(args.accelerator)
     cfg = SIZES[args.size]
     seed_everything(0)
     data = ByteWindows(stdlib_corpus(), cfg.block_size)
@@ -86,7 +100,7 @@ def demo(args: argparse.Namespace) -> None:
         ("precision", args.precision), ("parameters", f"{plain.model.num_params() / 1e6:.2f} M"),
         ("optimizer steps", str(trainer.global_step)), ("tokens/s", f"{meter.tokens_per_s:,.0f}"),
         ("peak memory", _peak_memory(trainer.device)), ("first loss", f"{meter.first_loss:.3f}"),
-        ("last loss", f"{meter.last_loss:.3f}"), ("checkpoint", str(last.resolve())),
+        ("last loss (mean of last 20 steps)", f"{meter.last_loss:.3f}"), ("checkpoint", str(last.resolve())),
         ("consolidated weights", str(weights)),
     ]
     for k, v in rows:
@@ -113,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     d.add_argument("--devices", type=int, default=2)
     d.add_argument("--accelerator", default="cpu")
     d.add_argument("--precision", default="32-true")
-    d.add_argument("--max-steps", type=int, default=150)
+    d.add_argument("--max-steps", type=int, default=300)
     d.add_argument("--size", default="small", choices=["tiny", "small", "medium", "1.3b"])
     d.add_argument("--batch-size", type=int, default=8, help="per device")
     d.add_argument("--lr", type=float, default=3e-3)

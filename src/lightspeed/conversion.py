@@ -10,6 +10,8 @@ Each checkpoint format has one reader, chosen by the strategy recorded in meta.j
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 from pathlib import Path
 
@@ -30,7 +32,9 @@ def full_state_dict(ckpt: str | os.PathLike) -> dict[str, torch.Tensor]:
     else:
         def read(p: Path) -> dict[str, torch.Tensor]:
             return load_weights(p / WEIGHTS)
-    state = read(path)
+    # DeepSpeed's reader prints its progress; keep a conversion's output to the one line the caller prints.
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        state = read(path)
     return {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
 
 
