@@ -47,6 +47,15 @@ def test_parity_initial_weights_and_options(tmp_path):
     assert_close_losses(options["losses"], ddp["losses"], RTOL, "fsdp(shard_classes, AC, built in __init__)")
 
 
+def test_cpu_offload_parity_with_ddp(tmp_path):
+    # CPUOffloadPolicy on CPU ranks: shards, gradients and the optimizer step already live on the CPU, so the
+    # policy only changes where FSDP stages them; losses must match DDP (same tolerance, observed bit-identical).
+    ddp = run_workload(tmp_path, strategy="ddp", max_steps=5, **TRAIN)
+    offload = run_workload(tmp_path, max_steps=5, fsdp={"cpu_offload": True}, **TRAIN)
+    assert offload["fsdp_offload_policy"] == "CPUOffloadPolicy"
+    assert_close_losses(offload["losses"], ddp["losses"], RTOL, "fsdp(cpu_offload=True) vs ddp")
+
+
 def test_resume_evaluate_consolidate(tmp_path):
     straight = run_workload(tmp_path, strategy="fsdp", max_steps=6, **TRAIN)
     ckpt, out = tmp_path / "ckpt", tmp_path / "fsdp.safetensors"

@@ -10,7 +10,7 @@ DeepSpeed options: ds (DeepSpeed(**ds) as the strategy; "ac": true checkpoints t
 merged into the config by configure_deepspeed), fit (false: evaluate only, from resume), probe (a path: rank 0
 saves the eval-mode logits of the first batch there), two_optimizers; result["deepspeed"] holds engine facts.
 FSDP / ZeRO-1 options: fsdp (FSDP(**fsdp) as the strategy; shard_classes and activation_checkpointing as class
-names from lightspeed.examples.gpt or torch.nn), init_weights (a path: rank 0 saves the full weights at fit start),
+names from lightspeed.examples.gpt or torch.nn; result["fsdp_offload_policy"] names the policy applied), init_weights (a path: rank 0 saves the full weights at fit start),
 build_in_init (the GPT is built in __init__, not configure_model), manual (automatic_optimization=False),
 duck_optimizer (configure_optimizers returns an object that is not a torch optimizer), memory (result["memory"]:
 each rank's lightspeed.memory.measure after fit).
@@ -208,6 +208,9 @@ def main(opts: dict) -> None:
         per_rank = [None] * dist.get_world_size()
         dist.all_gather_object(per_rank, measure(trainer.strategy))
         result["memory"] = per_rank
+    if opts.get("fsdp") is not None:  # the offload policy FSDP2 applied to the root's parameters
+        group = trainer.strategy.module._get_fsdp_state()._fsdp_param_group
+        result["fsdp_offload_policy"] = type(group.offload_policy).__name__
     if opts.get("ddp_comm_hook") == "count":
         result["comm_hook_calls"] = trainer.strategy.comm_hook[0]["calls"]
     if getattr(trainer.strategy, "engine", None) is not None:
