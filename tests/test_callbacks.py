@@ -95,3 +95,28 @@ def test_learning_rate_monitor_matches_scheduler(tmp_path):
     # At step s the logged rate is the one the next update uses: the scheduler's lambda after s steps.
     assert [(int(r["step"]), float(r["lr-SGD"])) for r in rows] == [(s, 1.0 / (s + 1)) for s in range(1, 6)]
     assert trainer.strategy.schedulers[0].scheduler.get_last_lr() == [1.0 / 6]
+
+
+class SaveRecorder(ls.Callback):
+    """Notes the global step of every checkpoint written (the Trainer calls on_save_checkpoint on each)."""
+
+    def __init__(self):
+        self.steps: list[int] = []
+
+    def on_save_checkpoint(self, trainer, module, checkpoint) -> None:
+        self.steps.append(trainer.global_step)
+
+
+def test_checkpoint_resume_keeps_its_last_saved_step(tmp_path):
+    # 4 steps an epoch; step 4 is saved by the step trigger at the epoch's last batch, so the epoch-end
+    # trigger must skip it. Resumed from that checkpoint, the epoch ends at once: it must skip it again.
+    def fit(ckpt_path=None):
+        ckpt = ls.ModelCheckpoint(every_n_train_steps=4, every_n_epochs=1, save_top_k=-1)
+        recorder = SaveRecorder()
+        trainer = make_trainer(tmp_path, max_epochs=3, limit_train_batches=4, callbacks=[ckpt, recorder])
+        trainer.fit(Regress(), regression_data(), ckpt_path=ckpt_path)
+        return recorder.steps
+
+    assert fit() == [4, 8, 12]
+    assert fit(tmp_path / "checkpoints" / "epoch=0-step=4") == [8, 12]
+    assert _dirs(tmp_path) == ["epoch=0-step=4", "epoch=1-step=8", "epoch=2-step=12", "last"]

@@ -160,13 +160,15 @@ class ModelCheckpoint(Callback):
     def state_dict(self) -> dict:
         return {"best_k": self.best_k, "best_model_path": self.best_model_path,
                 "best_model_score": self.best_model_score, "last_model_path": self.last_model_path,
-                "dirpath": str(self.dirpath)}
+                "dirpath": str(self.dirpath), "last_saved_step": self._last_saved_step}
 
     def load_state_dict(self, state: dict) -> None:
         self.best_k = dict(state.get("best_k", {}))
         self.best_model_path = state.get("best_model_path", "")
         self.best_model_score = state.get("best_model_score")
         self.last_model_path = state.get("last_model_path", "")
+        # Without it, a resumed run's epoch-end trigger would save again the step the checkpoint was taken at.
+        self._last_saved_step = state.get("last_saved_step", -1)
 
 
 class EarlyStopping(Callback):
