@@ -49,7 +49,7 @@ def main() -> None:
     for name, row in table.items():
         cells = [f"{row[c]:,} ({row[c] / base[c]:.2f}×)" if base[c] else f"{row[c]:,}" for c in CATEGORIES]
         out.add_row(name, *cells)
-    Console().print(out)
+    Console(width=120).print(out)
 
 
 if __name__ == "__main__":
