@@ -199,6 +199,15 @@ def test_configure_optimizers_bad_form(tmp_path):
         make_trainer(tmp_path, max_steps=1).fit(Regress("bogus"), regression_data())
 
 
+def test_save_checkpoint_before_fit_is_a_config_error(tmp_path):
+    trainer = make_trainer(tmp_path, max_steps=1)
+    with pytest.raises(ls.ConfigError, match=r"save_checkpoint\('.*early'\) was called before fit, validate"):
+        trainer.save_checkpoint(tmp_path / "early")
+    assert not (tmp_path / "early").exists()
+    trainer.fit(Regress(), regression_data())
+    assert trainer.save_checkpoint(tmp_path / "after").is_dir()  # the same trainer saves once set up
+
+
 class ManualRegress(Regress):
     automatic_optimization = False
 

@@ -424,8 +424,14 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path: str | Path) -> Path:
-        """Collective: every rank must call it. Writes atomically, then moves `<dir>/last` to it."""
+        """Collective: every rank must call it. Writes atomically, then moves `<dir>/last` to it.
+
+        Raises ConfigError before fit / validate / test / predict: no model is set up, nothing to save."""
         module = self._module
+        if self.dist is None or module is None:
+            raise ConfigError(f"save_checkpoint({str(path)!r}) was called before fit, validate, test or predict: "
+                              "no model is set up on the strategy yet, so there is nothing to save. Call it after "
+                              "one of them.")
         epoch_done = getattr(self, "_epoch_done", False) and self.stage == "train"
         state: dict[str, Any] = {
             "epoch": self.current_epoch, "global_step": self.global_step,
@@ -433,10 +439,9 @@ class Trainer:
             "callbacks": {cb.state_key: cb.state_dict() for cb in self.callbacks},
             "schedulers": [s.scheduler.state_dict() for s in self.strategy.schedulers],
         }
-        if module is not None:
-            module.on_save_checkpoint(state)
-            for cb in self.callbacks:
-                cb.on_save_checkpoint(self, module, state)
+        module.on_save_checkpoint(state)
+        for cb in self.callbacks:
+            cb.on_save_checkpoint(self, module, state)
         return checkpoint.save_checkpoint(path, self.strategy, state, self.global_rank, self.dist.world_size)
 
     def _restore(self, path: Path) -> tuple[int, dict | None]:
