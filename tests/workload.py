@@ -175,7 +175,7 @@ def main(opts: dict) -> None:
         limit_train_batches=opts.get("limit_train_batches"), limit_val_batches=4, limit_test_batches=4,
         limit_predict_batches=opts.get("limit_predict_batches"), seed=opts.get("seed", 0),
         enable_progress_bar=bool(opts.get("progress")), enable_checkpointing=bool(opts.get("ckpt_every") or opts.get("checkpointing")),
-        callbacks=callbacks, logger=False, accelerator="cpu",
+        callbacks=callbacks, logger=False, accelerator=opts.get("accelerator", "cpu"),
     )
     result: dict = {"world_size": trainer.world_size}
     if opts.get("fit", True):
