@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import run_workload
+from helpers import ROOT, launch, run_workload
 from lightspeed.launch import read_dist_info
 
 RUN = dict(max_steps=3, batch_size=4)
@@ -71,3 +71,33 @@ def test_failing_rank_under_torchrun(tmp_path):
                        max_steps=20, batch_size=4)
     assert run.returncode != 0 and run.seconds < 60
     assert "deliberate failure on rank 1" in run.stderr
+
+
+TEARDOWN_SCRIPT = """
+import sys
+sys.path.insert(0, {tests!r})
+import torch.distributed as dist
+from test_trainer import Regress, make_trainer, regression_data
+import lightspeed as ls
+
+strategy = ls.DDP()
+torn_down = strategy.teardown
+
+def teardown():  # the strategy's own teardown, then a note of what it left
+    torn_down()
+    print(f"teardown: group still initialized={{dist.is_initialized()}}", flush=True)
+
+strategy.teardown = teardown
+make_trainer(".", strategy=strategy, devices=2, max_steps=2).fit(Regress(), regression_data())
+"""
+
+
+def test_trainer_tears_the_strategy_down_once_at_exit(tmp_path):
+    # The Trainer registers strategy.teardown at exit (nothing else does): each rank runs it exactly once,
+    # it leaves the process group, and the ranks still end through os._exit with status 0.
+    script = tmp_path / "teardown.py"
+    script.write_text(TEARDOWN_SCRIPT.format(tests=str(ROOT / "tests")))
+    run = launch([str(script)], tmp_path, "python", nproc=2, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    notes = [line for line in run.stdout.splitlines() if line.startswith("teardown:")]
+    assert notes == ["teardown: group still initialized=False"] * 2, run.stdout[-2000:]

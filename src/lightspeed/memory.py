@@ -19,6 +19,13 @@ import torch
 CATEGORIES = ("params", "grads", "optim", "master")
 
 
+def cuda_free(device: torch.device) -> float:
+    """Free bytes on a CUDA device, honouring a cap set with torch.cuda.set_per_process_memory_fraction."""
+    free, total = torch.cuda.mem_get_info(device)
+    capped = torch.cuda.get_per_process_memory_fraction(device) * total - torch.cuda.memory_reserved(device)
+    return min(free, capped)
+
+
 def measure(strategy: Any) -> dict[str, int]:
     """Returns this rank's bytes per category (see the module doc) for a set-up strategy.
 

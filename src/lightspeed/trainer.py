@@ -10,6 +10,7 @@ window, runs `training_step` through the strategy, calls `strategy.backward(loss
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import math
 import random
@@ -134,6 +135,9 @@ class Trainer:
             if self._env.launcher == "lightspeed":
                 watch_parent()
         export_env(self.dist)
+        # The one place a strategy is torn down (engine destroyed, process group left), at exit: after any
+        # atexit handler registered later, before the launcher's wait for the other ranks and the final os._exit.
+        atexit.register(self.strategy.teardown)
         dev_type = self.cfg.device_type
         self.device = torch.device("cuda", self.dist.local_rank) if dev_type == "cuda" else torch.device("cpu")
         self.metrics.device = self.device

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import atexit
 import gc
 from datetime import timedelta
 
@@ -29,12 +28,12 @@ def init_process_group(spec: RunSpec, timeout_s: float = 600) -> None:
         # With nccl, binding the device lets torch create the communicator eagerly and use the right GPU.
         **({"device_id": spec.device} if backend == "nccl" else {}),
     )
-    # Leave the group before the interpreter tears down: gloo's threads otherwise abort at exit ("terminate
-    # called without an active exception"), turning a finished run into a failed one.
-    atexit.register(destroy_process_group)
 
 
 def destroy_process_group() -> None:
+    """Leaves the default process group, if joined. Strategies' `teardown` calls it; the Trainer runs `teardown`
+    at exit, before the interpreter tears down: gloo's threads otherwise abort at exit ("terminate called
+    without an active exception"), turning a finished run into a failed one."""
     if dist.is_initialized():
         dist.destroy_process_group()
         # Free what still holds the group (a DDP reducer in a trainer <-> module reference cycle) now, while

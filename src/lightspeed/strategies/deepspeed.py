@@ -17,7 +17,6 @@ is one `engine.global_steps`, which equals the Trainer's `global_step`.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import copy
 import importlib.util
@@ -35,8 +34,10 @@ import torch.distributed as dist
 from ..checkpoint import rng_state, set_rng_state
 from ..errors import ConfigError
 from ..launch import find_free_port
+from ..memory import cuda_free
 from .base import RunSpec
 from .common import CHECKPOINT_PREFIX, StepRunner, apply_activation_checkpointing, init_process_group
+from .common import destroy_process_group
 
 Offload = Literal["cpu", "nvme"] | None
 TAG = "deepspeed"  # the sub-directory of a lightspeed checkpoint that holds DeepSpeed's files
@@ -124,7 +125,7 @@ class DeepSpeed:
         offload = "_offload" if self.offload_optimizer or self.offload_params else ""
         nvme = "_nvme" if "nvme" in (self.offload_optimizer, self.offload_params) else ""
         self.name = f"deepspeed_stage_{self.stage}{offload}{nvme}"
-        self.engine, self._checkpointing_applied, self._exit_registered = None, False, False
+        self.engine, self._checkpointing_applied = None, False
 
     # ------------------------------------------------------------------ config
     def connect(self, spec: RunSpec) -> None:
@@ -142,10 +143,6 @@ class DeepSpeed:
                                     init_method=f"tcp://127.0.0.1:{find_free_port()}", rank=0, world_size=1)
         # DeepSpeed's comm layer adopts the torch process group that is already there.
         deepspeed.init_distributed(dist_backend=dist.get_backend(), dist_init_required=False, verbose=False)
-        if not self._exit_registered:
-            # Nothing else ends the engine: left to interpreter shutdown, gloo's threads can abort a rank.
-            atexit.register(self.teardown)
-            self._exit_registered = True
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
 
     def build_config(self, module: torch.nn.Module | None = None) -> dict:
@@ -283,7 +280,7 @@ class DeepSpeed:
         params = [p for p in module.parameters() if hasattr(p, "ds_id")]
         if not params:
             return contextlib.nullcontext()
-        free = (_cuda_free(self.spec.device) if self.spec.device.type == "cuda"
+        free = (cuda_free(self.spec.device) if self.spec.device.type == "cuda"
                 else psutil.virtual_memory().available / max(1, self.spec.dist.local_world_size))
         # Rank 0 decides for all: GatheredParameters is collective, and free memory differs between ranks.
         if not _broadcast_from_rank0(sum(p.ds_numel for p in params) * params[0].element_size() < 0.5 * free):
@@ -341,11 +338,10 @@ class DeepSpeed:
                                     load_lr_scheduler_states=False, load_module_strict=True)
 
     def teardown(self) -> None:
-        if self.engine is not None:
+        if self.engine is not None:  # left to interpreter shutdown, gloo's threads can abort a rank
             self.engine, engine = None, self.engine
             engine.destroy()
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        destroy_process_group()
 
     def _log0(self, message: str) -> None:
         if self.spec.dist.is_global_zero:
@@ -369,18 +365,8 @@ def full_state_dict(path: Path) -> dict[str, torch.Tensor]:
 
 # ---------------------------------------------------------------------- stage-3 helpers
 def _broadcast_from_rank0(value: Any) -> Any:
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box := [value], src=0)
     return box[0]
-
-
-def _cuda_free(device: torch.device) -> float:
-    """Free device memory, honouring a cap set with torch.cuda.set_per_process_memory_fraction."""
-    free, total = torch.cuda.mem_get_info(device)
-    capped = torch.cuda.get_per_process_memory_fraction(device) * total - torch.cuda.memory_reserved(device)
-    return min(free, capped)
-
-
 
 
 def _copy_from_rank0(deepspeed, module: torch.nn.Module, plain: torch.nn.Module | None) -> None:
