@@ -1,11 +1,11 @@
 """DeepSpeed strategy on 2 CPU ranks (gloo, DeepSpeed's CPU accelerator): parity, checkpoints, stage-3 sharding,
-the configure_deepspeed hook, and every bad input. Real ranks via tests/workload.py; nothing is mocked.
+the configure_deepspeed hook, and every bad input (precision="16-mixed" among them: DeepSpeed has no fp16 on CPU). Real ranks via tests/workload.py; nothing is mocked.
 
 The training runs share one shape: 5 batches per epoch, 2 epochs, accumulation 2 (so each epoch ends with a
 partial window of one batch), clipping at 1.0, 6 optimizer steps, global batch 8.
 
 Tolerances (fp32, relative, per micro-batch loss):
-  - DDP vs ZeRO 1/2/3 and stage-2 CPU offload: 1e-5. Observed on this machine: 0 (bit-identical) for stages
+  - DDP vs ZeRO 1/2/3 (2 and 3 also with activation checkpointing) and stage-2 CPU offload: 1e-5. Observed on this machine: 0 (bit-identical) for stages
     1, 2, 3; stage-2 offload (DeepSpeedCPUAdam instead of torch AdamW) ≤1e-6. Only reduction order and the CPU
     Adam kernel's arithmetic can differ.
   - Resume: 1e-6 (the same computation replayed from saved state). Consolidated weights: exact outputs.
@@ -52,10 +52,11 @@ def test_stage3_parity_sharding_and_steps(ddp, stage3):
     assert len(shares) == 2 and all(abs(s - total / 2) <= 0.01 * total for s in shares), (shares, total)
 
 
-@pytest.mark.parametrize("strategy", ["deepspeed_stage_1", "ac_stage_2", "deepspeed_stage_2_offload"])
+@pytest.mark.parametrize("strategy", ["deepspeed_stage_1", "ac_stage_2", "ac_stage_3", "deepspeed_stage_2_offload"])
 def test_parity_with_ddp(tmp_path, ddp, strategy):
-    # Stage 2 goes through the object form with activation checkpointing: recomputation must not change losses.
-    opts = dict(ds={"stage": 2, "ac": True}) if strategy == "ac_stage_2" else dict(strategy=strategy)
+    # ac_stage_N goes through the object form with activation checkpointing: recomputation must not change
+    # losses, also under stage 3, where the recomputed forward gathers the partitioned parameters again.
+    opts = dict(ds={"stage": int(strategy[-1]), "ac": True}) if strategy.startswith("ac_") else dict(strategy=strategy)
     out = run_workload(tmp_path, **opts, **RUN)
     assert out["global_step"] == 6 == out["deepspeed"]["global_steps"]
     assert_close_losses(out["losses"], ddp["losses"], PARITY_RTOL, f"{strategy} vs ddp")
@@ -134,7 +135,7 @@ def test_deepspeed_missing_gives_install_hint():
 
 
 def test_errors_at_setup(tmp_path):
-    """Errors that need the Trainer's flags or the model: one process, three Trainers, one message each."""
+    """Errors that need the Trainer's flags or the model: one process, one Trainer per case, one message each."""
     script = f"""
 import json, sys
 sys.path.insert(0, {str(ROOT / 'tests')!r})
@@ -151,6 +152,7 @@ cases = [
     ("contradiction", dict(strategy=ls.DeepSpeed(config={{"gradient_accumulation_steps": 4}}),
                            accumulate_grad_batches=2), {{}}),
     ("no_optimizer", dict(strategy="deepspeed_stage_2"), {{"no_optimizer": True}}),
+    ("fp16_cpu", dict(strategy="deepspeed_stage_2", precision="16-mixed"), {{}}),
 ]
 messages = {{}}
 for name, flags, opts in cases:
@@ -176,3 +178,6 @@ print("RESULT" + json.dumps(messages))
     assert "gradient_accumulation_steps=4" in messages["contradiction"] and \
         "accumulate_grad_batches=2" in messages["contradiction"]
     assert "'optimizer' section" in messages["no_optimizer"]
+    # DeepSpeed's CPU accelerator has no fp16: refused at connect, before the engine, naming what works.
+    assert "precision='16-mixed' is not valid with DeepSpeed on cpu" in messages["fp16_cpu"]
+    assert "'bf16-mixed'" in messages["fp16_cpu"]

@@ -91,7 +91,7 @@ class DeepSpeed:
         allgather_bucket_size, reduce_bucket_size: ZeRO communication bucket sizes (elements).
     Raises:
         ConfigError: bad stage or offload, nvme without nvme_path, clipping by value, a missing or invalid config
-            file; later, two optimizers or a config key that contradicts a Trainer flag.
+            file; later, two optimizers, a config key that contradicts a Trainer flag, or 16-mixed off CUDA.
     """
 
     stage: Literal[1, 2, 3] = 2
@@ -132,6 +132,9 @@ class DeepSpeed:
         if spec.gradient_clip_algorithm == "value":
             raise ConfigError("gradient_clip_algorithm='value' is not valid with DeepSpeed: it clips by global "
                               "norm only. Use gradient_clip_algorithm='norm'.")
+        if spec.precision == "16-mixed" and spec.device.type != "cuda":  # DeepSpeed would refuse it in initialize
+            raise ConfigError(f"precision='16-mixed' is not valid with DeepSpeed on {spec.device.type}: its CPU "
+                              "accelerator has no fp16 support. Use '32-true', 'bf16-mixed' or 'bf16-true'.")
         deepspeed = _import_deepspeed()
         self.spec = spec
         init_process_group(spec)
