@@ -1,13 +1,14 @@
 """DeepSpeed strategy on 2 CPU ranks (gloo, DeepSpeed's CPU accelerator): parity, checkpoints, stage-3 sharding,
-the configure_deepspeed hook, and every bad input (precision="16-mixed" among them: DeepSpeed has no fp16 on CPU). Real ranks via tests/workload.py; nothing is mocked.
+the configure_deepspeed hook, and every bad input (precision="16-mixed" among them: DeepSpeed has no fp16 on CPU).
+Real ranks via tests/workload.py; nothing is mocked.
 
 The training runs share one shape: 5 batches per epoch, 2 epochs, accumulation 2 (so each epoch ends with a
 partial window of one batch), clipping at 1.0, 6 optimizer steps, global batch 8.
 
 Tolerances (fp32, relative, per micro-batch loss):
-  - DDP vs ZeRO 1/2/3 (2 and 3 also with activation checkpointing) and stage-2 CPU offload: 1e-5. Observed on this machine: 0 (bit-identical) for stages
-    1, 2, 3; stage-2 offload (DeepSpeedCPUAdam instead of torch AdamW) ≤1e-6. Only reduction order and the CPU
-    Adam kernel's arithmetic can differ.
+  - DDP vs ZeRO 1/2/3 (2 and 3 also with activation checkpointing) and stage-2 CPU offload: 1e-5.
+    Observed on this machine: 0 (bit-identical) for stages 1, 2, 3; stage-2 offload (DeepSpeedCPUAdam instead
+    of torch AdamW) ≤1e-6. Only reduction order and the CPU Adam kernel's arithmetic can differ.
   - Resume: 1e-6 (the same computation replayed from saved state). Consolidated weights: exact outputs.
 """
 
