@@ -13,7 +13,6 @@ import pty
 import sys
 import threading
 
-import torch
 
 import lightspeed as ls
 from helpers import run_workload

@@ -18,7 +18,6 @@ Tolerances (fp32, relative, per step):
 from __future__ import annotations
 
 import pytest
-import torch
 from helpers import assert_close_losses, run_workload
 from safetensors.torch import load_file
 

@@ -103,3 +103,35 @@ def apply_activation_checkpointing(module: torch.nn.Module, classes) -> None:
 
 # What `apply_activation_checkpointing` inserts into parameter names (not into state_dict keys).
 CHECKPOINT_PREFIX = "_checkpoint_wrapped_module."
+
+
+def wrap_ddp(module: torch.nn.Module, spec: RunSpec, **ddp_kwargs) -> torch.nn.Module:
+    """DistributedDataParallel around a StepRunner of `module` (the DDP and ZeRO-1 strategies share it).
+
+    A model with nothing to train (evaluation only) gets the bare StepRunner: DDP refuses such a model."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if not any(p.requires_grad for p in module.parameters()):
+        return StepRunner(module)
+    kwargs = {k: v for k, v in ddp_kwargs.items() if v is not None}
+    if spec.device.type == "cuda":
+        kwargs["device_ids"] = [spec.device.index]
+    return DistributedDataParallel(StepRunner(module), **kwargs)
+
+
+def ddp_backward(wrapped: torch.nn.Module, loss: torch.Tensor, precision, inside_forward: bool,
+                 find_unused_parameters: bool) -> None:
+    """Backward through DDP, also from inside `training_step` (manual optimization).
+
+    There the backward runs inside DDP's forward, before DDP's post-forward arms the gradient reducer. Arm it
+    here, then clear the sync flag so the post-forward does not arm it a second time for a backward that never
+    comes (the next forward's bucket rebuild would then fail)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if not (inside_forward and isinstance(wrapped, DistributedDataParallel)):
+        precision.backward(loss)
+        return
+    wrapped.require_backward_grad_sync = True
+    wrapped.reducer.prepare_for_backward([loss] if find_unused_parameters else [])
+    precision.backward(loss)
+    wrapped.require_backward_grad_sync = False

@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ..checkpoint_io import load_replicated, save_replicated
 from ..precision import Precision, build_clip_fn
 from .base import RunSpec
-from .common import StepRunner, barrier, destroy_process_group, init_process_group
+from .common import barrier, ddp_backward, destroy_process_group, init_process_group, wrap_ddp
 
 CommHook = Literal["fp16", "bf16", "powersgd"]
 
@@ -56,18 +56,11 @@ class DDP:
         self.module = self.precision.convert_module(module.to(self.spec.device))
         if build_optimizers is not None:
             self.optimizers, self.schedulers = build_optimizers()
-        kwargs: dict[str, Any] = dict(
-            find_unused_parameters=self.find_unused_parameters, static_graph=self.static_graph,
-            gradient_as_bucket_view=self.gradient_as_bucket_view,
-        )
-        if self.bucket_cap_mb is not None:
-            kwargs["bucket_cap_mb"] = self.bucket_cap_mb
-        if self.spec.device.type == "cuda":
-            kwargs["device_ids"] = [self.spec.device.index]
-        if not any(p.requires_grad for p in self.module.parameters()):
-            self.wrapped = StepRunner(self.module)  # nothing to train (evaluation): DDP would refuse
-        else:
-            self.wrapped = DistributedDataParallel(StepRunner(self.module), **kwargs)
+        self.wrapped = wrap_ddp(self.module, self.spec, find_unused_parameters=self.find_unused_parameters,
+                                static_graph=self.static_graph, bucket_cap_mb=self.bucket_cap_mb,
+                                gradient_as_bucket_view=self.gradient_as_bucket_view)
+        self._in_forward = False  # set while a step runs inside DDP's forward (see common.ddp_backward)
+        if isinstance(self.wrapped, DistributedDataParallel):
             self._register_comm_hook()
         self.clip_fn = build_clip_fn(self.spec)
 
@@ -104,17 +97,7 @@ class DDP:
             self._in_forward = False
 
     def backward(self, loss) -> None:
-        if not (getattr(self, "_in_forward", False) and isinstance(self.wrapped, DistributedDataParallel)):
-            self.precision.backward(loss)
-            return
-        # Manual optimization: backward runs inside training_step, i.e. inside DDP's forward, before DDP's
-        # post-forward arms the gradient reducer. Arm it here instead, then clear the sync flag so the
-        # post-forward does not arm it a second time for a backward that never comes (the next forward's
-        # bucket rebuild would then fail).
-        self.wrapped.require_backward_grad_sync = True
-        self.wrapped.reducer.prepare_for_backward([loss] if self.find_unused_parameters else [])
-        self.precision.backward(loss)
-        self.wrapped.require_backward_grad_sync = False
+        ddp_backward(self.wrapped, loss, self.precision, self._in_forward, self.find_unused_parameters)
 
     def step(self):
         return self.precision.step(self.optimizers, self.clip_fn)

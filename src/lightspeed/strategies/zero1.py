@@ -27,7 +27,7 @@ from ..checkpoint_io import load_replicated, save_replicated
 from ..errors import ConfigError
 from ..precision import Precision, build_clip_fn
 from .base import RunSpec, SchedulerConfig
-from .common import StepRunner, barrier, destroy_process_group, init_process_group
+from .common import barrier, ddp_backward, destroy_process_group, init_process_group, wrap_ddp
 
 # A scheduler created on the user's optimizer and re-pointed at the rebuilt one warns once that "optimizer.step()
 # has been overridden": torch looks for the marker it put on the *original* optimizer's step. Nothing is wrong.
@@ -70,18 +70,10 @@ class ZeRO1:
             user_optimizers, schedulers = build_optimizers()
             self.optimizers = [build_zero_optimizer(opt) for opt in user_optimizers]
             self.schedulers = rebind_schedulers(schedulers, user_optimizers, self.optimizers)
-        kwargs: dict[str, Any] = dict(
-            find_unused_parameters=self.find_unused_parameters, static_graph=self.static_graph,
-            gradient_as_bucket_view=self.gradient_as_bucket_view,
-        )
-        if self.bucket_cap_mb is not None:
-            kwargs["bucket_cap_mb"] = self.bucket_cap_mb
-        if self.spec.device.type == "cuda":
-            kwargs["device_ids"] = [self.spec.device.index]
-        if not any(p.requires_grad for p in self.module.parameters()):
-            self.wrapped = StepRunner(self.module)  # nothing to train (evaluation): DDP would refuse
-        else:
-            self.wrapped = DistributedDataParallel(StepRunner(self.module), **kwargs)
+        self.wrapped = wrap_ddp(self.module, self.spec, find_unused_parameters=self.find_unused_parameters,
+                                static_graph=self.static_graph, bucket_cap_mb=self.bucket_cap_mb,
+                                gradient_as_bucket_view=self.gradient_as_bucket_view)
+        self._is_in_forward = False  # set while a step runs inside DDP's forward (see common.ddp_backward)
         # After DDP's all-reduce every rank holds the full gradient, so the ordinary norm is already global.
         self.clip_fn = build_clip_fn(self.spec)
 
@@ -98,16 +90,7 @@ class ZeRO1:
             self._is_in_forward = False
 
     def backward(self, loss) -> None:
-        if not (getattr(self, "_is_in_forward", False) and isinstance(self.wrapped, DistributedDataParallel)):
-            self.precision.backward(loss)
-            return
-        # Manual optimization (as in ddp.py): backward runs inside training_step, i.e. inside DDP's forward,
-        # before DDP's post-forward arms the reducer. Arm it here, then clear the sync flag so the post-forward
-        # does not arm it again for a backward that never comes.
-        self.wrapped.require_backward_grad_sync = True
-        self.wrapped.reducer.prepare_for_backward([loss] if self.find_unused_parameters else [])
-        self.precision.backward(loss)
-        self.wrapped.require_backward_grad_sync = False
+        ddp_backward(self.wrapped, loss, self.precision, self._is_in_forward, self.find_unused_parameters)
 
     def step(self):
         return self.precision.step(self.optimizers, self.clip_fn)
