@@ -52,3 +52,18 @@ def test_demo_trains_and_shows_summary(tmp_path):
     assert last < first
     assert (tmp_path / "d" / "demo-gpt.safetensors").exists()
     assert (tmp_path / "d" / "checkpoints" / "last" / "meta.json").exists()
+
+
+def test_multi_gpu_script_parity_section_on_cpu_ranks(tmp_path):
+    """benchmarks/multi_gpu.py on 2 gloo ranks with the tiny GPT: every strategy reports the same losses."""
+    out = tmp_path / "m.json"
+    _run([str(ROOT / "benchmarks" / "multi_gpu.py"), "--cpu", "--tiny", "--devices", "2", "--sections", "parity",
+          "--strategies", "ddp,fsdp,deepspeed_stage_3", "--steps", "3", "--warmup", "1", "--parity-rtol", "1e-5",
+          "--json", str(out)], tmp_path, timeout=600)
+    results = json.loads(out.read_text())["parity"]
+    assert [r["strategy"] for r in results] == ["ddp", "fsdp", "deepspeed_stage_3"]
+    ref = results[0]["losses"]
+    for r in results:
+        assert "error" not in r, r
+        assert len(r["losses"]) == 4
+        assert max(abs(a - b) / b for a, b in zip(r["losses"], ref)) <= 1e-5, r["strategy"]

@@ -95,3 +95,12 @@ def test_resume_continues_exactly(runs, strategy, tmp_path):
                            accumulate=ACCUM, clip=1.0, max_steps=STEPS, resume=str(ckpt))
     assert resumed["global_step"] == STEPS
     assert_close_losses(resumed["losses"], r["losses"][RESUME_AT * ACCUM:], RESUME_RTOL, f"{strategy} resumed")
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_sharded", "fsdp", "deepspeed_stage_2"])
+def test_one_process_runs_every_strategy(runs, strategy, tmp_path):
+    """devices=1 works for strategies that need a process group (a group of one), with single-device losses."""
+    r = run_workload(tmp_path, strategy=strategy, devices=1, batch_size=8 // ACCUM, accumulate=ACCUM, clip=1.0,
+                     max_steps=10)
+    assert_close_losses(r["losses"], runs("single")["losses"][: 10 * ACCUM], PARITY_RTOL[strategy],
+                        f"{strategy} on one process vs single")

@@ -12,13 +12,19 @@ from .base import RunSpec
 
 
 def init_process_group(spec: RunSpec, timeout_s: float = 600) -> None:
-    """Joins the default process group from the DistInfo read at launch: gloo on CPU, nccl on CUDA."""
+    """Joins the default process group from the DistInfo read at launch: gloo on CPU, nccl on CUDA. A single
+    process joins a group of one, so every strategy that needs a group also runs with devices=1."""
     if spec.device.type == "cuda":
         torch.cuda.set_device(spec.device)
-    if dist.is_initialized() or not spec.dist.is_distributed:
+    if dist.is_initialized():
         return
     info = spec.dist
     backend = "nccl" if spec.device.type == "cuda" else "gloo"
+    if not info.is_distributed:
+        # One process still gets a group of one (DDP, ZeRO and FSDP need a group): an in-memory store, no port.
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                                **({"device_id": spec.device} if backend == "nccl" else {}))
+        return
     dist.init_process_group(
         backend,
         init_method=f"tcp://{info.master_addr}:{info.master_port}",

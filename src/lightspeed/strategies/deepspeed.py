@@ -33,7 +33,6 @@ import torch.distributed as dist
 
 from ..checkpoint import rng_state, set_rng_state
 from ..errors import ConfigError
-from ..launch import find_free_port
 from ..memory import cuda_free
 from .base import RunSpec
 from .common import CHECKPOINT_PREFIX, StepRunner, apply_activation_checkpointing, init_process_group
@@ -137,13 +136,10 @@ class DeepSpeed:
                               "accelerator has no fp16 support. Use '32-true', 'bf16-mixed' or 'bf16-true'.")
         deepspeed = _import_deepspeed()
         self.spec = spec
-        init_process_group(spec)
-        if not dist.is_initialized():
-            # One process: DeepSpeed still needs a process group (a group of one costs nothing) and reads its
-            # rank from the environment, which launchers set (launch.py does so for the ranks it starts).
+        init_process_group(spec)  # a group of one for a single process: DeepSpeed needs a group
+        if not spec.dist.is_distributed:
+            # DeepSpeed's CUDA path reads its rank from the launcher's variables; a plain one-process run has none.
             os.environ.update(LOCAL_RANK="0", RANK="0", WORLD_SIZE="1")
-            dist.init_process_group("nccl" if spec.device.type == "cuda" else "gloo",
-                                    init_method=f"tcp://127.0.0.1:{find_free_port()}", rank=0, world_size=1)
         # DeepSpeed's comm layer adopts the torch process group that is already there.
         deepspeed.init_distributed(dist_backend=dist.get_backend(), dist_init_required=False, verbose=False)
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)

@@ -86,10 +86,7 @@ class FSDP:
     def connect(self, spec: RunSpec) -> None:
         self.spec = spec
         self.precision = Precision(spec)  # used for the fp16 loss scaler and clip-then-step; no autocast
-        init_process_group(spec)
-        if not dist.is_initialized():
-            # One process: FSDP still needs a process group; a world of one in an in-memory store.
-            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        init_process_group(spec)  # a group of one for a single process: FSDP needs a group
 
     def configure_model(self, module: nn.Module) -> None:
         """Builds the model on the meta device; rank 0 also builds it on CPU when it fits (see the module doc)."""

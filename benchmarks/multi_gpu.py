@@ -1,0 +1,224 @@
+"""Several GPUs of one host: parity, memory per GPU, throughput scaling, and the model DDP cannot fit.
+
+    python benchmarks/multi_gpu.py --devices 2                 # every section on 2 GPUs (NCCL, bf16)
+    python benchmarks/multi_gpu.py --devices 8 --sections scaling
+    python benchmarks/multi_gpu.py --cpu --tiny --devices 2    # the same code on 2 CPU ranks (gloo), tiny GPT
+
+Keep NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and NVSHMEM_DISABLE_NVLS=1 set on shared hosts.
+Each measurement is one `Trainer(devices=N)` run in its own process (lightspeed starts the other ranks itself);
+rank 0 prints one RESULT line, and this script collects them into tables:
+
+- parity: per-step losses of ddp, ddp_sharded, fsdp and deepspeed_stage_1/2/3 on the same 30 steps, against ddp
+  (bf16: relative 2e-2 per step);
+- memory: peak memory per GPU of each strategy on a ~3B GPT, beside the ZeRO paper's model-state figures
+  (DDP 16Ψ; ZeRO-1 4Ψ+12Ψ/N; ZeRO-2 2Ψ+14Ψ/N; ZeRO-3 16Ψ/N bytes for Ψ parameters, before activations);
+- scaling: tokens/s per GPU at 1 and N GPUs for ddp, fsdp, deepspeed_stage_2/3 (efficiency = per-GPU ratio);
+- fit: the deepest GPT that DDP trains for 5 steps, then deepspeed_stage_3 at N times its parameters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+
+import lightspeed as ls  # noqa: E402
+from lightspeed.examples.gpt import GPT, SIZES, GPTModule, RandomTokens  # noqa: E402
+
+PARITY = ["ddp", "ddp_sharded", "fsdp", "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_3"]
+MEMORY = ["ddp", "ddp_sharded", "fsdp", "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_3"]
+SCALING = ["ddp", "fsdp", "deepspeed_stage_2", "deepspeed_stage_3"]
+ZERO_BYTES = {  # model-state bytes per parameter on each GPU, from the ZeRO paper (mixed precision Adam)
+    "ddp": lambda n: 16, "ddp_sharded": lambda n: 4 + 12 / n, "deepspeed_stage_1": lambda n: 4 + 12 / n,
+    "deepspeed_stage_2": lambda n: 2 + 14 / n, "deepspeed_stage_3": lambda n: 16 / n, "fsdp": lambda n: 16 / n,
+}
+
+
+class Recorder(ls.Callback):
+    """Rank 0 keeps each step's loss (averaged over ranks) and time."""
+
+    def __init__(self):
+        self.losses: list[float] = []
+        self.stamps: list[float] = []
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if trainer.device.type == "cuda":
+            torch.cuda.synchronize()
+        self.stamps.append(time.perf_counter())
+        self.losses.append(float(trainer.callback_metrics["loss"]))
+
+
+class SyncedLossGPT(GPTModule):
+    def training_step(self, batch, batch_idx):
+        loss = self._loss(batch)
+        self.log("loss", loss, sync_dist=True)  # the global mean, so every strategy reports the same quantity
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1,
+                                 fused=torch.cuda.is_available())
+
+
+def model_cfg(args, layers: int | None = None, d: int | None = None):
+    base = replace(SIZES["tiny"], vocab_size=256) if args.tiny else SIZES["1.3b"]
+    return replace(base, n_layer=layers or base.n_layer, n_embd=d or base.n_embd)
+
+
+def run_one(args) -> dict:
+    """One Trainer run on `args.devices` ranks; rank 0 returns the figures."""
+    cfg = model_cfg(args, args.layers, args.d)
+    ls.seed_everything(0)
+    rec = Recorder()
+    steps = args.warmup + args.steps
+    data = RandomTokens(cfg.vocab_size, cfg.block_size, args.micro_batch * args.devices * steps)
+    trainer = ls.Trainer(strategy=args.strategy, devices=args.devices, accelerator="cpu" if args.cpu else "gpu",
+                         precision="32-true" if args.cpu else "bf16-mixed", max_steps=steps, seed=0, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, callbacks=[rec])
+    trainer.fit(SyncedLossGPT(cfg), torch.utils.data.DataLoader(data, batch_size=args.micro_batch))
+    if not trainer.is_global_zero:
+        return {}
+    with torch.device("meta"):
+        n_params = GPT(cfg).num_params()
+    times = [b - a for a, b in zip(rec.stamps, rec.stamps[1:])][args.warmup - 1:]
+    step_s = statistics.median(times)
+    return {"strategy": args.strategy, "devices": args.devices, "params": n_params, "losses": rec.losses,
+            "tok_s_per_gpu": args.micro_batch * cfg.block_size / step_s,
+            "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if not args.cpu else float("nan")}
+
+
+def launch(args, strategy: str, devices: int, extra: list[str] | None = None, timeout: float = 900) -> dict:
+    cmd = [sys.executable, __file__, "--run", "--strategy", strategy, "--devices", str(devices),
+           "--steps", str(args.steps), "--warmup", str(args.warmup), "--micro-batch", str(args.micro_batch),
+           *(["--cpu"] if args.cpu else []), *(["--tiny"] if args.tiny else []), *(extra or [])]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "NCCL_NVLS_ENABLE": "0",
+           "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"strategy": strategy, "error": f"timed out after {timeout:.0f}s"}
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    oom = "out of memory" in proc.stderr.lower()
+    return {"strategy": strategy, "error": "OOM" if oom else " | ".join(proc.stderr.strip().splitlines()[-2:])[-300:]}
+
+
+def _table(title: str, columns: list[str], rows: list[list[str]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for c in columns:
+        table.add_column(c, justify="right")
+    for r in rows:
+        table.add_row(*r)
+    Console(width=140).print(table)
+
+
+def parity(args) -> list[dict]:
+    results = [launch(args, s, args.devices) for s in args.strategies or PARITY]
+    ref = results[0].get("losses")
+    rows = []
+    for r in results:
+        if "error" in r or not ref:
+            rows.append([r["strategy"], r.get("error", "no reference"), ""])
+            continue
+        worst = max(abs(a - b) / abs(b) for a, b in zip(r["losses"], ref))
+        rows.append([r["strategy"], f"{worst:.2e}", "ok" if worst <= args.parity_rtol else "FAIL"])
+    _table(f"Parity on {args.devices} devices: worst per-step relative loss difference vs ddp, "
+           f"{len(ref or [])} steps", ["strategy", "max rel. diff", f"≤ {args.parity_rtol:g}"], rows)
+    return results
+
+
+def memory(args) -> list[dict]:
+    layers, d = (None, None) if args.tiny else (28, 2560)  # about 2.9B parameters at d=2560
+    extra = [] if args.tiny else ["--layers", str(layers), "--d", str(d)]
+    results = [launch(args, s, args.devices, extra) for s in args.strategies or MEMORY]
+    rows = []
+    for r in results:
+        if "error" in r:
+            rows.append([r["strategy"], r["error"], "", ""])
+            continue
+        states = ZERO_BYTES[r["strategy"]](args.devices) * r["params"] / 2**30
+        rows.append([r["strategy"], f"{r['params'] / 1e9:.2f}B", f"{r['peak_gib']:.1f}", f"{states:.1f}"])
+    _table(f"Peak memory per GPU on {args.devices} GPUs", ["strategy", "params", "peak GiB (measured)",
+                                                          "model states GiB (ZeRO formula)"], rows)
+    return results
+
+
+def scaling(args) -> list[dict]:
+    results, rows = [], []
+    for s in args.strategies or SCALING:
+        one, many = launch(args, s, 1), launch(args, s, args.devices)
+        results += [one, many]
+        if "error" in one or "error" in many:
+            rows.append([s, one.get("error", ""), many.get("error", ""), ""])
+            continue
+        eff = many["tok_s_per_gpu"] / one["tok_s_per_gpu"]
+        rows.append([s, f"{one['tok_s_per_gpu']:,.0f}", f"{many['tok_s_per_gpu']:,.0f}", f"{eff:.2f}"])
+    _table(f"Tokens/s per GPU, 1 vs {args.devices} GPUs (target efficiency ≥ 0.90)",
+           ["strategy", "1 GPU", f"{args.devices} GPUs", "efficiency"], rows)
+    return results
+
+
+def largest(args) -> list[dict]:
+    """The deepest GPT DDP trains (5 steps, micro-batch 1), then ZeRO-3 at devices× its parameters."""
+    saved = (args.steps, args.warmup, args.micro_batch)
+    args.steps, args.warmup, args.micro_batch = 4, 1, 1
+    lo, hi, best = 8, 200, None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        r = launch(args, "ddp", args.devices, ["--layers", str(mid)])
+        best, lo, hi = (r | {"layers": mid}, mid + 1, hi) if "error" not in r else (best, lo, mid - 1)
+    results = [best or {"strategy": "ddp", "error": "nothing fit"}]
+    if best:
+        target = best["layers"] * args.devices
+        results.append(launch(args, "deepspeed_stage_3", args.devices, ["--layers", str(target)]) | {"layers": target})
+    args.steps, args.warmup, args.micro_batch = saved
+    _table(f"Largest GPT on {args.devices} GPUs", ["strategy", "layers", "params", "result"],
+           [[r["strategy"], str(r.get("layers", "-")), f"{r['params'] / 1e9:.2f}B" if "params" in r else "-",
+             r.get("error", "trains")] for r in results])
+    return results
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--strategy", default="ddp")
+    p.add_argument("--devices", type=int, default=2)
+    p.add_argument("--sections", default="parity,memory,scaling,fit")
+    p.add_argument("--strategies", type=lambda v: v.split(","), help="comma-separated; default: each section's")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--micro-batch", type=int, default=4)
+    p.add_argument("--layers", type=int)
+    p.add_argument("--d", type=int)
+    p.add_argument("--parity-rtol", type=float, default=2e-2)
+    p.add_argument("--cpu", action="store_true", help="gloo ranks on CPU (fp32)")
+    p.add_argument("--tiny", action="store_true", help="the tiny GPT")
+    p.add_argument("--json", help="also write every result here")
+    args = p.parse_args()
+    if args.run:
+        result = run_one(args)
+        if result:
+            print("RESULT " + json.dumps(result), flush=True)
+        return
+    sections = {"parity": parity, "memory": memory, "scaling": scaling, "fit": largest}
+    out = {name: sections[name](args) for name in args.sections.split(",")}
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
