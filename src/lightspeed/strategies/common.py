@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import gc
 from datetime import timedelta
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -141,3 +143,38 @@ def ddp_backward(wrapped: torch.nn.Module, loss: torch.Tensor, precision, inside
     wrapped.reducer.prepare_for_backward([loss] if find_unused_parameters else [])
     precision.backward(loss)
     wrapped.require_backward_grad_sync = False
+
+
+def broadcast_from_rank0(value: Any) -> Any:
+    """Every rank gets rank 0's `value` (any picklable object). Collective."""
+    dist.broadcast_object_list(box := [value], src=0)
+    return box[0]
+
+
+def configure_with_plain_twin(module: torch.nn.Module, configure_sharded: Callable[[], None],
+                              twin_fits: Callable[[], bool]) -> tuple[bool, torch.nn.Module | None]:
+    """Same seed, same initial weights under sharded construction (zero.Init, the meta device). Collective.
+
+    Sharded construction loses what a single-device build does: zero.Init partitions a child's parameters before
+    its parent's init touches them, and the meta device draws no random numbers at all. So `configure_sharded()`
+    builds the model the backend's way and, when rank 0 finds `twin_fits()`, rank 0 also builds a plain twin:
+    a deep copy of the module taken before `configure_model`, configured from the same RNG state, hence with a
+    single-device run's exact weights. Every rank then continues from the RNG state that plain build left, as
+    after a single-device build (dropout masks agree).
+
+    Returns (whether the twin was built, the twin on rank 0 or None); the caller copies the twin into its shards.
+    """
+    from ..checkpoint import rng_state, set_rng_state
+
+    rank0 = dist.get_rank() == 0
+    trainer = module.__dict__.get("_trainer")  # shared with the twin, not copied
+    twin = copy.deepcopy(module, {id(trainer): trainer}) if rank0 else None
+    before = rng_state()
+    configure_sharded()
+    if not broadcast_from_rank0(rank0 and twin_fits()):
+        return False, None
+    if rank0:
+        set_rng_state(before)
+        twin.configure_model()
+    set_rng_state(broadcast_from_rank0(rng_state() if rank0 else None))
+    return True, twin

@@ -31,12 +31,11 @@ import psutil
 import torch
 import torch.distributed as dist
 
-from ..checkpoint import rng_state, set_rng_state
 from ..errors import ConfigError
 from ..memory import cuda_free
 from .base import RunSpec
-from .common import CHECKPOINT_PREFIX, StepRunner, apply_activation_checkpointing, init_process_group
-from .common import destroy_process_group
+from .common import (CHECKPOINT_PREFIX, StepRunner, apply_activation_checkpointing, broadcast_from_rank0,
+                     configure_with_plain_twin, destroy_process_group, init_process_group)
 
 Offload = Literal["cpu", "nvme"] | None
 TAG = "deepspeed"  # the sub-directory of a lightspeed checkpoint that holds DeepSpeed's files
@@ -215,26 +214,22 @@ class DeepSpeed:
             return
         deepspeed = _import_deepspeed()
         config = self.build_config(module)
-        rank0 = self.spec.dist.is_global_zero
-        # Same seed, same weights: zero.Init loses init that a parent applies to a child's parameters after the
-        # child is built (they are already partitioned). So rank 0 also builds the model plainly, from the same
-        # RNG state, and its values overwrite the partitions. The trainer is shared, not copied.
-        before = rng_state()
-        trainer = getattr(module, "_trainer", None)
-        plain = copy.deepcopy(module, memo={id(trainer): trainer}) if rank0 else None
-        with deepspeed.zero.Init(config_dict_or_path=config, remote_device=self.offload_params):
-            module.configure_model()
-        numel = sum(getattr(p, "ds_numel", p.numel()) for p in module.parameters())
-        if not _broadcast_from_rank0(rank0 and self._plain_copy_fits(numel)):
-            self._log0(f"DeepSpeed stage 3: the model ({numel} parameters) would not fit in host memory twice; "
+        # Same seed, same weights as DDP: rank 0 also builds the model plainly and its values overwrite the
+        # partitions (see common.configure_with_plain_twin), unless that copy would not fit in host memory.
+
+        def sharded() -> None:
+            with deepspeed.zero.Init(config_dict_or_path=config, remote_device=self.offload_params):
+                module.configure_model()
+
+        def numel() -> int:
+            return sum(getattr(p, "ds_numel", p.numel()) for p in module.parameters())
+
+        built, plain = configure_with_plain_twin(module, sharded, lambda: self._plain_copy_fits(numel()))
+        if not built:
+            self._log0(f"DeepSpeed stage 3: the model ({numel()} parameters) would not fit in host memory twice; "
                        "initialised sharded only (zero.Init), so parent-applied init may differ from DDP.")
             return
-        if rank0:
-            set_rng_state(before)
-            plain.configure_model()
         _copy_from_rank0(deepspeed, module, plain)
-        # Every rank continues from the RNG state a plain build leaves, as under DDP (dropout masks agree).
-        set_rng_state(_broadcast_from_rank0(rng_state() if rank0 else None))
 
     def _plain_copy_fits(self, numel: int) -> bool:
         """Rank 0's plain fp32 copy must fit beside what offload will keep in host memory for the whole run
@@ -282,7 +277,7 @@ class DeepSpeed:
         free = (cuda_free(self.spec.device) if self.spec.device.type == "cuda"
                 else psutil.virtual_memory().available / max(1, self.spec.dist.local_world_size))
         # Rank 0 decides for all: GatheredParameters is collective, and free memory differs between ranks.
-        if not _broadcast_from_rank0(sum(p.ds_numel for p in params) * params[0].element_size() < 0.5 * free):
+        if not broadcast_from_rank0(sum(p.ds_numel for p in params) * params[0].element_size() < 0.5 * free):
             self._log0("DeepSpeed stage 3: configure_optimizers sees partitioned parameters (the model is too "
                        "large to gather); use p.ds_shape, not p.shape or p.dim(), to group them.")
             return contextlib.nullcontext()
@@ -363,11 +358,6 @@ def full_state_dict(path: Path) -> dict[str, torch.Tensor]:
 
 
 # ---------------------------------------------------------------------- stage-3 helpers
-def _broadcast_from_rank0(value: Any) -> Any:
-    dist.broadcast_object_list(box := [value], src=0)
-    return box[0]
-
-
 def _copy_from_rank0(deepspeed, module: torch.nn.Module, plain: torch.nn.Module | None) -> None:
     """Overwrites the partitioned parameters (and buffers) with rank 0's plain build. Collective.
 

@@ -14,7 +14,6 @@ to any world size. `full_state_dict(path)` merges one offline into a plain state
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,7 +43,8 @@ from torch.distributed.tensor import DTensor
 from ..errors import ConfigError
 from ..precision import Precision, build_clip_fn
 from .base import RunSpec
-from .common import apply_activation_checkpointing, barrier, destroy_process_group, init_process_group
+from .common import (apply_activation_checkpointing, barrier, configure_with_plain_twin, destroy_process_group,
+                     init_process_group)
 
 DCP_DIR = "dcp"  # the DCP checkpoint inside a lightspeed checkpoint directory
 EXTRA = "fsdp_extra.pt"  # rank 0's small non-tensor state (the fp16 loss scaler)
@@ -90,34 +90,28 @@ class FSDP:
 
     def configure_model(self, module: nn.Module) -> None:
         """Builds the model on the meta device; rank 0 also builds it on CPU when it fits (see the module doc)."""
-        rank0 = dist.get_rank() == 0
-        # Deep-copied before configure_model adds the layers, so the copy is cheap; the Trainer is shared.
-        trainer = module.__dict__.get("_trainer")
-        plain = copy.deepcopy(module, {id(trainer): trainer}) if rank0 else None
-        rng = torch.get_rng_state()
-        with torch.device("meta"):
-            module.configure_model()
-        tensors = list(module.parameters()) + list(module.buffers())
-        self._needs_init = any(t.is_meta for t in tensors)
-        if not self._needs_init:
-            return  # built in __init__: already materialised (identically on every rank, same seed); just shard
-        nbytes = sum(t.numel() * t.element_size() for t in {id(t): t for t in tensors}.values())
-        fits = [rank0 and _fits_in_host_memory(nbytes)]
-        dist.broadcast_object_list(fits, src=0)
-        self._is_from_full_state = fits[0]
-        if fits[0]:
-            if rank0:
-                torch.set_rng_state(rng)  # the numbers a single-device run draws: meta init drew none
-                plain.configure_model()
-                self._full_state = plain.state_dict()
-                del plain
-            # Every rank continues from rank 0's generator, as after a single-device build.
-            state = [torch.get_rng_state()]
-            dist.broadcast_object_list(state, src=0)
-            torch.set_rng_state(state[0])
-        elif rank0:
-            print(f"FSDP: the full model ({nbytes / 2**30:.1f} GiB) does not fit in host memory; initialising each "
-                  "shard locally with reset_parameters(), so weights differ from a single-device run.", flush=True)
+
+        def on_meta() -> None:
+            with torch.device("meta"):
+                module.configure_model()
+
+        def tensors() -> list[torch.Tensor]:
+            return list({id(t): t for t in [*module.parameters(), *module.buffers()]}.values())
+
+        def nbytes() -> int:
+            return sum(t.numel() * t.element_size() for t in tensors())
+
+        # A model built in __init__ is already materialised (identically on every rank, same seed): no twin.
+        built, plain = configure_with_plain_twin(
+            module, on_meta, lambda: any(t.is_meta for t in tensors()) and _fits_in_host_memory(nbytes()))
+        self._needs_init = any(t.is_meta for t in tensors())
+        self._is_from_full_state = built
+        if built and plain is not None:
+            self._full_state = plain.state_dict()
+        elif self._needs_init and not built and dist.get_rank() == 0:
+            print(f"FSDP: the full model ({nbytes() / 2**30:.1f} GiB) does not fit in host memory; initialising "
+                  "each shard locally with reset_parameters(), so weights differ from a single-device run.",
+                  flush=True)
 
     def setup(self, module: nn.Module, build_optimizers) -> None:
         if self.module is None:
