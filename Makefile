@@ -19,7 +19,13 @@ venv: $(BIN)/.installed
 demo: venv
 	$(BIN)/lightspeed demo
 
+# DeepSpeed JIT-compiles its CPU ops (about a minute each, once per environment, cached in
+# ~/.cache/torch_extensions). Build them here, in one process, so no test waits on a compile.
+DS_OPS := CPUAdamBuilder ShareMemCommBuilder FusedAdamBuilder
+
 test: venv
+	$(BIN)/python -c "import sys; from deepspeed.accelerator import get_accelerator as acc; \
+	[acc().create_op_builder(n).load() for n in sys.argv[1:]]; print('DeepSpeed ops ready')" $(DS_OPS)
 	$(BIN)/python -m pytest -q -x tests
 
 clean:
