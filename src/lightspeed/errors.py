@@ -7,7 +7,3 @@ class ConfigError(ValueError):
     The message names the parameter, the value it got and what is accepted.
     """
 
-
-def bad_value(param: str, value, accepted: str) -> ConfigError:
-    """Builds the standard message: parameter, value received, what is accepted."""
-    return ConfigError(f"{param}={value!r} is not valid: {accepted}.")

@@ -100,9 +100,6 @@ class MetricStore:
     def prog_bar_values(self) -> dict[str, float]:
         return {k: float(v) for k, v in self.latest.items() if k in self.prog_bar}
 
-    def as_floats(self) -> dict[str, float]:
-        return {k: float(v) for k, v in self.latest.items()}
-
 
 def _as_tensor(name: str, value: Any, device: torch.device) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
