@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -36,6 +37,7 @@ PEAK_FLOPS = 989e12
 LIGHTSPEED = {
     "single": lambda: "single",
     "single+compile": lambda: "single",
+    "single+compile+loss": lambda: "single",  # the cross-entropy inside the compiled forward (LossInForwardGPT)
     "deepspeed_stage_1": lambda: "deepspeed_stage_1",
     "deepspeed_stage_2": lambda: "deepspeed_stage_2",
     "deepspeed_stage_2+ac": lambda: ls.DeepSpeed(stage=2, activation_checkpointing=[Block]),
@@ -52,6 +54,14 @@ LIGHTSPEED = {
                                                              activation_checkpointing=[Block]),
     "deepspeed_stage_3_offload_opt+ac": lambda: ls.DeepSpeed(stage=3, offload_optimizer="cpu",
                                                             activation_checkpointing=[Block]),
+    # The same without page-locked host buffers: torch rounds every pinned allocation up to a power of two, so
+    # DeepSpeed's multi-GiB flat buffers can take up to twice their size; pageable memory costs transfer speed.
+    "deepspeed_stage_3_offload_opt+ac+unpinned": lambda: ls.DeepSpeed(
+        stage=3, offload_optimizer="cpu", activation_checkpointing=[Block],
+        config={"zero_optimization": {"offload_optimizer": {"pin_memory": False}}}),
+    "deepspeed_stage_3_offload_full+ac+unpinned": lambda: ls.DeepSpeed(
+        stage=3, offload_optimizer="cpu", offload_params="cpu", activation_checkpointing=[Block],
+        config={"zero_optimization": {"offload_optimizer": {"pin_memory": False}, "offload_param": {"pin_memory": False}}}),
 }
 # The offloaded step at a fixed size under the cap, a global batch of 8 sequences per optimizer step, three ways:
 # (name, micro-batch, accumulation)
@@ -62,6 +72,7 @@ OFFLOAD_VARIANTS = [
 ]
 BASELINES = ["plain_pytorch", "plain_deepspeed_zero2"]
 ALL = BASELINES + [n for n in LIGHTSPEED if "offload_full" not in n and "offload_opt" not in n and n != "fsdp_offload"]
+CAP_SEARCH = {"plain_pytorch": (12, 40), "deepspeed_stage_3_offload_full": (48, 128), "fsdp_offload": (24, 96)}
 
 
 def flops_per_token(model: GPT) -> float:
@@ -76,6 +87,21 @@ class FusedAdamGPT(GPTModule):
     def configure_optimizers(self):
         return torch.optim.AdamW(self.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1,
                                  fused=torch.cuda.is_available())
+
+
+class LossInForwardGPT(FusedAdamGPT):
+    """As nanoGPT does it: forward takes the targets and returns the loss, so `compile=True` fuses the fp32 cast and
+    cross-entropy of the 8×1024×32000 logits into the compiled graph instead of running them eagerly."""
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        logits = self.model(idx)
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
+
+    def _loss(self, batch) -> torch.Tensor:
+        x, y = batch
+        return self(x, y)
 
 
 class StepTimer(ls.Callback):
@@ -152,8 +178,9 @@ def run_lightspeed(name: str, cfg, micro_batch: int, steps: int, warmup: int, de
     timer = StepTimer()
     trainer = ls.Trainer(strategy=LIGHTSPEED[name](), devices=1, accelerator=device.type, precision="bf16-mixed",
                          max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         callbacks=[timer], compile=name.endswith("+compile"), accumulate_grad_batches=accumulate)
-    trainer.fit(FusedAdamGPT(cfg), _loader(cfg, micro_batch, steps * accumulate))
+                         callbacks=[timer], compile="+compile" in name, accumulate_grad_batches=accumulate)
+    module = LossInForwardGPT(cfg) if name.endswith("+loss") else FusedAdamGPT(cfg)
+    trainer.fit(module, _loader(cfg, micro_batch, steps * accumulate))
     return _step_times(timer.stamps, warmup)
 
 
@@ -180,6 +207,8 @@ def run_one(name: str, args) -> dict:
         "mfu": tokens / step_s * flops_per_token(meta_model) / PEAK_FLOPS,
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan"),
         "timed_steps": len(times),
+        # Peak resident host memory of this process (ru_maxrss, KiB on Linux): what offload costs the host.
+        "host_peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
     }
 
 
@@ -238,11 +267,11 @@ def memory_cap(args) -> list[dict]:
     from rich.console import Console
     from rich.table import Table
 
-    setups = {"plain_pytorch": (12, 40), "deepspeed_stage_3_offload_full": (48, 128), "fsdp_offload": (24, 96)}
-    if args.only:
+    setups = dict(CAP_SEARCH)
+    if args.lo is not None and args.hi is not None:  # narrow the search where earlier runs located the edge;
+        setups = {k: (args.lo, args.hi) for k in (args.only.split(",") if args.only else setups)}  # any setup
+    elif args.only:
         setups = {k: v for k, v in setups.items() if k in args.only.split(",")}
-    if args.lo is not None and args.hi is not None:  # narrow the search where earlier runs located the edge
-        setups = {k: (args.lo, args.hi) for k in setups}
     rows = []
     for name, (lo, hi) in setups.items():
         best = None
@@ -257,14 +286,14 @@ def memory_cap(args) -> list[dict]:
                 best, lo = r | {"layers": mid}, mid + 1
         rows.append(best or {"name": name, "error": "nothing fit"})
     table = Table(title=f"Largest GPT trained under a {args.memory_cap:g} GiB GPU cap (micro-batch 1, 5 steps)")
-    for col in ("setup", "layers", "parameters", "s/step", "tok/s"):
+    for col in ("setup", "layers", "parameters", "s/step", "tok/s", "GPU peak GiB", "host peak GiB"):
         table.add_column(col, justify="right")
     for r in rows:
         if "error" in r:
-            table.add_row(r["name"], "-", r["error"], "", "")
+            table.add_row(r["name"], "-", r["error"], "", "", "", "")
         else:
             table.add_row(r["name"], str(r["layers"]), f"{r['params'] / 1e9:.2f}B", f"{r['step_s']:.2f}",
-                          f"{r['tok_s']:,.0f}")
+                          f"{r['tok_s']:,.0f}", f"{r['peak_gib']:.1f}", f"{r['host_peak_gib']:.1f}")
     Console(width=140).print(table)
     return rows
 

@@ -13,7 +13,11 @@ rank 0 prints one RESULT line, and this script collects them into tables:
 - memory: peak memory per GPU of each strategy on a ~3B GPT, beside the ZeRO paper's model-state figures
   (DDP 16Ψ; ZeRO-1 4Ψ+12Ψ/N; ZeRO-2 2Ψ+14Ψ/N; ZeRO-3 16Ψ/N bytes for Ψ parameters, before activations);
 - scaling: tokens/s per GPU at 1 and N GPUs for ddp, fsdp, deepspeed_stage_2/3 (efficiency = per-GPU ratio);
-- fit: the deepest GPT that DDP trains for 5 steps, then deepspeed_stage_3 at N times its parameters.
+  an N-GPU run that parity already made in this invocation is reused, not repeated;
+- fit: the deepest GPT that DDP trains for 5 steps, then deepspeed_stage_3 at N times its parameters (and, where
+  plain stage 3 does not fit there, stage 3 with CPU offload). `--cap-gib` caps every GPU, to find the edge quickly.
+
+With `--json`, every result is written there as soon as it arrives, so a run cut short keeps what it measured.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -78,6 +83,10 @@ def model_cfg(args, layers: int | None = None, d: int | None = None):
 def run_one(args) -> dict:
     """One Trainer run on `args.devices` ranks; rank 0 returns the figures."""
     cfg = model_cfg(args, args.layers, args.d)
+    if args.cap_gib and not args.cpu:  # every rank caps its own GPU (the Trainer picks cuda:<local rank>)
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gib * 2**30 / total), device)
     ls.seed_everything(0)
     rec = Recorder()
     steps = args.warmup + args.steps
@@ -93,14 +102,34 @@ def run_one(args) -> dict:
     times = [b - a for a, b in zip(rec.stamps, rec.stamps[1:])][args.warmup - 1:]
     step_s = statistics.median(times)
     return {"strategy": args.strategy, "devices": args.devices, "params": n_params, "losses": rec.losses,
-            "tok_s_per_gpu": args.micro_batch * cfg.block_size / step_s,
-            "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if not args.cpu else float("nan")}
+            "tok_s_per_gpu": args.micro_batch * cfg.block_size / step_s, "step_s": step_s,
+            "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if not args.cpu else float("nan"),
+            "host_peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+
+
+RESULTS: dict[str, dict] = {}  # every run of this invocation, keyed by its command line
 
 
 def launch(args, strategy: str, devices: int, extra: list[str] | None = None, timeout: float = 900) -> dict:
+    """Runs one measurement in its own process (or returns the identical one already made) and records it."""
+    key = " ".join([strategy, str(devices), str(args.steps), str(args.warmup), str(args.micro_batch), *(extra or [])])
+    if key in RESULTS:
+        return RESULTS[key]
+    started = time.perf_counter()
+    result = _launch(args, strategy, devices, extra, timeout) | {"wall_s": round(time.perf_counter() - started, 1)}
+    print(f"[multi_gpu] {key}: " + json.dumps({k: v for k, v in result.items() if k != "losses"}),
+          file=sys.stderr, flush=True)
+    RESULTS[key] = result
+    if args.json:
+        Path(args.json).write_text(json.dumps(RESULTS, indent=1))
+    return result
+
+
+def _launch(args, strategy: str, devices: int, extra: list[str] | None, timeout: float) -> dict:
     cmd = [sys.executable, __file__, "--run", "--strategy", strategy, "--devices", str(devices),
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--micro-batch", str(args.micro_batch),
-           *(["--cpu"] if args.cpu else []), *(["--tiny"] if args.tiny else []), *(extra or [])]
+           *(["--cpu"] if args.cpu else []), *(["--tiny"] if args.tiny else []),
+           *(["--cap-gib", str(args.cap_gib)] if args.cap_gib else []), *(extra or [])]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "NCCL_NVLS_ENABLE": "0",
            "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
     try:
@@ -144,7 +173,10 @@ def parity(args) -> list[dict]:
 def memory(args) -> list[dict]:
     layers, d = (None, None) if args.tiny else (28, 2560)  # about 2.9B parameters at d=2560
     extra = [] if args.tiny else ["--layers", str(layers), "--d", str(d)]
+    saved = (args.steps, args.warmup)
+    args.steps, args.warmup = 4, 1  # the peak is reached in the first optimizer step; no timing here
     results = [launch(args, s, args.devices, extra) for s in args.strategies or MEMORY]
+    args.steps, args.warmup = saved
     rows = []
     for r in results:
         if "error" in r:
@@ -172,23 +204,40 @@ def scaling(args) -> list[dict]:
     return results
 
 
+def _params(args, layers: int) -> int:
+    with torch.device("meta"):
+        return GPT(model_cfg(args, layers)).num_params()
+
+
 def largest(args) -> list[dict]:
     """The deepest GPT DDP trains (5 steps, micro-batch 1), then ZeRO-3 at devices× its parameters."""
     saved = (args.steps, args.warmup, args.micro_batch)
     args.steps, args.warmup, args.micro_batch = 4, 1, 1
-    lo, hi, best = 8, 200, None
-    while lo <= hi:
+    lo, hi, best, fail = args.fit_lo, args.fit_hi, None, None
+    while lo <= hi:  # bisection on depth; each probe is its own N-rank process
         mid = (lo + hi) // 2
-        r = launch(args, "ddp", args.devices, ["--layers", str(mid)])
-        best, lo, hi = (r | {"layers": mid}, mid + 1, hi) if "error" not in r else (best, lo, mid - 1)
-    results = [best or {"strategy": "ddp", "error": "nothing fit"}]
+        r = launch(args, "ddp", args.devices, ["--layers", str(mid)]) | {"layers": mid}
+        if "error" in r:
+            fail, hi = r, mid - 1
+        else:
+            best, lo = r, mid + 1
+    results = [r for r in (best, fail) if r is not None]
     if best:
-        target = best["layers"] * args.devices
-        results.append(launch(args, "deepspeed_stage_3", args.devices, ["--layers", str(target)]) | {"layers": target})
+        layers = best["layers"]
+        while _params(args, layers) < args.devices * best["params"]:
+            layers += 1
+        for strategy in ("deepspeed_stage_3", "deepspeed_stage_3_offload"):
+            r = launch(args, strategy, args.devices, ["--layers", str(layers)]) | {"layers": layers}
+            results.append(r)
+            if "error" not in r:
+                break
     args.steps, args.warmup, args.micro_batch = saved
-    _table(f"Largest GPT on {args.devices} GPUs", ["strategy", "layers", "params", "result"],
-           [[r["strategy"], str(r.get("layers", "-")), f"{r['params'] / 1e9:.2f}B" if "params" in r else "-",
-             r.get("error", "trains")] for r in results])
+    cap = f", each GPU capped at {args.cap_gib:g} GiB" if args.cap_gib else ""
+    _table(f"Largest GPT on {args.devices} GPUs (micro-batch 1, 5 steps{cap})",
+           ["strategy", "layers", "params", "× DDP's largest", "s/step", "result"],
+           [[r["strategy"], str(r["layers"]), f"{_params(args, r['layers']) / 1e9:.2f}B",
+             f"{_params(args, r['layers']) / best['params']:.2f}" if best else "-",
+             f"{r['step_s']:.2f}" if "step_s" in r else "-", r.get("error", "trains")] for r in results])
     return results
 
 
@@ -205,6 +254,9 @@ def main() -> None:
     p.add_argument("--layers", type=int)
     p.add_argument("--d", type=int)
     p.add_argument("--parity-rtol", type=float, default=2e-2)
+    p.add_argument("--cap-gib", type=float, help="cap each GPU's memory (set_per_process_memory_fraction)")
+    p.add_argument("--fit-lo", type=int, default=4, help="fit: fewest layers DDP is tried at")
+    p.add_argument("--fit-hi", type=int, default=200, help="fit: most layers DDP is tried at")
     p.add_argument("--cpu", action="store_true", help="gloo ranks on CPU (fp32)")
     p.add_argument("--tiny", action="store_true", help="the tiny GPT")
     p.add_argument("--json", help="also write every result here")
@@ -215,9 +267,8 @@ def main() -> None:
             print("RESULT " + json.dumps(result), flush=True)
         return
     sections = {"parity": parity, "memory": memory, "scaling": scaling, "fit": largest}
-    out = {name: sections[name](args) for name in args.sections.split(",")}
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=1))
+    for name in args.sections.split(","):
+        sections[name](args)
 
 
 if __name__ == "__main__":
