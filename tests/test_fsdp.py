@@ -97,3 +97,11 @@ def test_bad_inputs(tmp_path):
     assert "Conv1d" in err and "Candidate block classes: Block" in err
     err = _fails(tmp_path, strategy="fsdp", manual=True)
     assert "automatic_optimization=False is not supported by strategy 'fsdp'" in err
+
+
+def test_fp16_mixed_parity_with_ddp(tmp_path):
+    # 16-mixed: FSDP computes in fp16 with fp32 shards and a loss scaler, as DDP under autocast does. Both cast the
+    # same fp32 weights to fp16 per layer, so the losses agree to fp16 rounding; tolerance relative 1e-3.
+    ddp = run_workload(tmp_path, strategy="ddp", max_steps=5, precision="16-mixed", **TRAIN)
+    fsdp = run_workload(tmp_path, strategy="fsdp", max_steps=5, precision="16-mixed", **TRAIN)
+    assert_close_losses(fsdp["losses"], ddp["losses"], 1e-3, "fsdp vs ddp, 16-mixed")

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Literal
 
 Launcher = Literal["none", "lightspeed", "torchrun", "slurm", "deepspeed"]
@@ -166,13 +167,30 @@ def _child_env(rank: int, world: int, port: int) -> dict:
     return env
 
 
+_rendezvous_server: list = []  # rank 0's store, made by start_local_ranks
+
+
+def rendezvous_server():
+    """The rendezvous store that `start_local_ranks` opened in this process (rank 0), or None."""
+    return _rendezvous_server[0] if _rendezvous_server else None
+
+
 def start_local_ranks(n: int) -> DistInfo:
     """Re-runs this script as ranks 1..n-1 and returns rank 0's DistInfo for the calling process.
+
+    Rank 0 opens the rendezvous store (torch's TCPStore) on a port the OS picks before any child starts, and keeps
+    it: a port that was only probed free could be taken by another program before rank 0 listened on it (seen
+    on a GPU host: EADDRINUSE, and a lost run).
 
     A watchdog thread in rank 0 polls the children: if one exits non-zero, rank 0 kills the others and exits
     with that code (the child's traceback is already on stderr). Children stop themselves if rank 0 dies.
     """
-    port = find_free_port()
+    import torch.distributed as dist
+
+    server = dist.TCPStore("127.0.0.1", 0, n, is_master=True, wait_for_workers=False,
+                           timeout=timedelta(seconds=600))
+    _rendezvous_server[:] = [server]
+    port = server.port
     argv = [sys.executable, *(_script_argv())]
     children = [subprocess.Popen(argv, env=_child_env(r, n, port)) for r in range(1, n)]
     # For libraries (DeepSpeed) that read these themselves. Not the parent pid: rank 0 has no parent rank to

@@ -13,14 +13,23 @@ from .strategies.base import RunSpec
 class Precision:
     """Autocast context, optional fp16 GradScaler, and the clip-then-step that respects the scaler."""
 
-    def __init__(self, spec: RunSpec):
+    def __init__(self, spec: RunSpec, sharded_grads: bool = False):
         self.spec = spec
         self.name = spec.precision
         device_type = spec.device.type
         self.autocast_dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(self.name)
         self.device_type = device_type
-        # fp16 needs loss scaling; bf16 has fp32's exponent range and does not.
-        self.scaler = torch.amp.GradScaler(device_type) if self.name == "16-mixed" else None
+        # fp16 needs loss scaling; bf16 has fp32's exponent range and does not. With sharded gradients (FSDP) an
+        # overflow may show in one rank's shard only: the sharded scaler agrees on it across ranks, so every
+        # rank skips the same steps (a plain GradScaler would let the other ranks step and the shards drift).
+        self.scaler = None
+        if self.name == "16-mixed":
+            if sharded_grads:
+                from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+                self.scaler = ShardedGradScaler(device_type)
+            else:
+                self.scaler = torch.amp.GradScaler(device_type)
 
     def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
         """bf16-true keeps weights and optimizer states in bf16; the mixed modes keep fp32 weights."""

@@ -10,6 +10,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from ..launch import rendezvous_server
 from .base import RunSpec
 
 
@@ -27,9 +28,17 @@ def init_process_group(spec: RunSpec, timeout_s: float = 600) -> None:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
                                 **({"device_id": spec.device} if backend == "nccl" else {}))
         return
+    if info.launcher == "lightspeed":  # ranks we spawned meet at the store rank 0 opened before spawning them
+        store = rendezvous_server() if info.rank == 0 else None
+        if store is None:
+            store = dist.TCPStore(info.master_addr, info.master_port, info.world_size, is_master=info.rank == 0,
+                                  wait_for_workers=False, timeout=timedelta(seconds=timeout_s))
+        rendezvous = {"store": store}
+    else:
+        rendezvous = {"init_method": f"tcp://{info.master_addr}:{info.master_port}"}
     dist.init_process_group(
         backend,
-        init_method=f"tcp://{info.master_addr}:{info.master_port}",
+        **rendezvous,
         rank=info.rank,
         world_size=info.world_size,
         timeout=timedelta(seconds=timeout_s),

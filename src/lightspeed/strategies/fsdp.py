@@ -85,7 +85,7 @@ class FSDP:
 
     def connect(self, spec: RunSpec) -> None:
         self.spec = spec
-        self.precision = Precision(spec)  # used for the fp16 loss scaler and clip-then-step; no autocast
+        self.precision = Precision(spec, sharded_grads=True)  # the fp16 loss scaler and clip-then-step; no autocast
         init_process_group(spec)  # a group of one for a single process: FSDP needs a group
 
     def configure_model(self, module: nn.Module) -> None:
