@@ -10,8 +10,9 @@ rank 0 prints one RESULT line, and this script collects them into tables:
 
 - parity: per-step losses of ddp, ddp_sharded, fsdp and deepspeed_stage_1/2/3 on the same 30 steps, against ddp
   (bf16: relative 2e-2 per step);
-- memory: peak memory per GPU of each strategy on a ~3B GPT, beside the ZeRO paper's model-state figures
-  (DDP 16Ψ; ZeRO-1 4Ψ+12Ψ/N; ZeRO-2 2Ψ+14Ψ/N; ZeRO-3 16Ψ/N bytes for Ψ parameters, before activations);
+- memory: peak memory per GPU of each strategy on a 2.29B GPT (d=2560, 28 layers), beside the ZeRO paper's
+  model-state figures (DDP 16Ψ; ZeRO-1 4Ψ+12Ψ/N; ZeRO-2 2Ψ+14Ψ/N; ZeRO-3 16Ψ/N bytes for Ψ parameters, before
+  activations);
 - scaling: tokens/s per GPU at 1 and N GPUs for ddp, fsdp, deepspeed_stage_2/3 (efficiency = per-GPU ratio);
   an N-GPU run that parity already made in this invocation is reused, not repeated;
 - fit: the deepest GPT that DDP trains for 5 steps, then deepspeed_stage_3 at N times its parameters (and, where
@@ -171,7 +172,7 @@ def parity(args) -> list[dict]:
 
 
 def memory(args) -> list[dict]:
-    layers, d = (None, None) if args.tiny else (28, 2560)  # about 2.9B parameters at d=2560
+    layers, d = (None, None) if args.tiny else (28, 2560)  # 2.29B parameters
     extra = [] if args.tiny else ["--layers", str(layers), "--d", str(d)]
     saved = (args.steps, args.warmup)
     args.steps, args.warmup = 4, 1  # the peak is reached in the first optimizer step; no timing here
