@@ -57,11 +57,9 @@ LIGHTSPEED = {
     # The same without page-locked host buffers: torch rounds every pinned allocation up to a power of two, so
     # DeepSpeed's multi-GiB flat buffers can take up to twice their size; pageable memory costs transfer speed.
     "deepspeed_stage_3_offload_opt+ac+unpinned": lambda: ls.DeepSpeed(
-        stage=3, offload_optimizer="cpu", activation_checkpointing=[Block],
-        config={"zero_optimization": {"offload_optimizer": {"pin_memory": False}}}),
+        stage=3, offload_optimizer="cpu", activation_checkpointing=[Block], pin_memory=False),
     "deepspeed_stage_3_offload_full+ac+unpinned": lambda: ls.DeepSpeed(
-        stage=3, offload_optimizer="cpu", offload_params="cpu", activation_checkpointing=[Block],
-        config={"zero_optimization": {"offload_optimizer": {"pin_memory": False}, "offload_param": {"pin_memory": False}}}),
+        stage=3, offload_optimizer="cpu", offload_params="cpu", activation_checkpointing=[Block], pin_memory=False),
 }
 # The offloaded step at a fixed size under the cap, a global batch of 8 sequences per optimizer step, three ways:
 # (name, micro-batch, accumulation)

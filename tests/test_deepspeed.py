@@ -6,9 +6,9 @@ The training runs share one shape: 5 batches per epoch, 2 epochs, accumulation 2
 partial window of one batch), clipping at 1.0, 6 optimizer steps, global batch 8.
 
 Tolerances (fp32, relative, per micro-batch loss):
-  - DDP vs ZeRO 1/2/3 (2 and 3 also with activation checkpointing) and stage-2 CPU offload: 1e-5.
-    Observed on this machine: 0 (bit-identical) for stages 1, 2, 3; stage-2 offload (DeepSpeedCPUAdam instead
-    of torch AdamW) ≤1e-6. Only reduction order and the CPU Adam kernel's arithmetic can differ.
+  - DDP vs ZeRO 1/2/3 (2 and 3 also with activation checkpointing) and stage-3 optimizer offload: 1e-5.
+    Observed on this machine: 0 (bit-identical) for stages 1, 2, 3; offload (DeepSpeedCPUAdam instead of torch
+    AdamW) ≤1e-6. Only reduction order and the CPU Adam kernel's arithmetic can differ.
   - Resume: 1e-6 (the same computation replayed from saved state). Consolidated weights: exact outputs.
 """
 
@@ -53,16 +53,23 @@ def test_stage3_parity_sharding_and_steps(ddp, stage3):
     assert len(shares) == 2 and all(abs(s - total / 2) <= 0.01 * total for s in shares), (shares, total)
 
 
-@pytest.mark.parametrize("strategy", ["deepspeed_stage_1", "ac_stage_2", "ac_stage_3", "deepspeed_stage_2_offload"])
+@pytest.mark.parametrize("strategy", ["deepspeed_stage_1", "ac_stage_2", "ac_stage_3", "unpinned_stage_3_offload"])
 def test_parity_with_ddp(tmp_path, ddp, strategy):
     # ac_stage_N goes through the object form with activation checkpointing: recomputation must not change
     # losses, also under stage 3, where the recomputed forward gathers the partitioned parameters again.
-    opts = dict(ds={"stage": int(strategy[-1]), "ac": True}) if strategy.startswith("ac_") else dict(strategy=strategy)
+    # unpinned_stage_3_offload is how the largest model was trained on one H200 (docs/benchmarks.md): ZeRO-3,
+    # optimizer offloaded, pageable host buffers. (The string form "deepspeed_stage_2_offload" is in test_strategies.)
+    opts = dict(strategy=strategy)
+    if strategy.startswith("ac_"):
+        opts = dict(ds={"stage": int(strategy[-1]), "ac": True})
+    elif strategy == "unpinned_stage_3_offload":
+        opts = dict(ds={"stage": 3, "offload_optimizer": "cpu", "pin_memory": False})
     out = run_workload(tmp_path, **opts, **RUN)
     assert out["global_step"] == 6 == out["deepspeed"]["global_steps"]
     assert_close_losses(out["losses"], ddp["losses"], PARITY_RTOL, f"{strategy} vs ddp")
     if strategy.endswith("offload"):
         assert out["deepspeed"]["optimizer"] == "DeepSpeedCPUAdam"
+        assert out["deepspeed"]["config"]["zero_optimization"]["offload_optimizer"]["pin_memory"] is False
 
 
 def test_consolidate_loads_into_plain_gpt(stage3, tmp_path):
@@ -122,6 +129,10 @@ def test_errors_raised_at_construction(tmp_path):
         ls.Trainer(strategy="deepspeed_stage_4", devices=2, accelerator="cpu", logger=False)
     with pytest.raises(ConfigError, match="offload_params.*stage=3"):
         ls.DeepSpeed(stage=2, offload_params="cpu")
+    with pytest.raises(ConfigError, match="pin_memory=False needs offload_optimizer or offload_params"):
+        ls.DeepSpeed(stage=3, pin_memory=False)
+    with pytest.raises(ConfigError, match="pin_memory='no' is not valid: use None .pinned on CUDA., True or False"):
+        ls.DeepSpeed(stage=3, offload_optimizer="cpu", pin_memory="no")
 
 
 def test_deepspeed_missing_gives_install_hint():

@@ -84,6 +84,9 @@ class DeepSpeed:
             DeepSpeedCPUAdam with the same hyper-parameters).
         offload_params: stage 3 only: keep parameters on "cpu" or "nvme" between uses.
         nvme_path: directory for "nvme" offload; required with it.
+        pin_memory: page-lock the offloaded host buffers (default: on CUDA). Pinned copies are faster, but torch
+            rounds each pinned block up to a power of two, so a multi-GiB buffer can take up to twice its size;
+            False lets the largest models fit in host memory (docs/benchmarks.md: 5.91B on one H200 that way).
         config: a DeepSpeed config dict or a JSON file; merged over the config built from the Trainer's flags.
         activation_checkpointing: block classes whose activations are recomputed in the backward.
         allgather_bucket_size, reduce_bucket_size: ZeRO communication bucket sizes (elements).
@@ -96,6 +99,7 @@ class DeepSpeed:
     offload_optimizer: Offload = None
     offload_params: Offload = None
     nvme_path: str | Path | None = None
+    pin_memory: bool | None = None
     config: dict | str | Path | None = None
     activation_checkpointing: list[type] | None = None
     allgather_bucket_size: int = 200_000_000
@@ -117,6 +121,12 @@ class DeepSpeed:
         if "nvme" in (self.offload_optimizer, self.offload_params) and self.nvme_path is None:
             raise ConfigError("DeepSpeed offload to 'nvme' needs nvme_path=<a directory on a fast local disk>, e.g. "
                               "DeepSpeed(stage=3, offload_optimizer='nvme', offload_params='nvme', nvme_path='/nvme').")
+        if self.pin_memory not in (None, True, False):
+            raise ConfigError(f"DeepSpeed pin_memory={self.pin_memory!r} is not valid: use None (pinned on CUDA), "
+                              "True or False.")
+        if self.pin_memory is not None and not (self.offload_optimizer or self.offload_params):
+            raise ConfigError(f"DeepSpeed pin_memory={self.pin_memory!r} needs offload_optimizer or offload_params: "
+                              "only offloaded host buffers are pinned.")
         if importlib.util.find_spec("deepspeed") is None:
             _import_deepspeed()  # raises the install hint now, before any rank is started
         self.user_config = _read_config(self.config)
@@ -156,7 +166,8 @@ class DeepSpeed:
             zero.update(stage3_param_persistence_threshold=0, stage3_prefetch_bucket_size=self.reduce_bucket_size)
         for key, device in (("offload_optimizer", self.offload_optimizer), ("offload_param", self.offload_params)):
             if device:
-                zero[key] = {"device": device, "pin_memory": spec.device.type == "cuda"}
+                pin = spec.device.type == "cuda" if self.pin_memory is None else self.pin_memory
+                zero[key] = {"device": device, "pin_memory": pin}
                 if device == "nvme":
                     zero[key]["nvme_path"] = str(self.nvme_path)
         config: dict[str, Any] = {
