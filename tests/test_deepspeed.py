@@ -193,3 +193,28 @@ print("RESULT" + json.dumps(messages))
     # DeepSpeed's CPU accelerator has no fp16: refused at connect, before the engine, naming what works.
     assert "precision='16-mixed' is not valid with DeepSpeed on cpu" in messages["fp16_cpu"]
     assert "'bf16-mixed'" in messages["fp16_cpu"]
+
+
+def test_host_memory_warning_matches_the_h200_runs():
+    # The three offloaded ZeRO-3 runs of docs/benchmarks.md on the one-GPU host (125 GiB): what trained gets no
+    # warning, what the OS killed does. The estimate is the docstring's bytes per parameter; no DeepSpeed needed.
+    from lightspeed.strategies.deepspeed import host_memory_warning
+
+    host = 125 * 2**30
+    one_gpu = dict(stage=3, node_share=1.0, host_bytes=host)
+    # 5.91B, optimizer offloaded to pageable memory: trained, host peak 102.7 GiB.
+    assert host_memory_warning(5_906_581_504, offload_optimizer="cpu", offload_params=None, pinned=False,
+                               **one_gpu) is None
+    # 4.09B, optimizer and parameters offloaded, pinned: trained.
+    assert host_memory_warning(4_094_494_720, offload_optimizer="cpu", offload_params="cpu", pinned=True,
+                               **one_gpu) is None
+    # 5.77B, the same configuration: killed without a traceback. The warning names the way out.
+    warning = host_memory_warning(5_771_000_000, offload_optimizer="cpu", offload_params="cpu", pinned=True,
+                                  **one_gpu)
+    assert warning is not None and "5.77B" in warning and "pin_memory=False" in warning and "125 GiB" in warning
+    # Past what the host holds even unpinned, the advice changes; 8 ranks on 2 nodes hold half each.
+    too_big = host_memory_warning(8_000_000_000, offload_optimizer="cpu", offload_params="cpu", pinned=False,
+                                  **one_gpu)
+    assert too_big is not None and "may kill the ranks" in too_big and "nvme" in too_big
+    assert host_memory_warning(8_000_000_000, offload_optimizer="cpu", offload_params="cpu", pinned=False,
+                               stage=3, node_share=0.5, host_bytes=host) is None

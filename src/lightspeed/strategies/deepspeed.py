@@ -270,6 +270,15 @@ class DeepSpeed:
                 raise ConfigError("configure_optimizers returned no optimizer and the DeepSpeed config has no "
                                   "'optimizer' section: provide one or the other.")
             optimizer = self._maybe_cpu_adam(optimizers[0])
+        if build_optimizers is not None and (self.offload_optimizer == "cpu" or self.offload_params == "cpu"):
+            dist_info = self.spec.dist
+            warning = host_memory_warning(
+                sum(getattr(p, "ds_numel", p.numel()) for p in module.parameters()), stage=self.stage,
+                offload_optimizer=self.offload_optimizer, offload_params=self.offload_params,
+                pinned=self.spec.device.type == "cuda" if self.pin_memory is None else self.pin_memory,
+                node_share=dist_info.local_world_size / dist_info.world_size, host_bytes=psutil.virtual_memory().total)
+            if warning:
+                self._log0(warning)
         if self.engine is not None:
             self.engine.destroy()  # an evaluation engine built before fit
         self.engine, ds_optimizer, _, _ = deepspeed.initialize(
@@ -351,6 +360,30 @@ class DeepSpeed:
     def _log0(self, message: str) -> None:
         if self.spec.dist.is_global_zero:
             print(message, flush=True)
+
+
+def host_memory_warning(numel: int, *, stage: int, offload_optimizer: Offload, offload_params: Offload, pinned: bool,
+                        node_share: float, host_bytes: float) -> str | None:
+    """A warning when CPU offload of `numel` parameters may not fit in this node's host memory, else None.
+
+    A rank that runs out of host memory is killed by the OS with no Python traceback, so say it before DeepSpeed
+    allocates. Offloaded bytes per parameter (DeepSpeed 0.19, mixed precision): fp32 master weights and two Adam
+    moments (12), fp32 gradients (4), under ZeRO-3 also a half-precision gradient partition (2); offloaded
+    parameters add 2. This node holds `node_share` of them (local ranks / all ranks). Pinned blocks are rounded up
+    to a power of two by torch: counted here as a third more."""
+    per_param = (16 + (2 if stage == 3 else 0)) if offload_optimizer == "cpu" else 0
+    per_param += 2 if offload_params == "cpu" else 0
+    need = per_param * numel * node_share
+    gib = lambda b: f"{b / 2**30:.0f} GiB"  # noqa: E731
+    if need > 0.9 * host_bytes:
+        return (f"DeepSpeed: offloading {numel / 1e9:.2f}B parameters needs about {gib(need)} of host memory on this "
+                f"node, which has {gib(host_bytes)}: the OS may kill the ranks without a traceback. Use more nodes, "
+                "offload to 'nvme', or keep the parameters on the GPU (offload_params=None).")
+    if pinned and need * 4 / 3 > 0.9 * host_bytes:
+        return (f"DeepSpeed: offloading {numel / 1e9:.2f}B parameters needs about {gib(need)} of host memory, and "
+                f"pinned buffers are rounded up to powers of two (up to twice that); this node has "
+                f"{gib(host_bytes)}. If the ranks are killed without a traceback, use DeepSpeed(pin_memory=False).")
+    return None
 
 
 def full_state_dict(path: Path) -> dict[str, torch.Tensor]:
