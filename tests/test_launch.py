@@ -101,3 +101,23 @@ def test_trainer_tears_the_strategy_down_once_at_exit(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     notes = [line for line in run.stdout.splitlines() if line.startswith("teardown:")]
     assert notes == ["teardown: group still initialized=False"] * 2, run.stdout[-2000:]
+
+
+EXIT_SCRIPT = """
+import sys
+sys.path.insert(0, {tests!r})
+from test_trainer import Regress, make_trainer, regression_data
+
+trainer = make_trainer(".", strategy="ddp", devices=2, max_steps=2)
+trainer.fit(Regress(), regression_data())
+sys.exit({code} if trainer.is_global_zero else 0)
+"""
+
+
+def test_sys_exit_status_of_rank_zero_is_the_launchers(tmp_path):
+    # Ranks end through os._exit (see launch.end_with_os_exit); the status a script asks for must survive that.
+    for code, want in (("3", 3), ("'stopping: a message'", 1)):
+        script = tmp_path / "exit.py"
+        script.write_text(EXIT_SCRIPT.format(tests=str(ROOT / "tests"), code=code))
+        run = launch([str(script)], tmp_path, "python", nproc=2, timeout=120)
+        assert run.returncode == want, (code, run.returncode, run.stderr[-3000:])

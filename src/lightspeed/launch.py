@@ -129,26 +129,34 @@ def end_with_os_exit() -> None:
     communicator) whose threads can still be joinable; the C++ runtime then calls std::terminate and a rank that
     finished its work dies with SIGABRT ("terminate called without an active exception"), failing the whole run
     at random. Every atexit handler (loggers, process-group teardown, waiting for the other ranks) still runs;
-    only the native finalisers are skipped. The exit status is 1 after an uncaught exception, else 0 (so an
-    explicit `sys.exit(n)` in a distributed script reads as 0 or 1).
+    only the native finalisers are skipped. The exit status is what Python's would have been: 1 after an uncaught
+    exception, n after `sys.exit(n)` (1 for a message), else 0. (A `raise SystemExit(n)` that bypasses `sys.exit`
+    reads as 0.)
     """
     if _exit_state["installed"]:
         return
     _exit_state["installed"] = True
-    previous = sys.excepthook
+    previous_hook, previous_exit = sys.excepthook, sys.exit
 
     def note_failure(*exc_info) -> None:
         _exit_state["failed"] = True
-        previous(*exc_info)
+        previous_hook(*exc_info)
 
-    sys.excepthook = note_failure
+    def note_exit(status=None):
+        _exit_state["status"] = status
+        previous_exit(status)
+
+    sys.excepthook, sys.exit = note_failure, note_exit
     atexit.register(_os_exit)  # registered first, so it runs last
 
 
 def _os_exit() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(1 if _exit_state["failed"] else 0)
+    status = _exit_state.get("status")
+    if _exit_state["failed"]:
+        os._exit(1)
+    os._exit(status if isinstance(status, int) else 0 if status is None else 1)
 
 
 def find_free_port() -> int:
