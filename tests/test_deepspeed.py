@@ -198,7 +198,7 @@ print("RESULT" + json.dumps(messages))
 def test_host_memory_warning_matches_the_h200_runs():
     # The three offloaded ZeRO-3 runs of docs/benchmarks.md on the one-GPU host (125 GiB): what trained gets no
     # warning, what the OS killed does. The estimate is the docstring's bytes per parameter; no DeepSpeed needed.
-    from lightspeed.strategies.deepspeed import host_memory_warning
+    from lightspeed.strategies.host_memory import host_memory_warning
 
     host = 125 * 2**30
     one_gpu = dict(stage=3, node_share=1.0, host_bytes=host)

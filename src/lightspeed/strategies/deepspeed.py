@@ -36,6 +36,8 @@ from ..memory import cuda_free
 from .base import RunSpec
 from .common import (CHECKPOINT_PREFIX, StepRunner, apply_activation_checkpointing, broadcast_from_rank0,
                      configure_with_plain_twin, destroy_process_group, init_process_group)
+from .host_memory import host_memory_warning, offloaded_bytes_per_param
+from .zero3 import copy_from_rank0, load_weights, whole_numel
 
 Offload = Literal["cpu", "nvme"] | None
 TAG = "deepspeed"  # the sub-directory of a lightspeed checkpoint that holds DeepSpeed's files
@@ -153,6 +155,10 @@ class DeepSpeed:
         deepspeed.init_distributed(dist_backend=dist.get_backend(), dist_init_required=False, verbose=False)
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
 
+    @property
+    def _pinned(self) -> bool:
+        return self.spec.device.type == "cuda" if self.pin_memory is None else self.pin_memory
+
     def build_config(self, module: torch.nn.Module | None = None) -> dict:
         """The DeepSpeed config: Trainer flags, the user's config over them, then `module.configure_deepspeed`.
 
@@ -166,8 +172,7 @@ class DeepSpeed:
             zero.update(stage3_param_persistence_threshold=0, stage3_prefetch_bucket_size=self.reduce_bucket_size)
         for key, device in (("offload_optimizer", self.offload_optimizer), ("offload_param", self.offload_params)):
             if device:
-                pin = spec.device.type == "cuda" if self.pin_memory is None else self.pin_memory
-                zero[key] = {"device": device, "pin_memory": pin}
+                zero[key] = {"device": device, "pin_memory": self._pinned}
                 if device == "nvme":
                     zero[key]["nvme_path"] = str(self.nvme_path)
         config: dict[str, Any] = {
@@ -232,21 +237,16 @@ class DeepSpeed:
             with deepspeed.zero.Init(config_dict_or_path=config, remote_device=self.offload_params):
                 module.configure_model()
 
-        def numel() -> int:
-            return sum(getattr(p, "ds_numel", p.numel()) for p in module.parameters())
+        def fits() -> bool:  # rank 0's fp32 copy, beside what offload keeps in host memory for the whole run
+            resident = offloaded_bytes_per_param(self.stage, self.offload_optimizer, self.offload_params)
+            return (4 + resident) * whole_numel(module) < 0.8 * psutil.virtual_memory().available
 
-        built, plain = configure_with_plain_twin(module, sharded, lambda: self._plain_copy_fits(numel()))
+        built, plain = configure_with_plain_twin(module, sharded, fits)
         if not built:
-            self._log0(f"DeepSpeed stage 3: the model ({numel()} parameters) would not fit in host memory twice; "
-                       "initialised sharded only (zero.Init), so parent-applied init may differ from DDP.")
+            self._log0(f"DeepSpeed stage 3: the model ({whole_numel(module)} parameters) would not fit in host memory "
+                       "twice; initialised sharded only (zero.Init), so parent-applied init may differ from DDP.")
             return
-        _copy_from_rank0(deepspeed, module, plain)
-
-    def _plain_copy_fits(self, numel: int) -> bool:
-        """Rank 0's plain fp32 copy must fit beside what offload will keep in host memory for the whole run
-        (fp32 master weights, gradients and two Adam moments: 16 bytes a parameter; bf16 weights: 2 more)."""
-        resident = (16 * numel if self.offload_optimizer else 0) + (2 * numel if self.offload_params else 0)
-        return 4 * numel + resident < 0.8 * psutil.virtual_memory().available
+        copy_from_rank0(deepspeed, module, plain)
 
     def setup(self, module: torch.nn.Module, build_optimizers) -> None:
         deepspeed = _import_deepspeed()
@@ -271,13 +271,11 @@ class DeepSpeed:
                                   "'optimizer' section: provide one or the other.")
             optimizer = self._maybe_cpu_adam(optimizers[0])
         if build_optimizers is not None and (self.offload_optimizer == "cpu" or self.offload_params == "cpu"):
-            dist_info = self.spec.dist
-            warning = host_memory_warning(
-                sum(getattr(p, "ds_numel", p.numel()) for p in module.parameters()), stage=self.stage,
-                offload_optimizer=self.offload_optimizer, offload_params=self.offload_params,
-                pinned=self.spec.device.type == "cuda" if self.pin_memory is None else self.pin_memory,
-                node_share=dist_info.local_world_size / dist_info.world_size, host_bytes=psutil.virtual_memory().total)
-            if warning:
+            info = self.spec.dist
+            if warning := host_memory_warning(
+                    whole_numel(module), stage=self.stage, offload_optimizer=self.offload_optimizer,
+                    offload_params=self.offload_params, pinned=self._pinned,
+                    node_share=info.local_world_size / info.world_size, host_bytes=psutil.virtual_memory().total):
                 self._log0(warning)
         if self.engine is not None:
             self.engine.destroy()  # an evaluation engine built before fit
@@ -346,7 +344,7 @@ class DeepSpeed:
         if not self.optimizers:
             # An evaluation engine has no optimizer, and ZeRO keeps the fp32 weights with the optimizer state
             # (DeepSpeed's own weights-only load needs one), so merge the shards and load them.
-            _load_weights(_import_deepspeed(), self.module, full_state_dict(Path(path)))
+            load_weights(_import_deepspeed(), self.module, full_state_dict(Path(path)))
             return
         self.engine.load_checkpoint(str(path), tag=TAG, load_optimizer_states=with_optimizer,
                                     load_lr_scheduler_states=False, load_module_strict=True)
@@ -362,30 +360,6 @@ class DeepSpeed:
             print(message, flush=True)
 
 
-def host_memory_warning(numel: int, *, stage: int, offload_optimizer: Offload, offload_params: Offload, pinned: bool,
-                        node_share: float, host_bytes: float) -> str | None:
-    """A warning when CPU offload of `numel` parameters may not fit in this node's host memory, else None.
-
-    A rank that runs out of host memory is killed by the OS with no Python traceback, so say it before DeepSpeed
-    allocates. Offloaded bytes per parameter (DeepSpeed 0.19, mixed precision): fp32 master weights and two Adam
-    moments (12), fp32 gradients (4), under ZeRO-3 also a half-precision gradient partition (2); offloaded
-    parameters add 2. This node holds `node_share` of them (local ranks / all ranks). Pinned blocks are rounded up
-    to a power of two by torch: counted here as a third more."""
-    per_param = (16 + (2 if stage == 3 else 0)) if offload_optimizer == "cpu" else 0
-    per_param += 2 if offload_params == "cpu" else 0
-    need = per_param * numel * node_share
-    gib = lambda b: f"{b / 2**30:.0f} GiB"  # noqa: E731
-    if need > 0.9 * host_bytes:
-        return (f"DeepSpeed: offloading {numel / 1e9:.2f}B parameters needs about {gib(need)} of host memory on this "
-                f"node, which has {gib(host_bytes)}: the OS may kill the ranks without a traceback. Use more nodes, "
-                "offload to 'nvme', or keep the parameters on the GPU (offload_params=None).")
-    if pinned and need * 4 / 3 > 0.9 * host_bytes:
-        return (f"DeepSpeed: offloading {numel / 1e9:.2f}B parameters needs about {gib(need)} of host memory, and "
-                f"pinned buffers are rounded up to powers of two (up to twice that); this node has "
-                f"{gib(host_bytes)}. If the ranks are killed without a traceback, use DeepSpeed(pin_memory=False).")
-    return None
-
-
 def full_state_dict(path: Path) -> dict[str, torch.Tensor]:
     """Merges a lightspeed DeepSpeed checkpoint's ZeRO shards into one fp32 state dict on CPU.
 
@@ -399,32 +373,3 @@ def full_state_dict(path: Path) -> dict[str, torch.Tensor]:
         raise ConfigError(f"{path} holds no DeepSpeed checkpoint (expected the directory {Path(path) / TAG}).")
     state = get_fp32_state_dict_from_zero_checkpoint(str(path), tag=TAG)
     return {k.removeprefix("module.").replace(CHECKPOINT_PREFIX, ""): v for k, v in state.items()}
-
-
-# ---------------------------------------------------------------------- stage-3 helpers
-def _copy_from_rank0(deepspeed, module: torch.nn.Module, plain: torch.nn.Module | None) -> None:
-    """Overwrites the partitioned parameters (and buffers) with rank 0's plain build. Collective.
-
-    One parameter is gathered at a time, so the copy never holds more than one full tensor on the device:
-    the models this path exists for are the ones that do not fit there whole."""
-    source = dict(plain.named_parameters()) if plain is not None else {}
-    for name, p in module.named_parameters():
-        with deepspeed.zero.GatheredParameters([p], modifier_rank=0), torch.no_grad():
-            if plain is not None:
-                p.copy_(source[name])
-    source_buffers = dict(plain.named_buffers()) if plain is not None else {}
-    for name, b in module.named_buffers():
-        b.copy_(source_buffers.get(name, b))
-        dist.broadcast(b, src=0)
-
-
-def _load_weights(deepspeed, module: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """Loads a full state dict into a module; under ZeRO-3 rank 0 loads and DeepSpeed re-partitions. Collective."""
-    params = list(module.parameters())
-    missing, unexpected, is_z3 = [], [], any(hasattr(p, "ds_id") for p in params)
-    with deepspeed.zero.GatheredParameters(params, modifier_rank=0, enabled=is_z3), torch.no_grad():
-        if not is_z3 or dist.get_rank() == 0:
-            missing, unexpected = module.load_state_dict(state, strict=False)
-    if unexpected or [k for k in missing if k in dict(module.named_parameters())]:
-        raise ConfigError(f"checkpoint does not match {type(module).__name__}: missing {missing[:5]}, "
-                          f"unexpected {unexpected[:5]}.")

@@ -1,0 +1,42 @@
+"""ZeRO-3 helpers for the DeepSpeed strategy: the whole size of a partitioned model, rank 0's plain build copied into
+the partitions, and a full state dict loaded into them. Each function that gathers parameters is collective."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ..errors import ConfigError
+
+
+def whole_numel(module: torch.nn.Module) -> int:
+    """Parameters of `module`, counting ZeRO-3's partitioned ones at their whole size."""
+    return sum(getattr(p, "ds_numel", p.numel()) for p in module.parameters())
+
+
+def copy_from_rank0(deepspeed, module: torch.nn.Module, plain: torch.nn.Module | None) -> None:
+    """Overwrites the partitioned parameters (and buffers) with rank 0's plain build. Collective.
+
+    One parameter is gathered at a time, so the copy never holds more than one full tensor on the device:
+    the models this path exists for are the ones that do not fit there whole."""
+    source = dict(plain.named_parameters()) if plain is not None else {}
+    for name, p in module.named_parameters():
+        with deepspeed.zero.GatheredParameters([p], modifier_rank=0), torch.no_grad():
+            if plain is not None:
+                p.copy_(source[name])
+    source_buffers = dict(plain.named_buffers()) if plain is not None else {}
+    for name, b in module.named_buffers():
+        b.copy_(source_buffers.get(name, b))
+        dist.broadcast(b, src=0)
+
+
+def load_weights(deepspeed, module: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Loads a full state dict into a module; under ZeRO-3 rank 0 loads and DeepSpeed re-partitions. Collective."""
+    params = list(module.parameters())
+    missing, unexpected, is_z3 = [], [], any(hasattr(p, "ds_id") for p in params)
+    with deepspeed.zero.GatheredParameters(params, modifier_rank=0, enabled=is_z3), torch.no_grad():
+        if not is_z3 or dist.get_rank() == 0:
+            missing, unexpected = module.load_state_dict(state, strict=False)
+    if unexpected or [k for k in missing if k in dict(module.named_parameters())]:
+        raise ConfigError(f"checkpoint does not match {type(module).__name__}: missing {missing[:5]}, "
+                          f"unexpected {unexpected[:5]}.")
