@@ -5,8 +5,9 @@ from .errors import ConfigError
 from .launch import DistInfo
 from .loggers import CSVLogger, TensorBoardLogger
 from .module import LightningModule, Module
-from .strategies import DDP, SingleDevice, Strategy, build_strategy
-from .trainer import Trainer, seed_everything
+from .rng import seed_everything
+from .strategies import DDP, SingleDevice, Strategy, ZeRO1, build_strategy
+from .trainer import Trainer
 
 __version__ = "0.1.0"
 
@@ -21,10 +22,6 @@ def __getattr__(name: str):
         from .strategies.fsdp import FSDP
 
         return FSDP
-    if name == "ZeRO1":
-        from .strategies.zero1 import ZeRO1
-
-        return ZeRO1
     if name in ("consolidate", "full_state_dict"):
         import importlib
 

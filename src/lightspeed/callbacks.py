@@ -1,19 +1,25 @@
-"""Callbacks: hooks into the loop with state that travels in checkpoints."""
+"""Callbacks: hooks into the loop with state that travels in checkpoints.
+
+A callback sees the Trainer through `specs.TrainerView` (step, epoch, rank, metrics, log_metrics,
+save_checkpoint), not its internals. Decisions that every rank must share (save or not, the checkpoint's name,
+stop or not) are taken on rank 0 and broadcast: metric values may differ between ranks.
+"""
 
 from __future__ import annotations
 
 import math
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import torch
 
+from .checkpoint import unused_name
+from .distributed import broadcast_from_rank0
 from .errors import ConfigError
+from .specs import TrainerView as Trainer
 
-if TYPE_CHECKING:
-    from .module import Module
-    from .trainer import Trainer
+Module = torch.nn.Module
 
 
 class Callback:
@@ -35,6 +41,7 @@ class Callback:
     def on_validation_end(self, trainer: Trainer, module: Module) -> None: ...
     def on_test_epoch_end(self, trainer: Trainer, module: Module) -> None: ...
     def on_save_checkpoint(self, trainer: Trainer, module: Module, checkpoint: dict) -> None: ...
+    def on_exception(self, trainer: Trainer, module: Module, exception: BaseException) -> None: ...
     def teardown(self, trainer: Trainer, module: Module, stage: str) -> None: ...
 
     def state_dict(self) -> dict:
@@ -86,6 +93,7 @@ class ModelCheckpoint(Callback):
         self.last_model_path = ""
         self._last_saved_step = -1
         self._last_only: str | None = None  # the newest save when kept only as `last`, not among the top k
+        self._earlier_runs: set[str] = set()  # names an earlier run left in dirpath: never overwritten
 
     @property
     def state_key(self) -> str:
@@ -94,6 +102,8 @@ class ModelCheckpoint(Callback):
     def setup(self, trainer, module, stage) -> None:
         if self.dirpath is None:
             self.dirpath = Path(trainer.default_root_dir) / "checkpoints"
+        if stage == "fit":
+            self._earlier_runs = {p.name for p in self.dirpath.iterdir()} if self.dirpath.is_dir() else set()
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
         n = self.every_n_train_steps
@@ -105,20 +115,31 @@ class ModelCheckpoint(Callback):
         if n and (trainer.current_epoch + 1) % n == 0 and trainer.global_step != self._last_saved_step:
             self._save(trainer)
 
-    def _save(self, trainer: Trainer) -> None:
+    def _decide(self, trainer: Trainer) -> tuple:
+        """(error message or None, keep among the top k, path, score), from this rank's metrics."""
         metrics = trainer.callback_metrics
         score = None
         if self.monitor is not None:
             if self.monitor not in metrics:
-                raise ConfigError(f"ModelCheckpoint(monitor={self.monitor!r}) was not logged: logged metrics "
-                                  f"are {sorted(metrics)}.")
+                return (f"ModelCheckpoint(monitor={self.monitor!r}) was not logged: logged metrics are "
+                        f"{sorted(metrics)}.", False, None, None)
             score = float(metrics[self.monitor])
         name = self.filename.format(epoch=trainer.current_epoch, step=trainer.global_step,
                                     **{k.replace("/", "_"): float(v) for k, v in metrics.items()})
         path = self.dirpath / name
+        if name in self._earlier_runs:  # a fresh run in the same folder: never overwrite the earlier one
+            path = unused_name(path)
         keep = self.save_top_k != 0 and (self.monitor is None or self.save_top_k == -1 or
                                          len(self.best_k) < self.save_top_k or
                                          _improved(score, self._worst(), self.mode))
+        return None, keep, path, score
+
+    def _save(self, trainer: Trainer) -> None:
+        # Rank 0 decides for every rank: metrics differ between ranks (a val_loss logged without sync_dist), but
+        # saving is collective and every rank must write into the same directory.
+        error, keep, path, score = broadcast_from_rank0(self._decide(trainer) if trainer.is_global_zero else None)
+        if error:
+            raise ConfigError(error)
         self._last_saved_step = trainer.global_step
         if not keep and not self.save_last:
             return
@@ -167,6 +188,7 @@ class ModelCheckpoint(Callback):
         self.best_model_path = state.get("best_model_path", "")
         self.best_model_score = state.get("best_model_score")
         self.last_model_path = state.get("last_model_path", "")
+        self._earlier_runs = set()  # a resumed run continues its own line of checkpoints
         # Without it, a resumed run's epoch-end trigger would save again the step the checkpoint was taken at.
         self._last_saved_step = state.get("last_saved_step", -1)
 
@@ -198,11 +220,14 @@ class EarlyStopping(Callback):
             self._check(trainer)
 
     def _check(self, trainer: Trainer) -> None:
+        # Rank 0's value decides for every rank (as Lightning reduces the decision): ranks that stopped at
+        # different epochs would leave the others waiting in a collective.
         metrics = trainer.callback_metrics
-        if self.monitor not in metrics:
+        value = float(metrics[self.monitor]) if self.monitor in metrics else None
+        current = broadcast_from_rank0(value if trainer.is_global_zero else None)
+        if current is None:
             raise ConfigError(f"EarlyStopping(monitor={self.monitor!r}) was not logged: logged metrics are "
                               f"{sorted(metrics)}.")
-        current = float(metrics[self.monitor])
         if _improved(current, self.best, self.mode, self.min_delta):
             self.best, self.wait = current, 0
             return

@@ -1,33 +1,37 @@
-"""Checkpoints: collective, atomic, resumable, convertible.
+"""Checkpoints: collective, atomic, resumable, convertible. `Checkpointer` owns the schema; nothing else reads or
+writes the files below (ModelCheckpoint only decides when, and under which name).
 
 A checkpoint is a directory:
 
     <name>/meta.json          written last: marks a complete lightspeed checkpoint (format, strategy, world size)
-    <name>/trainer.pt         loop progress, callback states, LR schedulers, the module's on_save_checkpoint extras
+    <name>/trainer.pt         the LoopState's fields, callback states, LR schedulers, the hooks' on_save_checkpoint extras
     <name>/rng-rank<r>.pt     each rank's RNG states
     <name>/...                whatever the strategy writes: model.safetensors + optimizer.pt (single, DDP),
                               DeepSpeed's ZeRO shards, torch.distributed.checkpoint shards (FSDP)
 
-Every rank calls `save_checkpoint` (DeepSpeed and DCP require it). The data goes to `.tmp-<name>` and is renamed
-to `<name>` only when every rank has finished; the `last` symlink moves only after that rename. A crash at any
-point leaves `last` pointing at a complete checkpoint.
+Every rank calls `save` (DeepSpeed and DCP require it). The data goes to `.tmp-<name>` and is renamed to `<name>`
+only when every rank has finished; the `last` symlink moves only after that rename. A crash at any point leaves
+`last` pointing at a complete checkpoint. `resolve` checks a checkpoint cheaply (sizes and file headers, not full
+reads) on rank 0 only.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-import random
 import shutil
 import time
+import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-import numpy as np
 import torch
 
+from .distributed import barrier
 from .errors import ConfigError
-from .strategies.common import barrier
+from .rng import rng_state
+from .specs import LoopState
 
 FORMAT = "lightspeed-checkpoint"
 VERSION = 1
@@ -36,42 +40,61 @@ TRAINER_STATE = "trainer.pt"
 LAST = "last"
 
 
-def rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
+class Checkpointer:
+    """Writes and reads lightspeed checkpoints for one strategy, with the stateful parts the loop hands it.
 
+    Args:
+        strategy: the set-up strategy (model and optimizer state, saved and loaded collectively).
+        callbacks: objects with `state_key`, `state_dict()` and `load_state_dict()`.
+        rank, world_size: this process's place (from the launch step).
+    """
 
-def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
+    def __init__(self, strategy: Any, callbacks: list[Any], rank: int, world_size: int):
+        self.strategy, self.callbacks, self.rank, self.world_size = strategy, callbacks, rank, world_size
 
+    def save(self, path: str | os.PathLike, loop: LoopState, on_save: Callable[[dict], None]) -> Path:
+        """Collective. Writes a complete checkpoint at `path` atomically and points `<dir>/last` at it.
+        `on_save(state)` runs the module's and callbacks' `on_save_checkpoint` hooks on the state before it is
+        written (rank 0's values are the ones saved)."""
+        path = Path(path)
+        tmp = path.with_name(f".tmp-{path.name}")
+        if self.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)  # debris of an earlier crash
+            tmp.mkdir(parents=True)
+        barrier()
+        self.strategy.save(tmp)
+        torch.save(rng_state(), tmp / f"rng-rank{self.rank}.pt")
+        state = {**dataclasses.asdict(loop),  # the LoopState's fields at the top level, where hooks see them
+                 "callbacks": {cb.state_key: cb.state_dict() for cb in self.callbacks},
+                 "schedulers": [s.scheduler.state_dict() for s in self.strategy.schedulers]}
+        on_save(state)
+        barrier()
+        if self.rank == 0:
+            torch.save(state, tmp / TRAINER_STATE)
+            meta = {"format": FORMAT, "version": VERSION, "strategy": self.strategy.name,
+                    "world_size": self.world_size, "global_step": loop.global_step, "epoch": loop.epoch,
+                    "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                    "files": {str(f.relative_to(tmp)): f.stat().st_size for f in sorted(tmp.rglob("*")) if f.is_file()}}
+            (tmp / META).write_text(json.dumps(meta, indent=1))
+            _replace_dir(tmp, path)
+            _point_last(path)
+        barrier()
+        return path
 
-def save_checkpoint(path: str | os.PathLike, strategy, trainer_state: dict, rank: int, world_size: int) -> Path:
-    """Collective. Writes a complete checkpoint at `path` atomically and points `<dir>/last` at it."""
-    path = Path(path)
-    tmp = path.with_name(f".tmp-{path.name}")
-    if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)  # debris of an earlier crash
-        tmp.mkdir(parents=True)
-    barrier()
-    strategy.save(tmp)
-    torch.save(rng_state(), tmp / f"rng-rank{rank}.pt")
-    barrier()
-    if rank == 0:
-        torch.save(trainer_state, tmp / TRAINER_STATE)
-        meta = {"format": FORMAT, "version": VERSION, "strategy": strategy.name, "world_size": world_size,
-                "global_step": trainer_state.get("global_step"), "epoch": trainer_state.get("epoch"),
-                "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        (tmp / META).write_text(json.dumps(meta, indent=1))
-        _replace_dir(tmp, path)
-        _point_last(path)
-    barrier()
-    return path
+    def load(self, path: Path, with_optimizer: bool = True) -> tuple[LoopState, dict, dict | None]:
+        """Collective. Restores the strategy, schedulers and callbacks from `path`; returns (the loop state, the
+        saved state dict for the `on_load_checkpoint` hooks, this rank's RNG state or None on another world
+        size). The caller restores the RNG at the point the loop reaches the saved position."""
+        self.strategy.load(path, with_optimizer=with_optimizer)
+        state = _torch_load(path / TRAINER_STATE)
+        for cb in self.callbacks:
+            if cb.state_key in state["callbacks"]:
+                cb.load_state_dict(state["callbacks"][cb.state_key])
+        for sched, sd in zip(self.strategy.schedulers, state["schedulers"]):
+            sched.scheduler.load_state_dict(sd)
+        rng_file = path / f"rng-rank{self.rank}.pt"
+        loop = LoopState(**{f.name: state[f.name] for f in dataclasses.fields(LoopState)})
+        return loop, state, _torch_load(rng_file) if rng_file.exists() else None
 
 
 def _replace_dir(src: Path, dst: Path) -> None:
@@ -94,10 +117,28 @@ def _point_last(path: Path) -> None:
     os.replace(tmp_link, link)  # atomic: readers see the old target or the new one, never neither
 
 
-def resolve(ckpt_path: str | os.PathLike, default_dir: Path) -> Path:
-    """Turns `ckpt_path` ("last" or a path) into a checkpoint directory; raises ConfigError if it is not one."""
-    if str(ckpt_path) == "last":
-        path = default_dir / LAST
+def unused_name(path: Path) -> Path:
+    """`path`, or `path-vN` with the first N that is free: a run never overwrites an earlier run's checkpoint."""
+    candidate, n = path, 0
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.name}-v{n}")
+    return candidate
+
+
+def resolve(ckpt_path: str | os.PathLike, directory: Path, best: str | None = None, verify: bool = True) -> Path:
+    """Turns `ckpt_path` ("last", "best" or a path) into a complete checkpoint directory.
+
+    "last" is `<directory>/last`; "best" is the checkpoint callback's best model (`best`). With `verify` the
+    checkpoint's files are checked cheaply: sizes against meta.json and file headers (run it on rank 0 only).
+    Raises ConfigError naming the path when it is not a complete, intact checkpoint."""
+    if str(ckpt_path) == "best":
+        if not best:
+            raise ConfigError("ckpt_path='best' is not valid: no best checkpoint is known yet (fit with a "
+                              "ModelCheckpoint first, or pass a path).")
+        path = Path(best)
+    elif str(ckpt_path) == "last":
+        path = directory / LAST
         if not path.exists():
             raise ConfigError(f"ckpt_path='last' is not valid: no checkpoint at {path} (nothing saved yet).")
     else:
@@ -107,29 +148,10 @@ def resolve(ckpt_path: str | os.PathLike, default_dir: Path) -> Path:
         if not path.exists():
             raise ConfigError(f"ckpt_path={str(ckpt_path)!r} is not valid: the path does not exist.")
     path = path.resolve()
-    read_meta(path)
-    verify_files(path)
+    meta = read_meta(path)
+    if verify:
+        verify_files(path, meta)
     return path
-
-
-def verify_files(path: Path) -> None:
-    """Cheap integrity check of every file in a checkpoint (zip directories, safetensors headers), so a
-    truncated file is reported before any rank starts rather than deep inside a load."""
-    import zipfile
-
-    for file in sorted(p for p in path.rglob("*") if p.is_file()):
-        try:
-            if file.suffix in (".pt", ".pth", ".bin") and zipfile.is_zipfile(file):
-                with zipfile.ZipFile(file) as z:
-                    bad = z.testzip()
-                if bad is not None:
-                    raise ValueError(f"member {bad} fails its CRC")
-            elif file.suffix in (".pt", ".pth"):
-                raise ValueError("not a torch zip archive")
-            elif file.suffix == ".safetensors":
-                _check_safetensors_size(file)
-        except Exception as e:  # noqa: BLE001 - any failure here means the same thing to the user
-            raise ConfigError(f"checkpoint file {file} is truncated or corrupt ({e}).") from None
 
 
 def read_meta(path: Path) -> dict:
@@ -147,6 +169,26 @@ def read_meta(path: Path) -> dict:
     return meta
 
 
+def verify_files(path: Path, meta: dict) -> None:
+    """Cheap integrity check: every file meta.json lists is there with its size, torch files open as zip archives
+    (the central directory, not a CRC pass over the data), safetensors headers promise no more than the file
+    holds. A truncated or missing file is reported before any rank starts rather than deep inside a load."""
+    listed = meta.get("files")
+    files = [path / name for name in listed] if listed else sorted(p for p in path.rglob("*") if p.is_file())
+    for file in files:
+        try:
+            if not file.exists():
+                raise ValueError("missing")
+            if listed and file.stat().st_size != listed[str(file.relative_to(path))]:
+                raise ValueError(f"{file.stat().st_size} bytes, written with {listed[str(file.relative_to(path))]}")
+            if file.suffix in (".pt", ".pth"):
+                zipfile.ZipFile(file).close()  # reads the central directory at the end: truncation shows here
+            elif file.suffix == ".safetensors":
+                _check_safetensors_size(file)
+        except Exception as e:  # noqa: BLE001 - any failure here means the same thing to the user
+            raise ConfigError(f"checkpoint file {file} is truncated or corrupt ({e}).") from None
+
+
 def _check_safetensors_size(file: Path) -> None:
     # Layout: 8-byte little-endian header length, JSON header with each tensor's data offsets, then the data.
     with file.open("rb") as f:
@@ -158,14 +200,6 @@ def _check_safetensors_size(file: Path) -> None:
     end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
     if file.stat().st_size < 8 + n + end:
         raise ValueError(f"{file.stat().st_size} bytes, the header promises {8 + n + end}")
-
-
-def load_trainer_state(path: Path, rank: int) -> tuple[dict, dict | None]:
-    """Returns (trainer state, this rank's RNG state or rank 0's, if the world size changed)."""
-    state = _torch_load(path / TRAINER_STATE)
-    rng_file = path / f"rng-rank{rank}.pt"
-    rng = _torch_load(rng_file) if rng_file.exists() else None
-    return state, rng
 
 
 def _torch_load(file: Path) -> Any:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
@@ -73,3 +73,34 @@ def num_batches(loader: Any, limit: int | float | None) -> int | float:
     if isinstance(limit, float) and limit <= 1.0:
         return int(total * limit) if total != float("inf") else float("inf")
     return min(total, int(limit))
+
+
+def resumed_iterator(loader: Any, skip: int, restore_rng: Callable[[], None] | None) -> Iterator:
+    """An iterator over `loader` positioned after `skip` batches, for resuming an epoch.
+
+    `restore_rng` (the saved RNG state) runs where the save happened: at an epoch boundary (skip 0) that is before
+    the iterator draws its seed from the global RNG; mid-epoch it is after, once the sampler has been replayed."""
+    if restore_rng is not None and skip == 0:
+        restore_rng()
+    iterator = iter(loader)
+    for _ in range(skip):
+        next(iterator)
+    if restore_rng is not None and skip > 0:
+        restore_rng()
+    return iterator
+
+
+def accumulation_windows(batches: Iterator, start: int, n: int | float, size: int) -> Iterator[list[tuple[int, Any]]]:
+    """Groups `(batch_idx, batch)` from `batches` (numbered from `start`, at most up to index n - 1) into windows
+    of `size` micro-batches: one optimizer step each. The epoch's last window may be shorter; windows are aligned
+    to the epoch (index + 1 divisible by `size`), so a resumed epoch forms the same windows."""
+    window: list[tuple[int, Any]] = []
+    for batch_idx, batch in enumerate(batches, start=start):
+        if batch_idx >= n:
+            break
+        window.append((batch_idx, batch))
+        if (batch_idx + 1) % size == 0 or batch_idx + 1 == n:
+            yield window
+            window = []
+    if window:
+        yield window

@@ -14,7 +14,7 @@ class Logger(Protocol):
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None: ...
     def log_hyperparams(self, params: dict[str, Any]) -> None: ...
-    def finalize(self) -> None: ...
+    def finalize(self, status: str) -> None: ...
 
 
 def _next_version(root: Path) -> int:
@@ -60,7 +60,7 @@ class CSVLogger:
             for k, v in params.items():
                 f.write(f"{k}: {v!r}\n")
 
-    def finalize(self) -> None:
+    def finalize(self, status: str = "success") -> None:
         pass
 
 
@@ -88,7 +88,7 @@ class TensorBoardLogger:
     def log_hyperparams(self, params: dict[str, Any]) -> None:
         self.writer.add_text("hparams", "\n".join(f"{k}: {v!r}" for k, v in params.items()))
 
-    def finalize(self) -> None:
+    def finalize(self, status: str = "success") -> None:
         if self._writer is not None:
             self._writer.flush()
             self._writer.close()

@@ -5,12 +5,12 @@ Porting from Lightning is one import: `from lightspeed import LightningModule`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import weakref
+from typing import Any
 
 import torch
 
-if TYPE_CHECKING:
-    from .trainer import Trainer
+from .specs import TrainerView
 
 
 class Module(torch.nn.Module):
@@ -21,8 +21,9 @@ class Module(torch.nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        # Plain attribute, not a submodule: the trainer is not part of the model's state.
-        object.__setattr__(self, "_trainer", None)
+        # A weak reference, set with object.__setattr__: the trainer is not part of the model's state, and a copy
+        # of the module (ZeRO-3's and FSDP's plain twin) shares it instead of copying it.
+        object.__setattr__(self, "_trainer_ref", None)
 
     # ----------------------------------------------------------------- steps (override)
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor | dict | None:
@@ -47,6 +48,12 @@ class Module(torch.nn.Module):
         """Receives the DeepSpeed config lightspeed built from the Trainer's flags; returns the one to use."""
         return config
 
+    # ----------------------------------------------------------------- data (override, or pass loaders to fit)
+    def train_dataloader(self) -> Any: return None
+    def val_dataloader(self) -> Any: return None
+    def test_dataloader(self) -> Any: return None
+    def predict_dataloader(self) -> Any: return None
+
     # ----------------------------------------------------------------- hooks (override as needed)
     def on_fit_start(self) -> None: ...
     def on_fit_end(self) -> None: ...
@@ -58,17 +65,23 @@ class Module(torch.nn.Module):
     def on_test_epoch_end(self) -> None: ...
     def on_save_checkpoint(self, checkpoint: dict) -> None: ...
     def on_load_checkpoint(self, checkpoint: dict) -> None: ...
+    def on_exception(self, exception: BaseException) -> None: ...
 
     # ----------------------------------------------------------------- conveniences
     @property
-    def trainer(self) -> Trainer:
+    def _trainer(self) -> TrainerView | None:
+        ref = self.__dict__.get("_trainer_ref")
+        return ref() if ref is not None else None
+
+    @property
+    def trainer(self) -> TrainerView:
         if self._trainer is None:
             raise RuntimeError(f"{type(self).__name__} is not attached to a Trainer")
         return self._trainer
 
     @trainer.setter
-    def trainer(self, trainer: Trainer | None) -> None:
-        object.__setattr__(self, "_trainer", trainer)
+    def trainer(self, trainer: TrainerView | None) -> None:
+        object.__setattr__(self, "_trainer_ref", weakref.ref(trainer) if trainer is not None else None)
 
     @property
     def device(self) -> torch.device:

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from .errors import ConfigError
-from .strategies.base import SchedulerConfig
+from .specs import SchedulerConfig
 
 _FORMS = ("an optimizer; a list of optimizers; ([optimizers], [schedulers]); "
           "{'optimizer': o, 'lr_scheduler': s or {'scheduler': s, 'interval': 'step'|'epoch', 'frequency': n, "

@@ -1,29 +1,30 @@
-"""Precision for the torch-native strategies (single, DDP, ZeRO-1): autocast, a GradScaler for fp16, and the
-optimizer step with clipping. DeepSpeed and FSDP bring their own precision machinery and do not use this."""
+"""Precision and the optimizer step for the torch strategies (single, DDP with or without a sharded optimizer,
+FSDP): autocast, an fp16 loss scaler, and `optimizer_step`, the one clip-then-step they share. DeepSpeed brings
+its own precision machinery and uses none of this."""
 
 from __future__ import annotations
 
 import contextlib
+from typing import Callable
 
 import torch
 
-from .strategies.base import RunSpec
+from .specs import RunSpec, StepStats
+
+NormFn = Callable[[list[torch.Tensor]], torch.Tensor]
 
 
 class Precision:
-    """Autocast context, optional fp16 GradScaler, and the clip-then-step that respects the scaler."""
+    """Autocast context and the optional fp16 loss scaler for one precision name."""
 
-    def __init__(self, spec: RunSpec, sharded_grads: bool = False):
-        self.spec = spec
-        self.name = spec.precision
-        device_type = spec.device.type
-        self.autocast_dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(self.name)
-        self.device_type = device_type
+    def __init__(self, name: str, device_type: str, sharded_grads: bool = False):
+        self.name, self.device_type = name, device_type
+        self.autocast_dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(name)
         # fp16 needs loss scaling; bf16 has fp32's exponent range and does not. With sharded gradients (FSDP) an
         # overflow may show in one rank's shard only: the sharded scaler agrees on it across ranks, so every
         # rank skips the same steps (a plain GradScaler would let the other ranks step and the shards drift).
         self.scaler = None
-        if self.name == "16-mixed":
+        if name == "16-mixed":
             if sharded_grads:
                 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
@@ -43,24 +44,6 @@ class Precision:
     def backward(self, loss: torch.Tensor) -> None:
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
 
-    def step(self, optimizers: list[torch.optim.Optimizer], clip_fn=None) -> torch.Tensor | None:
-        """Unscales (fp16), clips with `clip_fn(params) -> norm` if given, steps and zeroes every optimizer."""
-        norm = None
-        for opt in optimizers:
-            if self.scaler is not None:
-                self.scaler.unscale_(opt)
-            if clip_fn is not None:
-                params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
-                norm = clip_fn(params)
-            if self.scaler is not None:
-                self.scaler.step(opt)
-            else:
-                opt.step()
-            opt.zero_grad(set_to_none=True)
-        if self.scaler is not None:
-            self.scaler.update()
-        return norm
-
     def state_dict(self) -> dict:
         return {"scaler": self.scaler.state_dict()} if self.scaler is not None else {}
 
@@ -69,19 +52,35 @@ class Precision:
             self.scaler.load_state_dict(state["scaler"])
 
 
-def build_clip_fn(spec: RunSpec, norm_fn=None):
-    """Returns `clip(params) -> norm` for the Trainer's clipping flags, or None when clipping is off.
+def _total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    return torch.nn.utils.get_total_norm(grads, 2.0)
 
-    `norm_fn` lets a strategy substitute a norm that is correct for sharded gradients.
-    """
-    if spec.gradient_clip_val is None or spec.gradient_clip_val <= 0:
-        return None
-    value = float(spec.gradient_clip_val)
-    if spec.gradient_clip_algorithm == "value":
-        def clip_value(params):
-            torch.nn.utils.clip_grad_value_(params, value)
-            return None
-        return clip_value
-    if norm_fn is not None:
-        return lambda params: norm_fn(params, value)
-    return lambda params: torch.nn.utils.clip_grad_norm_(params, value)  # a tensor: no host sync here
+
+def optimizer_step(optimizers: list, precision: Precision, spec: RunSpec,
+                   total_norm: NormFn = _total_norm) -> StepStats:
+    """Unscales (fp16), measures the gradient norm, clips by the Trainer's flags, steps and zeroes every optimizer.
+
+    `total_norm(grads)` must return the global norm; a strategy with sharded gradients passes one that reduces
+    across ranks. The norm stays a tensor (no host sync). Returns {"grad_norm": norm over all optimizers}."""
+    clip = float(spec.gradient_clip_val or 0.0)
+    norms = []
+    for opt in optimizers:
+        if precision.scaler is not None:
+            precision.scaler.unscale_(opt)
+        params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
+        if params:
+            norm = total_norm([p.grad for p in params])
+            norms.append(norm)
+            if clip > 0 and spec.gradient_clip_algorithm == "value":
+                torch.nn.utils.clip_grad_value_(params, clip)
+            elif clip > 0:
+                torch.nn.utils.clip_grads_with_norm_(params, clip, norm)
+        if precision.scaler is not None:
+            precision.scaler.step(opt)
+        else:
+            opt.step()
+        opt.zero_grad(set_to_none=True)
+    if precision.scaler is not None:
+        precision.scaler.update()
+    grad_norm = norms[0] if len(norms) == 1 else torch.stack(norms).norm() if norms else None
+    return {"grad_norm": grad_norm}

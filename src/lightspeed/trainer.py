@@ -3,28 +3,32 @@
     trainer = Trainer(devices=2, strategy="deepspeed_stage_3", max_steps=100)
     trainer.fit(model, train_loader)
 
-Follow one batch: `_train_epoch` moves it to the device, tells the strategy whether it ends an accumulation
-window, runs `training_step` through the strategy, calls `strategy.backward(loss)` and, at the window's end,
-`strategy.step()`. Everything backend-specific lives behind those calls (see strategies/base.py).
+Follow one batch: `_train_epoch` groups batches into accumulation windows; `_train_window` moves each micro-batch
+to the device, runs `training_step` through `strategy.forward` (gradients synchronised on the window's last one
+only), `strategy.backward(loss)`, then one `strategy.step()`; `_after_step` logs once. Everything
+backend-specific lives behind those calls (strategies/base.py); checkpoint files behind `Checkpointer`.
+
+Every public entry point runs inside `_entry`: on any exception the progress bar is stopped, `on_exception` hooks
+run, loggers are finalised with the status and the strategy is torn down.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import math
-import random
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-import numpy as np
 import torch
 
-from . import checkpoint
 from .callbacks import Callback, ModelCheckpoint
+from .checkpoint import Checkpointer, resolve
 from .config import TrainerConfig
-from .data import move_to_device, num_batches, set_epoch, with_distributed_sampler
+from .data import accumulation_windows, move_to_device, num_batches, resumed_iterator, set_epoch, with_distributed_sampler
+from .distributed import broadcast_from_rank0
 from .errors import ConfigError
 from .launch import DistInfo, end_with_os_exit, export_env, read_dist_info, start_local_ranks, watch_parent
 from .loggers import CSVLogger, Logger, TensorBoardLogger
@@ -32,14 +36,11 @@ from .metrics import MetricStore
 from .module import Module
 from .optim import parse_optimizers
 from .progress import ProgressBar, metrics_table, print_table
-from .strategies import RunSpec, build_strategy
+from .rng import rng_state, seed_everything, set_rng_state
+from .specs import LoopState, RunSpec, StepStats
+from .strategies import build_strategy
 
-
-def seed_everything(seed: int) -> None:
-    """Seeds Python, NumPy and torch (all devices) with the same seed."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
+__all__ = ["Trainer", "seed_everything"]
 
 
 class Trainer:
@@ -61,16 +62,13 @@ class Trainer:
             if cfg.num_nodes > 1:
                 raise ConfigError(f"num_nodes={cfg.num_nodes} needs a multi-node launcher (torchrun, srun or "
                                   "deepspeed); a plain `python` run starts local ranks only.")
-            self.world_size = cfg.local_devices() * cfg.num_nodes
+            self._world_size = cfg.local_devices() * cfg.num_nodes
         else:
-            self.world_size = self._env.world_size
-            if cfg.devices != "auto" and cfg.local_devices() * cfg.num_nodes != self.world_size:
+            self._world_size = self._env.world_size
+            if cfg.devices != "auto" and cfg.local_devices() * cfg.num_nodes != self._world_size:
                 raise ConfigError(f"devices={cfg.devices} × num_nodes={cfg.num_nodes} does not match the "
-                                  f"{self._env.launcher} world size {self.world_size}.")
-        self.strategy = build_strategy(strategy, self.world_size)
-        if cfg.gradient_clip_algorithm not in getattr(self.strategy, "clip_algorithms", ("norm", "value")):
-            raise ConfigError(f"gradient_clip_algorithm={cfg.gradient_clip_algorithm!r} is not valid with strategy "
-                              f"{self.strategy.name!r}: it clips by global norm only. Use 'norm'.")
+                                  f"{self._env.launcher} world size {self._world_size}.")
+        self.strategy = build_strategy(strategy, self._world_size)
         self.callbacks = list(callbacks or [])
         if cfg.enable_checkpointing and not any(isinstance(c, ModelCheckpoint) for c in self.callbacks):
             self.callbacks.append(ModelCheckpoint())
@@ -83,9 +81,12 @@ class Trainer:
         self.current_epoch = self.global_step = 0
         self.should_stop = False
         self.fitting = False  # True inside fit, also while it validates (EarlyStopping acts only then)
+        self.step_stats: StepStats = {}  # what the last optimizer step reported (grad norm)
         self._module: Module | None = None
-        self._setup_for: str | None = None
+        self._phase: str | None = None  # what the strategy is set up for: "fit" (serves evaluation too) or "eval"
         self._progress: ProgressBar | None = None
+        self._checkpointer: Checkpointer | None = None
+        self._batches_done, self._epoch_done = 0, False
 
     def _build_loggers(self, logger) -> list[Logger]:
         if logger is True:
@@ -95,10 +96,14 @@ class Trainer:
             return []
         return list(logger) if isinstance(logger, (list, tuple)) else [logger]
 
-    # ------------------------------------------------------------------ public properties
+    # ------------------------------------------------------------------ what callbacks see (specs.TrainerView)
     @property
     def global_rank(self) -> int:
         return self.dist.rank if self.dist else 0
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
 
     @property
     def is_global_zero(self) -> bool:
@@ -109,8 +114,12 @@ class Trainer:
         return self.metrics.latest
 
     @property
+    def checkpoint_callback(self) -> ModelCheckpoint | None:
+        return next((c for c in self.callbacks if isinstance(c, ModelCheckpoint)), None)
+
+    @property
     def checkpoint_dir(self) -> Path:
-        ckpt = next((c for c in self.callbacks if isinstance(c, ModelCheckpoint)), None)
+        ckpt = self.checkpoint_callback
         return Path(ckpt.dirpath) if ckpt and ckpt.dirpath else Path(self.default_root_dir) / "checkpoints"
 
     @property
@@ -121,9 +130,74 @@ class Trainer:
         if self.is_global_zero:
             print(*args, flush=True)
 
-    # ------------------------------------------------------------------ launch and setup
-    def _launch(self) -> None:
-        """Starts the other local ranks (plain `python` with devices > 1) or joins the external launcher's."""
+    def is_log_step(self) -> bool:
+        return self.global_step % self.cfg.log_every_n_steps == 0
+
+    def log_metrics(self, metrics: dict[str, float]) -> None:
+        """Sends metrics to every logger (rank 0 only), at the current global step."""
+        if self.is_global_zero and metrics:
+            for lg in self.loggers:
+                lg.log_metrics(metrics, self.global_step)
+
+    # ------------------------------------------------------------------ lifecycle
+    @contextlib.contextmanager
+    def _entry(self, module: Module):
+        """Wraps fit / validate / test / predict: whatever happens, the bar stops and the loggers are finalised;
+        on an exception the `on_exception` hooks run and the strategy is torn down before it propagates."""
+        status = "failed"
+        try:
+            yield
+            status = "success"
+        except BaseException as exc:
+            status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+            module.on_exception(exc)
+            for cb in self.callbacks:
+                cb.on_exception(self, module, exc)
+            raise
+        finally:
+            self.fitting = False
+            if self._progress is not None:
+                self._progress.stop(self.metrics.prog_bar_values() if status == "success" else None)
+                self._progress = None
+            for lg in self.loggers if self.is_global_zero else []:
+                lg.finalize(status)
+            if status != "success" and self.dist is not None:
+                self.strategy.teardown()
+
+    def _prepare(self, stage: str, module: Module, ckpt_path: Any, micro_batch_size: int | None = None) -> Path | None:
+        """Checks, launches (first call), configures the model (first time) and sets up the strategy for this phase.
+        Returns the checkpoint to load, resolved by rank 0 (and verified there, before any rank starts)."""
+        spec = RunSpec(device_type=self.cfg.device_type, precision=self.cfg.precision,  # type: ignore[arg-type]
+                       accumulate_grad_batches=self.cfg.accumulate_grad_batches,
+                       gradient_clip_val=self.cfg.gradient_clip_val,
+                       gradient_clip_algorithm=self.cfg.gradient_clip_algorithm,
+                       automatic_optimization=module.automatic_optimization, seed=self.cfg.seed)
+        self.strategy.check(spec)
+        best = self.checkpoint_callback.best_model_path if self.checkpoint_callback else None
+        path = resolve(ckpt_path, self.checkpoint_dir, best, verify=self._env.rank == 0) if ckpt_path else None
+        self._launch(spec)
+        path = broadcast_from_rank0(path) if ckpt_path else None  # every rank loads what rank 0 resolved
+        module.trainer = self
+        for cb in self.callbacks:
+            cb.setup(self, module, stage)
+        if self._module is not module:
+            self.strategy.configure_model(module)
+            self._module, self._phase = module, None
+        phase = "fit" if stage == "fit" else "eval"
+        if self._phase not in ("fit", phase):
+            factory = (lambda: parse_optimizers(module.configure_optimizers())) if phase == "fit" else None
+            self.strategy.setup(module, factory, micro_batch_size)
+            if phase == "fit" and module.automatic_optimization and not self.strategy.optimizers:
+                raise ConfigError("configure_optimizers returned no optimizer: return one of the forms in "
+                                  "lightspeed.optim (an optimizer, a list, a dict with 'optimizer', ...).")
+            if phase == "fit" and self.cfg.compile:
+                module.compile()
+            self._phase = phase
+        return path
+
+    def _launch(self, spec: RunSpec) -> None:
+        """Once per process: starts the other local ranks (plain `python` with devices > 1) or joins the external
+        launcher's, then connects the strategy (process group, device)."""
         if self.dist is not None:
             return
         if self.world_size > 1:
@@ -135,54 +209,17 @@ class Trainer:
             if self._env.launcher == "lightspeed":
                 watch_parent()
         export_env(self.dist)
-        # The one place a strategy is torn down (engine destroyed, process group left), at exit: after any
-        # atexit handler registered later, before the launcher's wait for the other ranks and the final os._exit.
-        atexit.register(self.strategy.teardown)
-        dev_type = self.cfg.device_type
-        self.device = torch.device("cuda", self.dist.local_rank) if dev_type == "cuda" else torch.device("cpu")
+        self.device = torch.device("cuda", self.dist.local_rank) if spec.device_type == "cuda" else torch.device("cpu")
         self.metrics.device = self.device
+        self.strategy.connect(spec, self.dist, self.device)
+        # Torn down at exit after a successful run (an exception tears it down at once, in `_entry`): after any
+        # handler registered later, before the launcher's wait for the other ranks and the final os._exit.
+        atexit.register(self.strategy.teardown)
+        self._checkpointer = Checkpointer(self.strategy, self.callbacks, self.global_rank, self.world_size)
         if self.cfg.seed is not None:
             seed_everything(self.cfg.seed)
         if self.cfg.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
-
-    def _setup(self, module: Module, stage: str, micro_batch_size: int | None = None) -> None:
-        """Runs `configure_model` (once) and the strategy's setup; fit needs optimizers, evaluation does not."""
-        module.trainer = self
-        if self._module is not module:
-            if not module.automatic_optimization and not self.strategy.is_manual_optimization_supported:
-                raise ConfigError(f"automatic_optimization=False is not supported by strategy "
-                                  f"{self.strategy.name!r}: it owns backward and the optimizer step. Use 'ddp', "
-                                  "'ddp_sharded' or a single device for manual optimization.")
-            self.strategy.connect(self._spec(micro_batch_size))
-            self.strategy.configure_model(module)
-            self._module, self._setup_for = module, None
-        want = "fit" if stage == "train" else "eval"
-        if self._setup_for in ("fit", want):
-            return
-        self.strategy.connect(self._spec(micro_batch_size))
-        factory = (lambda: parse_optimizers(module.configure_optimizers())) if want == "fit" else None
-        self.strategy.setup(module, factory)
-        if want == "fit" and module.automatic_optimization and not self.strategy.optimizers:
-            raise ConfigError("configure_optimizers returned no optimizer: return one of the forms in "
-                              "lightspeed.optim (an optimizer, a list, a dict with 'optimizer', ...).")
-        if self.cfg.compile:
-            module.compile()
-        self._setup_for = want
-
-    def _spec(self, micro_batch_size: int | None) -> RunSpec:
-        c = self.cfg
-        return RunSpec(dist=self.dist, device=self.device, precision=c.precision,  # type: ignore[arg-type]
-                       accumulate_grad_batches=c.accumulate_grad_batches, gradient_clip_val=c.gradient_clip_val,
-                       gradient_clip_algorithm=c.gradient_clip_algorithm, micro_batch_size=micro_batch_size,
-                       seed=c.seed)
-
-    def _loader(self, given: Any, module: Module, hook: str, required: bool) -> Any:
-        loader = given if given is not None else (getattr(module, hook)() if hasattr(module, hook) else None)
-        if loader is None and required:
-            raise ConfigError(f"fit needs training data: pass train_dataloaders= or define {hook}() on "
-                              f"{type(module).__name__}.")
-        return loader
 
     def _distribute(self, loader: Any) -> Any:
         seed = self.cfg.seed if self.cfg.seed is not None else 0
@@ -191,91 +228,86 @@ class Trainer:
     # ------------------------------------------------------------------ fit
     def fit(self, model: Module, train_dataloaders: Any = None, val_dataloaders: Any = None,
             ckpt_path: str | Path | None = None) -> None:
-        """Trains `model`. `ckpt_path` ("last" or a checkpoint directory) resumes exactly where it was saved."""
-        train_loader = self._loader(train_dataloaders, model, "train_dataloader", required=True)
-        val_loader = self._loader(val_dataloaders, model, "val_dataloader", required=False)
-        resume = checkpoint.resolve(ckpt_path, self.checkpoint_dir) if ckpt_path is not None else None
-        self._launch()
-        train_loader, val_loader = self._distribute(train_loader), self._distribute(val_loader)
-        self.stage, self.metrics.stage, self.fitting = "train", "train", True
-        self._setup(model, "train", getattr(train_loader, "batch_size", None))
-        for cb in self.callbacks:
-            cb.setup(self, model, "fit")
-        skip_batches, rng = self._restore(resume) if resume else (0, None)
-        steps_per_epoch = math.ceil(num_batches(train_loader, self.cfg.limit_train_batches)
-                                    / self.cfg.accumulate_grad_batches)
-        self._start_progress(steps_per_epoch)
-        model.on_fit_start()
-        for cb in self.callbacks:
-            cb.on_fit_start(self, model)
-        self.should_stop = self.cfg.max_steps != -1 and self.global_step >= self.cfg.max_steps
-        while not self.should_stop and self.current_epoch < self.cfg.epochs_limit:
-            self._train_epoch(model, train_loader, val_loader, skip_batches, rng)
-            skip_batches, rng = 0, None
-        model.on_fit_end()
-        for cb in self.callbacks:
-            cb.on_fit_end(self, model)
-        self.fitting = False
-        self._finish()
+        """Trains `model`. `ckpt_path` ("last", "best" or a checkpoint directory) resumes exactly where it was saved."""
+        train = train_dataloaders if train_dataloaders is not None else model.train_dataloader()
+        if train is None:
+            raise ConfigError(f"fit needs training data: pass train_dataloaders= or define train_dataloader() on "
+                              f"{type(model).__name__}.")
+        val = val_dataloaders if val_dataloaders is not None else model.val_dataloader()
+        with self._entry(model):
+            resume = self._prepare("fit", model, ckpt_path, getattr(train, "batch_size", None))
+            train, val = self._distribute(train), self._distribute(val)
+            n = num_batches(train, self.cfg.limit_train_batches)
+            if n == 0 and self.cfg.limit_train_batches != 0:
+                raise ConfigError("fit's training data has no batches (len(train_dataloaders) == 0 on rank "
+                                  f"{self.global_rank}): give it at least one batch per rank.")
+            self.stage, self.metrics.stage, self.fitting = "train", "train", True
+            skip, rng = self._restore(model, resume) if resume else (0, None)
+            self._start_progress(math.ceil(n / self.cfg.accumulate_grad_batches))
+            model.on_fit_start()
+            for cb in self.callbacks:
+                cb.on_fit_start(self, model)
+            self.should_stop = self.cfg.max_steps != -1 and self.global_step >= self.cfg.max_steps
+            while not self.should_stop and self.current_epoch < self.cfg.epochs_limit:
+                self._train_epoch(model, train, val, skip, rng)
+                skip, rng = 0, None
+            model.on_fit_end()
+            for cb in self.callbacks:
+                cb.on_fit_end(self, model)
 
     def _train_epoch(self, module: Module, loader: Any, val_loader: Any, skip: int, rng: dict | None) -> None:
-        cfg, strategy = self.cfg, self.strategy
-        n = num_batches(loader, cfg.limit_train_batches)
+        n = num_batches(loader, self.cfg.limit_train_batches)
         val_every = self._val_every(n)
         set_epoch(loader, self.current_epoch)
-        self._epoch_done = False
+        self._epoch_done, self._batches_done = False, skip
         module.train()
         module.on_train_epoch_start()
         for cb in self.callbacks:
             cb.on_train_epoch_start(self, module)
-        batch_idx = -1
-        # Resuming restores the RNG at the point the save happened: at an epoch's end that is before this
-        # epoch's iterator draws its seed; mid-epoch it is after, once the sampler has been replayed.
-        if rng is not None and skip == 0:
-            checkpoint.set_rng_state(rng)
-        iterator = iter(loader)
-        for batch_idx in range(skip):  # resuming mid-epoch: replay the sampler up to where the save happened
-            next(iterator)
-        if rng is not None and skip > 0:
-            checkpoint.set_rng_state(rng)
-        for batch_idx, batch in enumerate(iterator, start=skip):
-            if batch_idx >= n:
-                break
-            batch = move_to_device(batch, self.device)
-            is_boundary = (batch_idx + 1) % cfg.accumulate_grad_batches == 0 or batch_idx + 1 == n
-            if module.automatic_optimization:
-                strategy.set_grad_sync(is_boundary)
-                out = strategy.forward(module.training_step, batch, batch_idx)
-                strategy.backward(_loss_of(out) / cfg.accumulate_grad_batches)
-                if is_boundary:
-                    strategy.step()
-                    self.global_step += 1
-                    self._step_schedulers("step")
-            else:
-                out = strategy.forward(module.training_step, batch, batch_idx)
-                self.global_step += 1  # manual optimization: one step per batch, whatever the user did
-            self._batches_done = batch_idx + 1
-            if is_boundary or not module.automatic_optimization:
-                self._after_step(module, out, batch, batch_idx)
-            if val_loader is not None and val_every and (batch_idx + 1) % val_every == 0 and batch_idx + 1 < n:
+        batches = resumed_iterator(loader, skip, (lambda: set_rng_state(rng)) if rng is not None else None)
+        # Manual optimization steps per batch, however the user accumulates.
+        size = self.cfg.accumulate_grad_batches if module.automatic_optimization else 1
+        for window in accumulation_windows(batches, skip, n, size):
+            out = self._train_window(module, window)
+            last_idx, last_batch = window[-1]
+            self._batches_done = last_idx + 1
+            self._after_step(module, out, last_batch, last_idx)
+            if val_loader is not None and val_every and self._batches_done < n and any(
+                    (i + 1) % val_every == 0 for i, _ in window):
                 self._validate_during_fit(module, val_loader)
-            if self.should_stop or (cfg.max_steps != -1 and self.global_step >= cfg.max_steps):
+            if self.should_stop or (self.cfg.max_steps != -1 and self.global_step >= self.cfg.max_steps):
                 self.should_stop = True
                 break
-        self._batches_done = batch_idx + 1
         self._end_train_epoch(module, val_loader, epoch_done=self._batches_done >= n)
+
+    def _train_window(self, module: Module, window: list[tuple[int, Any]]) -> Any:
+        """One optimizer step: every micro-batch forward and backward (gradients synchronised on the last one
+        only), then `strategy.step()`. Returns the last micro-batch's `training_step` output."""
+        out = None
+        for i, (batch_idx, batch) in enumerate(window):
+            batch = move_to_device(batch, self.device)
+            out = self.strategy.forward(module.training_step, batch, batch_idx, sync_grads=i == len(window) - 1)
+            if module.automatic_optimization:
+                self.strategy.backward(_loss_of(out) / self.cfg.accumulate_grad_batches)
+        if module.automatic_optimization:  # under manual optimization the user stepped inside training_step
+            self.step_stats = self.strategy.step()
+        self.global_step += 1
+        if module.automatic_optimization:
+            self._step_schedulers("step")
+        return out
 
     def _after_step(self, module: Module, out: Any, batch: Any, batch_idx: int) -> None:
         step_metrics = self.metrics.pop_step()
         if self.is_log_step():
-            self.log_metrics({k: float(v) for k, v in step_metrics.items()})
+            norm = self.step_stats.get("grad_norm")
+            self.log_metrics({**({"grad_norm": float(norm)} if norm is not None else {}),
+                              **{k: float(v) for k, v in step_metrics.items()}})
         if self._progress is not None:
             now = time.perf_counter()
-            fresh = now - self._last_bar_refresh > 1.0 or self.is_log_step()
+            fresh = now - self._last_bar_refresh > 0.25 or self.is_log_step()
             if fresh:
                 self._last_bar_refresh = now
-            self._progress.advance(f"epoch {self.current_epoch}",
-                                   self.metrics.prog_bar_values() if fresh else None)
+            self._progress.advance(f"epoch {self.current_epoch}", self.metrics.prog_bar_values() if fresh else None)
         for cb in self.callbacks:
             cb.on_train_batch_end(self, module, out, batch, batch_idx)
 
@@ -310,9 +342,9 @@ class Trainer:
             return  # limit_val_batches=0 turns validation off, hooks included (as in Lightning)
         # Validation must not move the training RNG (its loader draws a seed): training then gives the same
         # losses whatever val_check_interval is, and a checkpoint saved just before a validation resumes exactly.
-        rng = checkpoint.rng_state()
-        self._run_eval("validate", module, loader, self.cfg.limit_val_batches, module.validation_step)
-        checkpoint.set_rng_state(rng)
+        rng = rng_state()
+        self._validation_epoch(module, loader)
+        set_rng_state(rng)
         self.stage, self.metrics.stage = "train", "train"
         module.train()
 
@@ -329,15 +361,6 @@ class Trainer:
             else:
                 cfg.scheduler.step()
 
-    def is_log_step(self) -> bool:
-        return self.global_step % self.cfg.log_every_n_steps == 0
-
-    def log_metrics(self, metrics: dict[str, float]) -> None:
-        """Sends metrics to every logger (rank 0 only), at the current global step."""
-        if self.is_global_zero and metrics:
-            for lg in self.loggers:
-                lg.log_metrics(metrics, self.global_step)
-
     def _start_progress(self, steps_per_epoch: int | float) -> None:
         if not (self.cfg.enable_progress_bar and self.is_global_zero):
             return
@@ -349,120 +372,124 @@ class Trainer:
         self._last_bar_refresh = 0.0
         self._progress.start(total, f"epoch {self.current_epoch}")
 
-    def _finish(self) -> None:
-        if self._progress is not None:
-            self._progress.stop(self.metrics.prog_bar_values())
-            self._progress = None
-        for lg in self.loggers if self.is_global_zero else []:
-            lg.finalize()
-
     # ------------------------------------------------------------------ evaluation
     def validate(self, model: Module, dataloaders: Any = None, ckpt_path: str | Path | None = None) -> list[dict]:
         """Runs `validation_step` over the data; returns [epoch metrics] and prints them as a table."""
-        return self._evaluate("validate", model, dataloaders, ckpt_path, "val_dataloader",
-                              self.cfg.limit_val_batches)
+        loader = self._eval_data("validate", model, dataloaders, model.val_dataloader)
+        with self._entry(model):
+            loader = self._prepare_eval("validate", model, loader, ckpt_path)
+            results = self._validation_epoch(model, loader)
+        return self._report("validate", results)
 
     def test(self, model: Module, dataloaders: Any = None, ckpt_path: str | Path | None = None) -> list[dict]:
         """Runs `test_step` over the data; returns [epoch metrics] and prints them as a table."""
-        return self._evaluate("test", model, dataloaders, ckpt_path, "test_dataloader", self.cfg.limit_test_batches)
+        loader = self._eval_data("test", model, dataloaders, model.test_dataloader)
+        with self._entry(model):
+            loader = self._prepare_eval("test", model, loader, ckpt_path)
+            self._eval_stage("test", model)
+            model.on_test_epoch_start()
+            self._eval_batches(model, loader, self.cfg.limit_test_batches, model.test_step)
+            model.on_test_epoch_end()
+            results = self._epoch_results()
+            for cb in self.callbacks:
+                cb.on_test_epoch_end(self, model)
+        return self._report("test", results)
 
     def predict(self, model: Module, dataloaders: Any = None, ckpt_path: str | Path | None = None) -> list:
         """Returns this rank's `predict_step` outputs, in the order of this rank's batches."""
-        return self._evaluate("predict", model, dataloaders, ckpt_path, "predict_dataloader",
-                              self.cfg.limit_predict_batches)
+        loader = self._eval_data("predict", model, dataloaders, model.predict_dataloader)
+        with self._entry(model):
+            loader = self._prepare_eval("predict", model, loader, ckpt_path)
+            self._eval_stage("predict", model)
+            return self._eval_batches(model, loader, self.cfg.limit_predict_batches, model.predict_step, keep=True)
 
-    def _evaluate(self, stage: str, model: Module, loader: Any, ckpt_path: Any, hook: str, limit: Any) -> Any:
-        loader = loader if loader is not None else (getattr(model, hook)() if hasattr(model, hook) else None)
+    def _eval_data(self, stage: str, model: Module, given: Any, hook: Callable[[], Any]) -> Any:
+        loader = given if given is not None else hook()
         if loader is None:
-            raise ConfigError(f"{stage} needs data: pass dataloaders= or define {hook}() on {type(model).__name__}.")
-        resume = checkpoint.resolve(ckpt_path, self.checkpoint_dir) if ckpt_path is not None else None
-        self._launch()
-        loader = self._distribute(loader)
-        self._setup(model, stage)
+            raise ConfigError(f"{stage} needs data: pass dataloaders= or define {hook.__name__}() on "
+                              f"{type(model).__name__}.")
+        return loader
+
+    def _prepare_eval(self, stage: str, model: Module, loader: Any, ckpt_path: Any) -> Any:
+        resume = self._prepare(stage, model, ckpt_path)
         if resume:
             self.strategy.load(resume, with_optimizer=False)
-        step = {"validate": model.validation_step, "test": model.test_step, "predict": model.predict_step}[stage]
-        out = self._run_eval(stage, model, loader, limit, step)
-        if stage == "predict":
-            return out
-        if self.is_global_zero and out:
-            print_table(metrics_table(f"{stage} results", out))
-        return [out]
+        return self._distribute(loader)
 
-    @torch.no_grad()
-    def _run_eval(self, stage: str, module: Module, loader: Any, limit: Any, step: Any) -> Any:
+    def _validation_epoch(self, module: Module, loader: Any) -> dict[str, float]:
+        self._eval_stage("validate", module)
+        module.on_validation_epoch_start()
+        for cb in self.callbacks:
+            cb.on_validation_epoch_start(self, module)
+
+        def batch_end(out: Any, batch: Any, batch_idx: int) -> None:
+            for cb in self.callbacks:
+                cb.on_validation_batch_end(self, module, out, batch, batch_idx)
+
+        self._eval_batches(module, loader, self.cfg.limit_val_batches, module.validation_step, batch_end)
+        module.on_validation_epoch_end()
+        results = self._epoch_results()
+        for cb in self.callbacks:
+            cb.on_validation_epoch_end(self, module)
+            cb.on_validation_end(self, module)
+        return results
+
+    def _eval_stage(self, stage: str, module: Module) -> None:
         self.stage, self.metrics.stage = stage, stage
         module.eval()
-        if stage == "validate":
-            module.on_validation_epoch_start()
-            for cb in self.callbacks:
-                cb.on_validation_epoch_start(self, module)
-        elif stage == "test":
-            module.on_test_epoch_start()
-        n = num_batches(loader, limit)
-        predictions = []
+
+    @torch.no_grad()
+    def _eval_batches(self, module: Module, loader: Any, limit: Any, step: Callable[..., Any],
+                      on_batch_end: Callable[[Any, Any, int], None] | None = None, keep: bool = False) -> list:
+        """The one evaluation batch loop: `step` through the strategy for each batch; the outputs if `keep`."""
+        n, outputs = num_batches(loader, limit), []
         for batch_idx, batch in enumerate(loader):
             if batch_idx >= n:
                 break
             out = self.strategy.forward(step, move_to_device(batch, self.device), batch_idx)
-            if stage == "predict":
-                predictions.append(out)
-            elif stage == "validate":
-                for cb in self.callbacks:
-                    cb.on_validation_batch_end(self, module, out, batch, batch_idx)
-        if stage == "predict":
-            return predictions
-        if stage == "validate":
-            module.on_validation_epoch_end()
-        else:
-            module.on_test_epoch_end()
+            if on_batch_end is not None:
+                on_batch_end(out, batch, batch_idx)
+            if keep:
+                outputs.append(out)
+        return outputs
+
+    def _epoch_results(self) -> dict[str, float]:
         results = {k: float(v) for k, v in self.metrics.pop_epoch().items()}
         self.log_metrics(results)
-        for cb in self.callbacks:
-            if stage == "validate":
-                cb.on_validation_epoch_end(self, module)
-                cb.on_validation_end(self, module)
-            else:
-                cb.on_test_epoch_end(self, module)
         return results
+
+    def _report(self, stage: str, results: dict[str, float]) -> list[dict]:
+        if self.is_global_zero and results:
+            print_table(metrics_table(f"{stage} results", results))
+        return [results]
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path: str | Path) -> Path:
-        """Collective: every rank must call it. Writes atomically, then moves `<dir>/last` to it.
+        """Collective: every rank must call it. Writes atomically (at rank 0's `path`), then moves `<dir>/last` to it.
 
         Raises ConfigError before fit / validate / test / predict: no model is set up, nothing to save."""
         module = self._module
-        if self.dist is None or module is None:
+        if self._checkpointer is None or module is None:
             raise ConfigError(f"save_checkpoint({str(path)!r}) was called before fit, validate, test or predict: "
                               "no model is set up on the strategy yet, so there is nothing to save. Call it after "
                               "one of them.")
-        epoch_done = getattr(self, "_epoch_done", False) and self.stage == "train"
-        state: dict[str, Any] = {
-            "epoch": self.current_epoch, "global_step": self.global_step,
-            "batches_done": getattr(self, "_batches_done", 0), "epoch_done": epoch_done,
-            "callbacks": {cb.state_key: cb.state_dict() for cb in self.callbacks},
-            "schedulers": [s.scheduler.state_dict() for s in self.strategy.schedulers],
-        }
-        module.on_save_checkpoint(state)
-        for cb in self.callbacks:
-            cb.on_save_checkpoint(self, module, state)
-        return checkpoint.save_checkpoint(path, self.strategy, state, self.global_rank, self.dist.world_size)
+        loop = LoopState(self.current_epoch, self.global_step, self._batches_done,
+                         self._epoch_done and self.stage == "train")
 
-    def _restore(self, path: Path) -> tuple[int, dict | None]:
+        def on_save(state: dict) -> None:
+            module.on_save_checkpoint(state)
+            for cb in self.callbacks:
+                cb.on_save_checkpoint(self, module, state)
+
+        return self._checkpointer.save(broadcast_from_rank0(Path(path)), loop, on_save)
+
+    def _restore(self, module: Module, path: Path) -> tuple[int, dict | None]:
         """Loads a checkpoint into the set-up strategy; returns (batches to skip in this epoch, RNG state)."""
-        self.strategy.load(path, with_optimizer=True)
-        state, rng = checkpoint.load_trainer_state(path, self.global_rank)
-        self.global_step = state["global_step"]
-        self.current_epoch = state["epoch"] + (1 if state["epoch_done"] else 0)
-        skip = 0 if state["epoch_done"] else state["batches_done"]
-        for cb in self.callbacks:
-            if cb.state_key in state["callbacks"]:
-                cb.load_state_dict(state["callbacks"][cb.state_key])
-        for sched, sd in zip(self.strategy.schedulers, state["schedulers"]):
-            sched.scheduler.load_state_dict(sd)
-        self._module.on_load_checkpoint(state)
+        loop, state, rng = self._checkpointer.load(path, with_optimizer=True)
+        self.global_step, self.current_epoch = loop.global_step, loop.resume_epoch
+        module.on_load_checkpoint(state)
         self.print0(f"Resumed from {path} at epoch {self.current_epoch}, global step {self.global_step}.")
-        return skip, rng
+        return loop.batches_to_skip, rng
 
 
 def _loss_of(out: Any) -> torch.Tensor:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..errors import ConfigError
-from .base import RunSpec, SchedulerConfig, Strategy
-from .ddp import DDP
+from .base import Strategy
+from .ddp import DDP, ZeRO1
 from .single import SingleDevice
 
 
@@ -23,12 +23,6 @@ def _deepspeed(stage: int, offload: str | None = None) -> Callable[[], Any]:
     return build
 
 
-def _zero1():
-    from .zero1 import ZeRO1
-
-    return ZeRO1()
-
-
 def _fsdp(reshard_after_forward: bool):
     def build():
         from .fsdp import FSDP
@@ -43,8 +37,8 @@ STRATEGIES: dict[str, Callable[[], Any]] = {
     "single": SingleDevice,
     "single_device": SingleDevice,
     "ddp": DDP,
-    "ddp_sharded": _zero1,
-    "zero1": _zero1,
+    "ddp_sharded": ZeRO1,
+    "zero1": ZeRO1,
     "fsdp": _fsdp(True),
     "fsdp_grad_op": _fsdp(False),
     "deepspeed": _deepspeed(2),
@@ -78,8 +72,8 @@ def build_strategy(value: Any, world_size: int) -> Strategy:
         return value
     raise ConfigError(
         f"strategy={value!r} is not valid: expected a strategy name or an object with the Strategy methods "
-        "(connect, configure_model, setup, set_grad_sync, forward, backward, step, save, load, teardown)."
+        "(check, connect, configure_model, setup, forward, backward, step, save, load, teardown)."
     )
 
 
-__all__ = ["DDP", "SingleDevice", "Strategy", "RunSpec", "SchedulerConfig", "STRATEGIES", "build_strategy"]
+__all__ = ["DDP", "ZeRO1", "SingleDevice", "Strategy", "STRATEGIES", "build_strategy"]

@@ -1,93 +1,73 @@
 """The Strategy protocol: the one seam between the Trainer's loop and a parallelism backend.
 
 The protocol is shaped around DeepSpeed, the most demanding backend, which owns backward, the optimizer step,
-gradient accumulation, clipping and optimizer state. A training step through any strategy is:
+gradient accumulation, clipping and optimizer state. Every method has one call site in trainer.py:
 
-    strategy.configure_model(module)                     # once: module.configure_model(), sharded if need be
-    strategy.setup(module, build_optimizers)            # once: wrap/shard the model, build optimizers, engine
-    strategy.set_grad_sync(is_boundary)                  # is_boundary: last micro-batch of a window
-    loss = strategy.forward(module.training_step, batch, i)   # run the step through the wrapper/engine
-    strategy.backward(loss)
-    if is_boundary: strategy.step()                      # clip, optimizer step, zero grads
+    strategy.check(spec)                                  # each entry point, before any rank starts
+    strategy.connect(spec, dist, device)                  # once per process, in the launch step
+    strategy.configure_model(module)                      # once per module: sharded if need be
+    strategy.setup(module, build_optimizers, micro_batch) # once per phase: fit, or evaluation
+    for each micro-batch of an accumulation window:
+        out = strategy.forward(module.training_step, batch, i, sync_grads=is_last)
+        strategy.backward(loss)
+    stats = strategy.step()                               # clip, optimizer step, zero grads; {"grad_norm": ...}
+    strategy.save(path) / strategy.load(path)             # collective; the Checkpointer calls them
+    strategy.teardown()                                   # once per process: engine freed, group left
 
-DDP, ZeRO-1 and FSDP honour that shape easily. No strategy subclasses another; shared pieces are functions.
+DDP (with or without a sharded optimizer) and FSDP honour that shape easily. No strategy subclasses another;
+shared pieces are functions (strategies/common.py, precision.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal, Protocol, runtime_checkable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 import torch
 
 from ..launch import DistInfo
+from ..specs import RunSpec, SchedulerConfig, StepStats
 
-PrecisionName = Literal["32-true", "bf16-mixed", "16-mixed", "bf16-true"]
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """The few Trainer flags a strategy needs; handed over once in `connect`."""
-
-    dist: DistInfo
-    device: torch.device
-    precision: PrecisionName = "32-true"
-    accumulate_grad_batches: int = 1
-    gradient_clip_val: float | None = None
-    gradient_clip_algorithm: Literal["norm", "value"] = "norm"
-    micro_batch_size: int | None = None  # from the train dataloader; DeepSpeed's config needs it
-    seed: int | None = None
-
-
-@dataclass
-class SchedulerConfig:
-    """One LR scheduler with Lightning's stepping options (from `configure_optimizers`)."""
-
-    scheduler: Any
-    interval: Literal["step", "epoch"] = "epoch"
-    frequency: int = 1
-    monitor: str | None = None
-
-
-OptimizerFactory = Callable[[], "tuple[list[torch.optim.Optimizer], list[SchedulerConfig]]"]
+OptimizerFactory = Callable[[], "tuple[list[Any], list[SchedulerConfig]]"]
 
 
 @runtime_checkable
 class Strategy(Protocol):
-    """Ten methods every backend can honour. See the module docstring for the call order."""
+    """Ten methods every backend honours. See the module docstring for the call order."""
 
     name: str
-    optimizers: list[torch.optim.Optimizer]
+    optimizers: list[Any]
     schedulers: list[SchedulerConfig]
-    is_manual_optimization_supported: bool
 
-    def connect(self, spec: RunSpec) -> None:
-        """Joins the process group and claims the device. Called once per process, before anything else."""
+    def check(self, spec: RunSpec) -> None:
+        """Raises ConfigError for flags this backend cannot honour (precision, clipping, device, manual
+        optimization). Pure: runs in the launching process before any rank starts."""
+
+    def connect(self, spec: RunSpec, dist: DistInfo, device: torch.device) -> None:
+        """Joins the process group and claims the device. Once per process, in the Trainer's launch step."""
 
     def configure_model(self, module: torch.nn.Module) -> None:
         """Calls `module.configure_model()` once, the backend's way: plainly, inside zero.Init (ZeRO-3) or on the
         meta device (FSDP), so a model larger than one rank's memory is never materialised whole."""
 
-    def setup(self, module: torch.nn.Module, build_optimizers: OptimizerFactory | None) -> None:
-        """Wraps the model and builds the optimizers (DDP, FSDP shards, the DeepSpeed engine).
+    def setup(self, module: torch.nn.Module, build_optimizers: OptimizerFactory | None,
+              micro_batch_size: int | None) -> None:
+        """Wraps the model and builds the optimizers (DDP, FSDP shards, the DeepSpeed engine). Once per phase.
 
-        `build_optimizers` runs `configure_optimizers` at the moment the backend needs it: FSDP after sharding
-        (the optimizer must see the sharded parameters), DeepSpeed before `deepspeed.initialize`. It is None for
-        evaluation only. Afterwards `self.optimizers` and `self.schedulers` are what the loop steps."""
+        `build_optimizers` runs `configure_optimizers` when the backend needs it: FSDP after sharding, DeepSpeed
+        before `deepspeed.initialize`. It is None for evaluation. Afterwards `self.optimizers` and
+        `self.schedulers` are what the loop steps. `micro_batch_size` is the train loader's (DeepSpeed's config)."""
 
-    def set_grad_sync(self, is_boundary: bool) -> None:
-        """Announces, before the forward, whether this micro-batch ends an accumulation window. Off the
-        boundary, gradients accumulate locally without communication (DDP's `no_sync`, DeepSpeed's boundary)."""
-
-    def forward(self, step: Callable[..., Any], *args: Any) -> Any:
-        """Runs one of the module's `*_step` methods through the wrapped model, with precision applied."""
+    def forward(self, step: Callable[..., Any], *args: Any, sync_grads: bool = True) -> Any:
+        """Runs one of the module's `*_step` methods through the wrapped model, with precision applied.
+        `sync_grads` is False for a micro-batch that does not end an accumulation window: its gradients then
+        accumulate locally with no communication (DDP's `no_sync`, DeepSpeed's boundary, FSDP's sync flag)."""
 
     def backward(self, loss: torch.Tensor) -> None:
         """Back-propagates `loss`, already divided by the accumulation count."""
 
-    def step(self) -> float | None:
-        """Clips, steps every optimizer and zeroes gradients. Returns the gradient norm when clipping by norm."""
+    def step(self) -> StepStats:
+        """Clips, steps every optimizer and zeroes gradients. Returns the step's statistics (grad norm)."""
 
     def save(self, path: Path) -> None:
         """Collective: every rank calls it. Writes model and optimizer state under the directory `path`."""
@@ -96,5 +76,4 @@ class Strategy(Protocol):
         """Collective: restores what `save` wrote (optimizer state too unless `with_optimizer` is False)."""
 
     def teardown(self) -> None:
-        """Releases the process group and caches. Safe to call twice."""
-
+        """Frees the engine and leaves the process group. Safe to call twice."""

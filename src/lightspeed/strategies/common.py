@@ -3,64 +3,14 @@
 from __future__ import annotations
 
 import copy
-import gc
-from datetime import timedelta
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 import torch.distributed as dist
 
-from ..launch import rendezvous_server
-from .base import RunSpec
-
-
-def init_process_group(spec: RunSpec, timeout_s: float = 600) -> None:
-    """Joins the default process group from the DistInfo read at launch: gloo on CPU, nccl on CUDA. A single
-    process joins a group of one, so every strategy that needs a group also runs with devices=1."""
-    if spec.device.type == "cuda":
-        torch.cuda.set_device(spec.device)
-    if dist.is_initialized():
-        return
-    info = spec.dist
-    backend = "nccl" if spec.device.type == "cuda" else "gloo"
-    if not info.is_distributed:
-        # One process still gets a group of one (DDP, ZeRO and FSDP need a group): an in-memory store, no port.
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
-                                **({"device_id": spec.device} if backend == "nccl" else {}))
-        return
-    if info.launcher == "lightspeed":  # ranks we spawned meet at the store rank 0 opened before spawning them
-        store = rendezvous_server() if info.rank == 0 else None
-        if store is None:
-            store = dist.TCPStore(info.master_addr, info.master_port, info.world_size, is_master=info.rank == 0,
-                                  wait_for_workers=False, timeout=timedelta(seconds=timeout_s))
-        rendezvous = {"store": store}
-    else:
-        rendezvous = {"init_method": f"tcp://{info.master_addr}:{info.master_port}"}
-    dist.init_process_group(
-        backend,
-        **rendezvous,
-        rank=info.rank,
-        world_size=info.world_size,
-        timeout=timedelta(seconds=timeout_s),
-        # With nccl, binding the device lets torch create the communicator eagerly and use the right GPU.
-        **({"device_id": spec.device} if backend == "nccl" else {}),
-    )
-
-
-def destroy_process_group() -> None:
-    """Leaves the default process group, if joined. Strategies' `teardown` calls it; the Trainer runs `teardown`
-    at exit, before the interpreter tears down: gloo's threads otherwise abort at exit ("terminate called
-    without an active exception"), turning a finished run into a failed one."""
-    if dist.is_initialized():
-        dist.destroy_process_group()
-        # Free what still holds the group (a DDP reducer in a trainer <-> module reference cycle) now, while
-        # the interpreter is alive: gloo work freed during interpreter finalization aborts the process.
-        gc.collect()
-
-
-def barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
+from ..distributed import broadcast_from_rank0
+from ..errors import ConfigError
+from ..rng import rng_state, set_rng_state
 
 
 class StepRunner(torch.nn.Module):
@@ -99,8 +49,6 @@ def apply_activation_checkpointing(module: torch.nn.Module, classes) -> None:
         checkpoint_wrapper,
     )
 
-    from ..errors import ConfigError
-
     classes = tuple(classes) if isinstance(classes, (list, tuple, set)) else (classes,)
     present = {type(m) for m in module.modules()}
     for cls in classes:
@@ -122,44 +70,6 @@ def apply_activation_checkpointing(module: torch.nn.Module, classes) -> None:
 CHECKPOINT_PREFIX = "_checkpoint_wrapped_module."
 
 
-def wrap_ddp(module: torch.nn.Module, spec: RunSpec, **ddp_kwargs) -> torch.nn.Module:
-    """DistributedDataParallel around a StepRunner of `module` (the DDP and ZeRO-1 strategies share it).
-
-    A model with nothing to train (evaluation only) gets the bare StepRunner: DDP refuses such a model."""
-    from torch.nn.parallel import DistributedDataParallel
-
-    if not any(p.requires_grad for p in module.parameters()):
-        return StepRunner(module)
-    kwargs = {k: v for k, v in ddp_kwargs.items() if v is not None}
-    if spec.device.type == "cuda":
-        kwargs["device_ids"] = [spec.device.index]
-    return DistributedDataParallel(StepRunner(module), **kwargs)
-
-
-def ddp_backward(wrapped: torch.nn.Module, loss: torch.Tensor, precision, inside_forward: bool,
-                 find_unused_parameters: bool) -> None:
-    """Backward through DDP, also from inside `training_step` (manual optimization).
-
-    There the backward runs inside DDP's forward, before DDP's post-forward arms the gradient reducer. Arm it
-    here, then clear the sync flag so the post-forward does not arm it a second time for a backward that never
-    comes (the next forward's bucket rebuild would then fail)."""
-    from torch.nn.parallel import DistributedDataParallel
-
-    if not (inside_forward and isinstance(wrapped, DistributedDataParallel)):
-        precision.backward(loss)
-        return
-    wrapped.require_backward_grad_sync = True
-    wrapped.reducer.prepare_for_backward([loss] if find_unused_parameters else [])
-    precision.backward(loss)
-    wrapped.require_backward_grad_sync = False
-
-
-def broadcast_from_rank0(value: Any) -> Any:
-    """Every rank gets rank 0's `value` (any picklable object). Collective."""
-    dist.broadcast_object_list(box := [value], src=0)
-    return box[0]
-
-
 def configure_with_plain_twin(module: torch.nn.Module, configure_sharded: Callable[[], None],
                               twin_fits: Callable[[], bool]) -> tuple[bool, torch.nn.Module | None]:
     """Same seed, same initial weights under sharded construction (zero.Init, the meta device). Collective.
@@ -173,11 +83,8 @@ def configure_with_plain_twin(module: torch.nn.Module, configure_sharded: Callab
 
     Returns (whether the twin was built, the twin on rank 0 or None); the caller copies the twin into its shards.
     """
-    from ..checkpoint import rng_state, set_rng_state
-
     rank0 = dist.get_rank() == 0
-    trainer = module.__dict__.get("_trainer")  # shared with the twin, not copied
-    twin = copy.deepcopy(module, {id(trainer): trainer}) if rank0 else None
+    twin = copy.deepcopy(module) if rank0 else None  # the Module holds its Trainer by weak reference: not copied
     before = rng_state()
     configure_sharded()
     if not broadcast_from_rank0(rank0 and twin_fits()):

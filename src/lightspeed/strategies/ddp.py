@@ -1,4 +1,8 @@
-"""Distributed data parallel: torch's DistributedDataParallel, gloo on CPU, nccl on CUDA.
+"""Distributed data parallel: torch's DistributedDataParallel, gloo on CPU, nccl on CUDA; optionally with the
+optimizer state sharded by torch's ZeroRedundancyOptimizer (ZeRO stage 1, `ddp_sharded`).
+
+    Trainer(strategy="ddp", devices=2)              # or DDP(comm_hook="bf16")
+    Trainer(strategy="ddp_sharded", devices=2)      # or ZeRO1(), i.e. DDP(shard_optimizer=True)
 
 Gradients are all-reduced only on the last micro-batch of an accumulation window: `require_backward_grad_sync`
 is the flag `no_sync()` toggles, set here before the forward so the loop needs no context manager.
@@ -15,9 +19,12 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ..checkpoint_io import load_replicated, save_replicated
-from ..precision import Precision, build_clip_fn
-from .base import RunSpec
-from .common import barrier, ddp_backward, destroy_process_group, init_process_group, wrap_ddp
+from ..distributed import barrier, destroy_process_group, init_process_group
+from ..launch import DistInfo
+from ..precision import Precision, optimizer_step
+from ..specs import RunSpec, StepStats
+from .common import StepRunner
+from .zero1 import apply_zero1
 
 CommHook = Literal["fp16", "bf16", "powersgd"]
 
@@ -31,6 +38,10 @@ class DDP:
             `(state, hook)` pair passed to `register_comm_hook` unchanged.
         powersgd_rank: matrix approximation rank for "powersgd".
         find_unused_parameters, static_graph, bucket_cap_mb, gradient_as_bucket_view: passed to DDP.
+        shard_optimizer: ZeRO-1: each rank keeps the optimizer state of its partition of the parameters only
+            (ZeroRedundancyOptimizer of the user's optimizer class; see zero1.py). Checkpoints keep the replicated
+            layout, so they load on any world size.
+        parameters_as_bucket_view: with shard_optimizer, passed to ZeroRedundancyOptimizer.
     """
 
     comm_hook: CommHook | tuple[Any, Callable] | None = None
@@ -39,30 +50,38 @@ class DDP:
     static_graph: bool = False
     bucket_cap_mb: float | None = None
     gradient_as_bucket_view: bool = True
-    name: str = "ddp"
-    is_manual_optimization_supported: bool = True
+    shard_optimizer: bool = False
+    parameters_as_bucket_view: bool = False
     optimizers: list = field(default_factory=list)
     schedulers: list = field(default_factory=list)
 
-    def connect(self, spec: RunSpec) -> None:
-        self.spec = spec
-        self.precision = Precision(spec)
-        init_process_group(spec)
+    def __post_init__(self) -> None:
+        self.name = "ddp_sharded" if self.shard_optimizer else "ddp"
+
+    def check(self, spec: RunSpec) -> None:
+        pass  # DDP honours every flag, manual optimization included
+
+    def connect(self, spec: RunSpec, dist_info: DistInfo, device: torch.device) -> None:
+        self.spec, self.dist, self.device = spec, dist_info, device
+        self.precision = Precision(spec.precision, device.type)
+        init_process_group(dist_info, device)
 
     def configure_model(self, module) -> None:
         module.configure_model()
 
-    def setup(self, module, build_optimizers) -> None:
-        self.module = self.precision.convert_module(module.to(self.spec.device))
+    def setup(self, module, build_optimizers, micro_batch_size=None) -> None:
+        self.module = self.precision.convert_module(module.to(self.device))
         if build_optimizers is not None:
             self.optimizers, self.schedulers = build_optimizers()
-        self.wrapped = wrap_ddp(self.module, self.spec, find_unused_parameters=self.find_unused_parameters,
+            if self.shard_optimizer:
+                self.optimizers, self.schedulers = apply_zero1(self.optimizers, self.schedulers,
+                                                               self.parameters_as_bucket_view)
+        self.wrapped = wrap_ddp(self.module, self.device, find_unused_parameters=self.find_unused_parameters,
                                 static_graph=self.static_graph, bucket_cap_mb=self.bucket_cap_mb,
                                 gradient_as_bucket_view=self.gradient_as_bucket_view)
-        self._in_forward = False  # set while a step runs inside DDP's forward (see common.ddp_backward)
+        self._in_forward = False  # set while a step runs inside DDP's forward (see `backward`)
         if isinstance(self.wrapped, DistributedDataParallel):
             self._register_comm_hook()
-        self.clip_fn = build_clip_fn(self.spec)
 
     def _register_comm_hook(self) -> None:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
@@ -72,7 +91,7 @@ class DDP:
                 return
             case "fp16":
                 self.wrapped.register_comm_hook(dist.group.WORLD, default_hooks.fp16_compress_hook)
-            case "bf16" if self.spec.device.type == "cuda":
+            case "bf16" if self.device.type == "cuda":
                 self.wrapped.register_comm_hook(dist.group.WORLD, default_hooks.bf16_compress_hook)
             case "bf16":
                 self.wrapped.register_comm_hook(dist.group.WORLD, bf16_compress_hook_any_backend)
@@ -84,11 +103,9 @@ class DDP:
             case (state, hook):
                 self.wrapped.register_comm_hook(state, hook)
 
-    def set_grad_sync(self, is_boundary: bool) -> None:
+    def forward(self, step, *args, sync_grads: bool = True):
         if isinstance(self.wrapped, DistributedDataParallel):
-            self.wrapped.require_backward_grad_sync = is_boundary
-
-    def forward(self, step, *args):
+            self.wrapped.require_backward_grad_sync = sync_grads
         self._in_forward = True
         try:
             with self.precision.autocast():
@@ -97,22 +114,59 @@ class DDP:
             self._in_forward = False
 
     def backward(self, loss) -> None:
-        ddp_backward(self.wrapped, loss, self.precision, self._in_forward, self.find_unused_parameters)
+        """Backward through DDP, also from inside `training_step` (manual optimization).
 
-    def step(self):
-        return self.precision.step(self.optimizers, self.clip_fn)
+        There the backward runs inside DDP's forward, before DDP's post-forward arms the gradient reducer. Arm it
+        here, then clear the sync flag so the post-forward does not arm it a second time for a backward that
+        never comes (the next forward's bucket rebuild would then fail)."""
+        wrapped = self.wrapped
+        if not (self._in_forward and isinstance(wrapped, DistributedDataParallel)):
+            self.precision.backward(loss)
+            return
+        wrapped.require_backward_grad_sync = True
+        wrapped.reducer.prepare_for_backward([loss] if self.find_unused_parameters else [])
+        self.precision.backward(loss)
+        wrapped.require_backward_grad_sync = False
+
+    def step(self) -> StepStats:
+        # After DDP's all-reduce every rank holds the full gradient, so the local norm is already global.
+        return optimizer_step(self.optimizers, self.precision, self.spec)
 
     def save(self, path: Path) -> None:
-        if self.spec.dist.is_global_zero:
+        if self.shard_optimizer:
+            # Each rank holds a slice of the optimizer state; torch gathers it on rank 0, a collective every rank
+            # must enter, before rank 0's state_dict() can return the whole of it.
+            for opt in self.optimizers:
+                opt.consolidate_state_dict(to=0)
+        if self.dist.is_global_zero:
             save_replicated(path, self.module, self.optimizers, {"precision": self.precision.state_dict()})
         barrier()
 
     def load(self, path: Path, with_optimizer: bool = True) -> None:
+        # A ZeroRedundancyOptimizer takes the consolidated state and keeps this rank's partition, so a checkpoint
+        # saved on any world size loads here.
         state = load_replicated(path, self.module, self.optimizers, with_optimizer)
         self.precision.load_state_dict(state.get("precision", {}))
 
     def teardown(self) -> None:
         destroy_process_group()
+
+
+def ZeRO1(parameters_as_bucket_view: bool = False, **ddp_options: Any) -> DDP:  # noqa: N802 - the name users type
+    """ZeRO stage 1 the torch-native way: `DDP(shard_optimizer=True)`, the strategy behind "ddp_sharded"."""
+    return DDP(shard_optimizer=True, parameters_as_bucket_view=parameters_as_bucket_view, **ddp_options)
+
+
+def wrap_ddp(module: torch.nn.Module, device: torch.device, **ddp_kwargs) -> torch.nn.Module:
+    """DistributedDataParallel around a StepRunner of `module`.
+
+    A model with nothing to train (evaluation only) gets the bare StepRunner: DDP refuses such a model."""
+    if not any(p.requires_grad for p in module.parameters()):
+        return StepRunner(module)
+    kwargs = {k: v for k, v in ddp_kwargs.items() if v is not None}
+    if device.type == "cuda":
+        kwargs["device_ids"] = [device.index]
+    return DistributedDataParallel(StepRunner(module), **kwargs)
 
 
 def bf16_compress_hook_any_backend(process_group, bucket):

@@ -8,7 +8,7 @@ The config is built from the Trainer's flags (`build_config`), the user's config
 contradicts a flag is an error), then `Module.configure_deepspeed(config)` may change it.
 
 Accumulation: the Trainer divides each loss by `accumulate_grad_batches` and announces the window's end with
-`set_grad_sync`, which sets DeepSpeed's boundary; so `backward` passes `scale_wrt_gas=False` and DeepSpeed's own
+`forward(..., sync_grads=)`, which sets DeepSpeed's boundary; so `backward` passes `scale_wrt_gas=False` and DeepSpeed's own
 micro-step counter never decides. A partial window at an epoch's end (fewer batches left than
 `accumulate_grad_batches`) still ends in an optimizer step, on the gradients of the batches it has, each divided by
 the full `accumulate_grad_batches`: exactly what DDP does, so losses match across strategies, and one optimizer step
@@ -31,11 +31,12 @@ import psutil
 import torch
 import torch.distributed as dist
 
+from ..distributed import broadcast_from_rank0, destroy_process_group, init_process_group
 from ..errors import ConfigError
+from ..launch import DistInfo
 from ..memory import cuda_free
-from .base import RunSpec
-from .common import (CHECKPOINT_PREFIX, StepRunner, apply_activation_checkpointing, broadcast_from_rank0,
-                     configure_with_plain_twin, destroy_process_group, init_process_group)
+from ..specs import RunSpec, StepStats
+from .common import CHECKPOINT_PREFIX, StepRunner, apply_activation_checkpointing, configure_with_plain_twin
 from .host_memory import host_memory_warning, offloaded_bytes_per_param
 from .zero3 import copy_from_rank0, load_weights, whole_numel
 
@@ -93,8 +94,9 @@ class DeepSpeed:
         activation_checkpointing: block classes whose activations are recomputed in the backward.
         allgather_bucket_size, reduce_bucket_size: ZeRO communication bucket sizes (elements).
     Raises:
-        ConfigError: bad stage or offload, nvme without nvme_path, clipping by value, a missing or invalid config
-            file; later, two optimizers, a config key that contradicts a Trainer flag, or 16-mixed off CUDA.
+        ConfigError: bad stage or offload, nvme without nvme_path, a missing or invalid config file; in `check`
+            (before launch) clipping by value, 16-mixed off CUDA or manual optimization; later, two optimizers or
+            a config key that contradicts a Trainer flag.
     """
 
     stage: Literal[1, 2, 3] = 2
@@ -106,8 +108,6 @@ class DeepSpeed:
     activation_checkpointing: list[type] | None = None
     allgather_bucket_size: int = 200_000_000
     reduce_bucket_size: int = 200_000_000
-    is_manual_optimization_supported: bool = False
-    clip_algorithms: tuple = ("norm",)  # the Trainer checks this before any rank starts
     optimizers: list = field(default_factory=list)
     schedulers: list = field(default_factory=list)
 
@@ -135,20 +135,26 @@ class DeepSpeed:
         offload = "_offload" if self.offload_optimizer or self.offload_params else ""
         nvme = "_nvme" if "nvme" in (self.offload_optimizer, self.offload_params) else ""
         self.name = f"deepspeed_stage_{self.stage}{offload}{nvme}"
-        self.engine, self._checkpointing_applied = None, False
+        self.engine, self._checkpointing_applied, self.micro_batch_size = None, False, None
 
     # ------------------------------------------------------------------ config
-    def connect(self, spec: RunSpec) -> None:
+    def check(self, spec: RunSpec) -> None:
         if spec.gradient_clip_algorithm == "value":
-            raise ConfigError("gradient_clip_algorithm='value' is not valid with DeepSpeed: it clips by global "
-                              "norm only. Use gradient_clip_algorithm='norm'.")
-        if spec.precision == "16-mixed" and spec.device.type != "cuda":  # DeepSpeed would refuse it in initialize
-            raise ConfigError(f"precision='16-mixed' is not valid with DeepSpeed on {spec.device.type}: its CPU "
+            raise ConfigError(f"gradient_clip_algorithm='value' is not valid with strategy {self.name!r}: it clips "
+                              "by global norm only. Use 'norm'.")
+        if spec.precision == "16-mixed" and spec.device_type != "cuda":  # DeepSpeed would refuse it in initialize
+            raise ConfigError(f"precision='16-mixed' is not valid with DeepSpeed on {spec.device_type}: its CPU "
                               "accelerator has no fp16 support. Use '32-true', 'bf16-mixed' or 'bf16-true'.")
+        if not spec.automatic_optimization:
+            raise ConfigError(f"automatic_optimization=False is not supported by strategy {self.name!r}: it owns "
+                              "backward and the optimizer step. Use 'ddp', 'ddp_sharded' or a single device for "
+                              "manual optimization.")
+
+    def connect(self, spec: RunSpec, dist_info: DistInfo, device: torch.device) -> None:
         deepspeed = _import_deepspeed()
-        self.spec = spec
-        init_process_group(spec)  # a group of one for a single process: DeepSpeed needs a group
-        if not spec.dist.is_distributed:
+        self.spec, self.dist, self.device = spec, dist_info, device
+        init_process_group(dist_info, device)  # a group of one for a single process: DeepSpeed needs a group
+        if not dist_info.is_distributed:
             # DeepSpeed's CUDA path reads its rank from the launcher's variables; a plain one-process run has none.
             os.environ.update(LOCAL_RANK="0", RANK="0", WORLD_SIZE="1")
         # DeepSpeed's comm layer adopts the torch process group that is already there.
@@ -157,7 +163,7 @@ class DeepSpeed:
 
     @property
     def _pinned(self) -> bool:
-        return self.spec.device.type == "cuda" if self.pin_memory is None else self.pin_memory
+        return self.device.type == "cuda" if self.pin_memory is None else self.pin_memory
 
     def build_config(self, module: torch.nn.Module | None = None) -> dict:
         """The DeepSpeed config: Trainer flags, the user's config over them, then `module.configure_deepspeed`.
@@ -176,7 +182,7 @@ class DeepSpeed:
                 if device == "nvme":
                     zero[key]["nvme_path"] = str(self.nvme_path)
         config: dict[str, Any] = {
-            "train_micro_batch_size_per_gpu": spec.micro_batch_size or 1,
+            "train_micro_batch_size_per_gpu": self.micro_batch_size or 1,
             "gradient_accumulation_steps": spec.accumulate_grad_batches,
             "gradient_clipping": float(spec.gradient_clip_val or 0.0),
             "zero_optimization": zero,
@@ -206,9 +212,9 @@ class DeepSpeed:
             ("bf16.enabled", merged.get("bf16", {}).get("enabled", False), "precision", spec.precision),
             ("fp16.enabled", merged.get("fp16", {}).get("enabled", False), "precision", spec.precision),
         ]
-        if spec.micro_batch_size is not None:
+        if self.micro_batch_size is not None:
             checks.append(("train_micro_batch_size_per_gpu", merged["train_micro_batch_size_per_gpu"],
-                           "the train dataloader's batch_size", spec.micro_batch_size))
+                           "the train dataloader's batch_size", self.micro_batch_size))
         if spec.gradient_clip_val:  # the Trainer set clipping; a config without the flag may add its own
             checks.append(("gradient_clipping", merged["gradient_clipping"], "gradient_clip_val",
                            spec.gradient_clip_val))
@@ -218,8 +224,8 @@ class DeepSpeed:
             if got != want and not (isinstance(got, float | int) and float(got) == float(want)):
                 raise ConfigError(f"DeepSpeed config {key}={got!r} contradicts the Trainer's {flag}={flag_value!r}; "
                                   "set it in one place.")
-        want = (spec.micro_batch_size or 0) * spec.accumulate_grad_batches * spec.dist.world_size
-        if merged.get("train_batch_size", want) != want and spec.micro_batch_size is not None:
+        want = (self.micro_batch_size or 0) * spec.accumulate_grad_batches * self.dist.world_size
+        if merged.get("train_batch_size", want) != want and self.micro_batch_size is not None:
             raise ConfigError(f"DeepSpeed config train_batch_size={merged['train_batch_size']} contradicts the "
                               f"Trainer: batch_size × accumulate_grad_batches × world size = {want}.")
 
@@ -248,9 +254,9 @@ class DeepSpeed:
             return
         copy_from_rank0(deepspeed, module, plain)
 
-    def setup(self, module: torch.nn.Module, build_optimizers) -> None:
+    def setup(self, module: torch.nn.Module, build_optimizers, micro_batch_size: int | None = None) -> None:
         deepspeed = _import_deepspeed()
-        self.module = module
+        self.module, self.micro_batch_size = module, micro_batch_size
         if self.activation_checkpointing and not self._checkpointing_applied:
             apply_activation_checkpointing(module, self.activation_checkpointing)
             self._checkpointing_applied = True
@@ -258,6 +264,8 @@ class DeepSpeed:
         optimizer = None
         if build_optimizers is None:  # evaluation: an inference-only engine, no optimizer state
             config = {k: v for k, v in config.items() if k not in ("optimizer", "scheduler")}
+            if self.stage < 3:  # stages 1 and 2 shard optimizer state only, and refuse to run without an optimizer
+                config["zero_optimization"] = {**config["zero_optimization"], "stage": 0}
         elif "optimizer" in config:
             self._log0("DeepSpeed: the config has an 'optimizer' section; configure_optimizers is not used.")
         else:
@@ -271,7 +279,7 @@ class DeepSpeed:
                                   "'optimizer' section: provide one or the other.")
             optimizer = self._maybe_cpu_adam(optimizers[0])
         if build_optimizers is not None and (self.offload_optimizer == "cpu" or self.offload_params == "cpu"):
-            info = self.spec.dist
+            info = self.dist
             if warning := host_memory_warning(
                     whole_numel(module), stage=self.stage, offload_optimizer=self.offload_optimizer,
                     offload_params=self.offload_params, pinned=self._pinned,
@@ -292,8 +300,8 @@ class DeepSpeed:
         params = [p for p in module.parameters() if hasattr(p, "ds_id")]
         if not params:
             return contextlib.nullcontext()
-        free = (cuda_free(self.spec.device) if self.spec.device.type == "cuda"
-                else psutil.virtual_memory().available / max(1, self.spec.dist.local_world_size))
+        free = (cuda_free(self.device) if self.device.type == "cuda"
+                else psutil.virtual_memory().available / max(1, self.dist.local_world_size))
         # Rank 0 decides for all: GatheredParameters is collective, and free memory differs between ranks.
         if not broadcast_from_rank0(sum(p.ds_numel for p in params) * params[0].element_size() < 0.5 * free):
             self._log0("DeepSpeed stage 3: configure_optimizers sees partitioned parameters (the model is too "
@@ -320,10 +328,9 @@ class DeepSpeed:
         return new
 
     # ------------------------------------------------------------------ the step
-    def set_grad_sync(self, is_boundary: bool) -> None:
-        self.engine.set_gradient_accumulation_boundary(is_boundary)
-
-    def forward(self, step, *args):
+    def forward(self, step, *args, sync_grads: bool = True):
+        if self.optimizers:  # an evaluation engine has no optimizer to tell
+            self.engine.set_gradient_accumulation_boundary(sync_grads)
         if self.engine.training != self.module.training:
             self.engine.train(self.module.training)  # the Trainer switches the user's module; follow it
         return self.engine(step, *args)
@@ -331,9 +338,9 @@ class DeepSpeed:
     def backward(self, loss: torch.Tensor) -> None:
         self.engine.backward(loss, scale_wrt_gas=False)  # the Trainer already divided by the accumulation
 
-    def step(self) -> float | None:
+    def step(self) -> StepStats:
         self.engine.step()
-        return self.engine.get_global_grad_norm() if self.engine.gradient_clipping() else None
+        return {"grad_norm": self.engine.get_global_grad_norm()}  # computed by ZeRO in its step
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, path: Path) -> None:
@@ -356,7 +363,7 @@ class DeepSpeed:
         destroy_process_group()
 
     def _log0(self, message: str) -> None:
-        if self.spec.dist.is_global_zero:
+        if self.dist.is_global_zero:
             print(message, flush=True)
 
 

@@ -40,11 +40,12 @@ from torch.distributed.fsdp import (
 )
 from torch.distributed.tensor import DTensor
 
+from ..distributed import barrier, destroy_process_group, init_process_group
 from ..errors import ConfigError
-from ..precision import Precision, build_clip_fn
-from .base import RunSpec
-from .common import (apply_activation_checkpointing, barrier, configure_with_plain_twin, destroy_process_group,
-                     init_process_group)
+from ..launch import DistInfo
+from ..precision import Precision, optimizer_step
+from ..specs import RunSpec, StepStats
+from .common import apply_activation_checkpointing, configure_with_plain_twin
 
 DCP_DIR = "dcp"  # the DCP checkpoint inside a lightspeed checkpoint directory
 EXTRA = "fsdp_extra.pt"  # rank 0's small non-tensor state (the fp16 loss scaler)
@@ -71,9 +72,6 @@ class FSDP:
     shard_classes: list[type] | None = None
     cpu_offload: bool = False
     activation_checkpointing: list[type] | None = None
-    # The loop drives FSDP's gradient sync (set_grad_sync) and the sharded-norm clipping (step); a user's own
-    # opt.step() would bypass both, so manual optimization is refused up front.
-    is_manual_optimization_supported: bool = False
     optimizers: list = field(default_factory=list)
     schedulers: list = field(default_factory=list)
 
@@ -83,10 +81,19 @@ class FSDP:
         self._needs_init = self._is_from_full_state = False
         self.module: nn.Module | None = None
 
-    def connect(self, spec: RunSpec) -> None:
-        self.spec = spec
-        self.precision = Precision(spec, sharded_grads=True)  # the fp16 loss scaler and clip-then-step; no autocast
-        init_process_group(spec)  # a group of one for a single process: FSDP needs a group
+    def check(self, spec: RunSpec) -> None:
+        # The loop drives FSDP's gradient sync (forward's sync_grads) and the sharded-norm clipping (step); a
+        # user's own opt.step() would bypass both, so manual optimization is refused before any rank starts.
+        if not spec.automatic_optimization:
+            raise ConfigError(f"automatic_optimization=False is not supported by strategy {self.name!r}: it owns "
+                              "gradient sync and clipping of the sharded gradients. Use 'ddp', 'ddp_sharded' or "
+                              "a single device for manual optimization.")
+
+    def connect(self, spec: RunSpec, dist_info: DistInfo, device: torch.device) -> None:
+        self.spec, self.device = spec, device
+        # The fp16 loss scaler, agreeing on overflows across ranks; no autocast (FSDP's MixedPrecisionPolicy).
+        self.precision = Precision(spec.precision, device.type, sharded_grads=True)
+        init_process_group(dist_info, device)  # a group of one for a single process: FSDP needs a group
 
     def configure_model(self, module: nn.Module) -> None:
         """Builds the model on the meta device; rank 0 also builds it on CPU when it fits (see the module doc)."""
@@ -113,27 +120,30 @@ class FSDP:
                   "each shard locally with reset_parameters(), so weights differ from a single-device run.",
                   flush=True)
 
-    def setup(self, module: nn.Module, build_optimizers) -> None:
+    def setup(self, module: nn.Module, build_optimizers, micro_batch_size: int | None = None) -> None:
         if self.module is None:
             self.module = module
             self._shard(module)
         if build_optimizers is not None:
-            # After sharding: the optimizer must hold the DTensor shards, not the meta/full parameters.
+            # An evaluation before fit leaves the parameters gathered when reshard_after_forward=False (no
+            # backward reshards them): shard them again, since the optimizer must hold the DTensor shards.
+            for m in module.modules():
+                if isinstance(m, FSDPModule):
+                    m.reshard()
             self.optimizers, self.schedulers = build_optimizers()
-        self.clip_fn = build_clip_fn(self.spec, norm_fn=clip_grad_norm_sharded)
 
     def _shard(self, module: nn.Module) -> None:
         self.precision.convert_module(module)  # bf16-true: bf16 weights and optimizer states
         if self.activation_checkpointing:
             apply_activation_checkpointing(module, self.activation_checkpointing)
         ties = find_tied_parameters(module)
-        device = torch.device("cpu") if self.cpu_offload else self.spec.device
+        device = torch.device("cpu") if self.cpu_offload else self.device
         if not self._needs_init:
             module.to(device)
-        mesh = init_device_mesh(self.spec.device.type, (dist.get_world_size(),))
+        mesh = init_device_mesh(self.device.type, (dist.get_world_size(),))
         apply_fsdp(module, find_shard_units(module, self.shard_classes), mesh, self.reshard_after_forward,
                    build_mp_policy(self.spec.precision), self.cpu_offload and CPUOffloadPolicy(
-                       pin_memory=self.spec.device.type == "cuda") or OffloadPolicy())
+                       pin_memory=self.device.type == "cuda") or OffloadPolicy())
         if self._needs_init:
             module.to_empty(device=device)  # allocates the local shards only
             apply_ties(module, ties)  # to_empty gives each tied name its own tensor; FSDP manages the first
@@ -155,19 +165,17 @@ class FSDP:
             if hasattr(m, "reset_parameters"):
                 m.reset_parameters()
 
-    def set_grad_sync(self, is_boundary: bool) -> None:
+    def forward(self, step, *args, sync_grads: bool = True):
         # Off the boundary gradients accumulate unsharded and un-reduced; reduce-scatter only at the last one.
         if isinstance(self.module, FSDPModule):
-            self.module.set_requires_gradient_sync(is_boundary)
-
-    def forward(self, step, *args):
+            self.module.set_requires_gradient_sync(sync_grads)
         return step(*args)  # mixed precision is FSDP's MixedPrecisionPolicy, not autocast
 
     def backward(self, loss) -> None:
         self.precision.backward(loss)
 
-    def step(self):
-        return self.precision.step(self.optimizers, self.clip_fn)
+    def step(self) -> StepStats:
+        return optimizer_step(self.optimizers, self.precision, self.spec, total_norm=total_norm_sharded)
 
     def save(self, path: Path) -> None:
         state: dict[str, Any] = {"model": get_model_state_dict(self.module)}
@@ -242,16 +250,12 @@ def build_mp_policy(precision: str) -> MixedPrecisionPolicy:
             return MixedPrecisionPolicy()  # 32-true, and bf16-true whose weights are already bf16
 
 
-def clip_grad_norm_sharded(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
-    """Clips by the global norm of sharded (DTensor) gradients; returns that norm as a plain tensor.
+def total_norm_sharded(grads: list[torch.Tensor]) -> torch.Tensor:
+    """The global norm of sharded (DTensor) gradients, as a plain tensor. Collective.
 
     Each rank's norm covers its shards only; `full_tensor()` reduces the partial norms across ranks."""
-    grads = [p.grad for p in params if p.grad is not None]
     total = torch.nn.utils.get_total_norm(grads, 2.0)
-    if isinstance(total, DTensor):
-        total = total.full_tensor()
-    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
-    return total
+    return total.full_tensor() if isinstance(total, DTensor) else total
 
 
 def find_tied_parameters(module: nn.Module) -> list[list[str]]:

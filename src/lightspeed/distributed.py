@@ -1,0 +1,66 @@
+"""Process-group helpers on the ground floor: join, leave, barrier, broadcast. Strategies and the Checkpointer
+use these; none of them reads the launch environment (that is `launch.DistInfo`, read once)."""
+
+from __future__ import annotations
+
+import gc
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .launch import DistInfo, rendezvous_server
+
+
+def init_process_group(info: DistInfo, device: torch.device, timeout_s: float = 600) -> None:
+    """Joins the default process group: gloo on CPU, nccl on CUDA. A single process joins a group of one, so
+    every strategy that needs a group also runs with devices=1. Does nothing when a group exists."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if dist.is_initialized():
+        return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    # With nccl, binding the device lets torch create the communicator eagerly and use the right GPU.
+    bind = {"device_id": device} if backend == "nccl" else {}
+    if not info.is_distributed:
+        # One process still gets a group of one (DDP, ZeRO and FSDP need a group): an in-memory store, no port.
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, **bind)
+        return
+    if info.launcher == "lightspeed":  # ranks we spawned meet at the store rank 0 opened before spawning them
+        store = rendezvous_server() if info.rank == 0 else None
+        if store is None:
+            store = dist.TCPStore(info.master_addr, info.master_port, info.world_size, is_master=info.rank == 0,
+                                  wait_for_workers=False, timeout=timedelta(seconds=timeout_s))
+        rendezvous: dict[str, Any] = {"store": store}
+    else:
+        rendezvous = {"init_method": f"tcp://{info.master_addr}:{info.master_port}"}
+    dist.init_process_group(backend, **rendezvous, rank=info.rank, world_size=info.world_size,
+                            timeout=timedelta(seconds=timeout_s), **bind)
+
+
+def destroy_process_group() -> None:
+    """Leaves the default process group, if joined. Left to interpreter shutdown, gloo's threads abort the process
+    ("terminate called without an active exception"), turning a finished run into a failed one."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+        # Free what still holds the group (a DDP reducer in a trainer <-> module reference cycle) now, while
+        # the interpreter is alive: gloo work freed during interpreter finalization aborts the process.
+        gc.collect()
+
+
+def is_distributed() -> bool:
+    return dist.is_initialized() and dist.get_world_size() > 1
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def broadcast_from_rank0(value: Any) -> Any:
+    """Every rank gets rank 0's `value` (any picklable object). Collective; a no-op without a group."""
+    if not dist.is_initialized():
+        return value
+    dist.broadcast_object_list(box := [value], src=0)
+    return box[0]
