@@ -8,6 +8,7 @@ stop or not) are taken on rank 0 and broadcast: metric values may differ between
 from __future__ import annotations
 
 import math
+import re
 import shutil
 from pathlib import Path
 from typing import Any, Literal
@@ -61,6 +62,20 @@ def _improved(current: float, best: float | None, mode: str, min_delta: float = 
     return current < best - min_delta if mode == "min" else current > best + min_delta
 
 
+def format_checkpoint_name(template: str, values: dict[str, Any], insert_names: bool = True) -> str:
+    """Lightning's checkpoint file names: "{epoch}-{val/loss:.2f}" -> "epoch=3-val_loss=0.12" (with
+    `insert_names`; "/" in a metric name becomes "_"). A name the run never logged is a ConfigError."""
+    def field(match: re.Match) -> str:
+        name, spec = match.group(1), match.group(2) or ""
+        if name not in values:
+            raise ConfigError(f"ModelCheckpoint(filename={template!r}) names {name!r}, which was not logged: "
+                              f"logged metrics are {sorted(set(values) - {'epoch', 'step'})}.")
+        text = format(values[name], spec[1:])
+        return f"{name.replace('/', '_')}={text}" if insert_names else text
+
+    return re.sub(r"\{([^{}:]+)(:[^{}]*)?\}", field, template)
+
+
 class ModelCheckpoint(Callback):
     """Saves checkpoints (collectively: every rank takes part) and keeps the best `save_top_k` by `monitor`.
 
@@ -75,7 +90,8 @@ class ModelCheckpoint(Callback):
 
     def __init__(self, dirpath: str | Path | None = None, filename: str | None = None, monitor: str | None = None,
                  mode: Literal["min", "max"] = "min", save_top_k: int = 1, save_last: bool | None = None,
-                 every_n_train_steps: int | None = None, every_n_epochs: int | None = None):
+                 every_n_train_steps: int | None = None, every_n_epochs: int | None = None,
+                 auto_insert_metric_name: bool = True):
         _check_mode(mode)
         if save_top_k < -1:
             raise ConfigError(f"save_top_k={save_top_k!r} is not valid: use -1 (all), 0 or a positive count.")
@@ -83,7 +99,8 @@ class ModelCheckpoint(Callback):
             if n is not None and n < 0:
                 raise ConfigError(f"{name}={n!r} is not valid: use None or a count ≥ 0.")
         self.dirpath = Path(dirpath) if dirpath is not None else None
-        self.filename = filename or "epoch={epoch}-step={step}"
+        self.filename = filename or "{epoch}-{step}"
+        self.auto_insert_metric_name = auto_insert_metric_name
         self.monitor, self.mode, self.save_top_k, self.save_last = monitor, mode, save_top_k, save_last
         self.every_n_train_steps = every_n_train_steps or 0
         self.every_n_epochs = every_n_epochs if every_n_epochs is not None else (0 if self.every_n_train_steps else 1)
@@ -124,8 +141,11 @@ class ModelCheckpoint(Callback):
                 return (f"ModelCheckpoint(monitor={self.monitor!r}) was not logged: logged metrics are "
                         f"{sorted(metrics)}.", False, None, None)
             score = float(metrics[self.monitor])
-        name = self.filename.format(epoch=trainer.current_epoch, step=trainer.global_step,
-                                    **{k.replace("/", "_"): float(v) for k, v in metrics.items()})
+        values = {"epoch": trainer.current_epoch, "step": trainer.global_step, **{k: float(v) for k, v in metrics.items()}}
+        try:
+            name = format_checkpoint_name(self.filename, values, self.auto_insert_metric_name)
+        except ConfigError as e:
+            return str(e), False, None, None
         path = self.dirpath / name
         if name in self._earlier_runs:  # a fresh run in the same folder: never overwrite the earlier one
             path = unused_name(path)

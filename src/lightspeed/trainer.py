@@ -375,17 +375,15 @@ class Trainer:
     # ------------------------------------------------------------------ evaluation
     def validate(self, model: Module, dataloaders: Any = None, ckpt_path: str | Path | None = None) -> list[dict]:
         """Runs `validation_step` over the data; returns [epoch metrics] and prints them as a table."""
-        loader = self._eval_data("validate", model, dataloaders, model.val_dataloader)
         with self._entry(model):
-            loader = self._prepare_eval("validate", model, loader, ckpt_path)
+            loader = self._prepare_eval("validate", model, dataloaders, model.val_dataloader, ckpt_path)
             results = self._validation_epoch(model, loader)
         return self._report("validate", results)
 
     def test(self, model: Module, dataloaders: Any = None, ckpt_path: str | Path | None = None) -> list[dict]:
         """Runs `test_step` over the data; returns [epoch metrics] and prints them as a table."""
-        loader = self._eval_data("test", model, dataloaders, model.test_dataloader)
         with self._entry(model):
-            loader = self._prepare_eval("test", model, loader, ckpt_path)
+            loader = self._prepare_eval("test", model, dataloaders, model.test_dataloader, ckpt_path)
             self._eval_stage("test", model)
             model.on_test_epoch_start()
             self._eval_batches(model, loader, self.cfg.limit_test_batches, model.test_step)
@@ -397,20 +395,16 @@ class Trainer:
 
     def predict(self, model: Module, dataloaders: Any = None, ckpt_path: str | Path | None = None) -> list:
         """Returns this rank's `predict_step` outputs, in the order of this rank's batches."""
-        loader = self._eval_data("predict", model, dataloaders, model.predict_dataloader)
         with self._entry(model):
-            loader = self._prepare_eval("predict", model, loader, ckpt_path)
+            loader = self._prepare_eval("predict", model, dataloaders, model.predict_dataloader, ckpt_path)
             self._eval_stage("predict", model)
             return self._eval_batches(model, loader, self.cfg.limit_predict_batches, model.predict_step, keep=True)
 
-    def _eval_data(self, stage: str, model: Module, given: Any, hook: Callable[[], Any]) -> Any:
+    def _prepare_eval(self, stage: str, model: Module, given: Any, hook: Callable[[], Any], ckpt_path: Any) -> Any:
         loader = given if given is not None else hook()
         if loader is None:
             raise ConfigError(f"{stage} needs data: pass dataloaders= or define {hook.__name__}() on "
                               f"{type(model).__name__}.")
-        return loader
-
-    def _prepare_eval(self, stage: str, model: Module, loader: Any, ckpt_path: Any) -> Any:
         resume = self._prepare(stage, model, ckpt_path)
         if resume:
             self.strategy.load(resume, with_optimizer=False)
