@@ -42,7 +42,8 @@ def read_metrics(path: Path) -> Series:
     return series
 
 
-def _plot(path: Path, title: str, ylabel: str, lines: Series, logy: bool = False) -> Path | None:
+def _plot(path: Path, title: str, ylabel: str, lines: Series, logy: bool = False,
+          from_zero: bool = False) -> Path | None:
     """One line chart, written as a PNG; None when there is nothing to draw."""
     lines = {k: v for k, v in lines.items() if v}
     if not lines:
@@ -59,6 +60,8 @@ def _plot(path: Path, title: str, ylabel: str, lines: Series, logy: bool = False
     ax.set(title=title, xlabel="step", ylabel=ylabel)
     if logy and all(y > 0 for pts in lines.values() for _, y in pts):
         ax.set_yscale("log")
+    elif from_zero:
+        ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -80,9 +83,10 @@ def _charts(run_dir: Path, series: Series) -> dict[str, Path]:
     memory = {f"rank {k[len(MEMORY_PREFIX):]}": v for k, v in series.items() if k.startswith(MEMORY_PREFIX)}
     throughput = {k: v for k, v in series.items() if k in ("samples_per_s", "tokens_per_s")}
     charts = {
-        "Loss": _plot(run_dir / "loss.png", "loss", "loss", _loss_lines(series), logy=True),
+        "Loss": _plot(run_dir / "loss.png", "loss", "loss", _loss_lines(series)),
         "Throughput": _plot(run_dir / "throughput.png", "throughput", "per second", throughput, logy=True),
-        "Peak memory per rank": _plot(run_dir / "memory.png", "peak memory per rank", "GiB", memory),
+        "Peak memory per rank": _plot(run_dir / "memory.png", "peak memory per rank", "GiB", memory,
+                                      from_zero=True),
     }
     return {k: v for k, v in charts.items() if v is not None}
 
