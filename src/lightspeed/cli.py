@@ -194,7 +194,10 @@ def inspect(args: argparse.Namespace) -> None:
     except ConfigError as e:
         verified = f"no: {e}"
     try:
-        parameters = f"{sum(t.numel() for t in full_state_dict(path).values()):,}"
+        state = full_state_dict(path)
+        # A tied weight is stored under each of its names, as views of one tensor: count it once.
+        unique = {(t.data_ptr(), tuple(t.shape)): t for t in state.values()}
+        parameters = f"{sum(t.numel() for t in unique.values()):,}"
     except Exception as e:  # noqa: BLE001 - a damaged checkpoint still shows its other facts
         parameters = f"unknown ({type(e).__name__})"
     files = sorted(p for p in path.rglob("*") if p.is_file())

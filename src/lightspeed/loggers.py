@@ -199,6 +199,8 @@ class MLflowLogger:
         tracking_uri: e.g. "sqlite:///mlflow.db" or "http://host:5000"; None uses MLflow's default
             (MLFLOW_TRACKING_URI).
         tags: run tags.
+        artifact_location: where a newly created experiment stores artifacts (MLflow's default otherwise:
+            `./mlartifacts` beside a database store).
     Raises:
         ConfigError: mlflow is not installed.
 
@@ -207,8 +209,10 @@ class MLflowLogger:
     _STATUS = {"success": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
 
     def __init__(self, experiment_name: str = "lightspeed", run_name: str | None = None,
-                 tracking_uri: str | None = None, tags: dict[str, str] | None = None):
+                 tracking_uri: str | None = None, tags: dict[str, str] | None = None,
+                 artifact_location: str | os.PathLike | None = None):
         _require("mlflow", "mlflow-skinny", "MLflowLogger")
+        self.artifact_location = str(artifact_location) if artifact_location is not None else None
         self.experiment_name, self.run_name, self.tracking_uri = experiment_name, run_name, tracking_uri
         self.tags = dict(tags or {})
         self.log_dir = None
@@ -228,7 +232,8 @@ class MLflowLogger:
         """The MLflow run's id (the run is created on the first call)."""
         if self._run_id is None:
             exp = self.client.get_experiment_by_name(self.experiment_name)
-            exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(self.experiment_name)
+            exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(
+                self.experiment_name, artifact_location=self.artifact_location)
             self._run_id = self.client.create_run(exp_id, run_name=self.run_name, tags=self.tags).info.run_id
         return self._run_id
 
