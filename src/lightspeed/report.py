@@ -54,14 +54,16 @@ def _plot(path: Path, title: str, ylabel: str, lines: Series, logy: bool = False
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 3.6), dpi=100)
-    for name, points in lines.items():
+    for i, (name, points) in enumerate(lines.items()):
         xs, ys = zip(*points)
-        ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, markersize=3, label=name)
+        # Lines may coincide (ranks with equal memory): later ones dashed, so each stays visible.
+        ax.plot(xs, ys, ("-", "--", ":", "-.")[i % 4], marker="o" if len(xs) < 30 else None, markersize=3,
+                label=name)
     ax.set(title=title, xlabel="step", ylabel=ylabel)
     if logy and all(y > 0 for pts in lines.values() for _, y in pts):
         ax.set_yscale("log")
     elif from_zero:
-        ax.set_ylim(bottom=0)
+        ax.set_ylim(0, 1.15 * max(y for pts in lines.values() for _, y in pts) or 1.0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
