@@ -33,12 +33,22 @@ if TYPE_CHECKING:
 MEMORY_PREFIX = "peak_memory_gib/rank"
 
 
+def optimizer_name(opt: Any) -> str:
+    """The class name of the user's optimizer, also when a backend wraps it (DeepSpeed's ZeRO optimizer keeps it
+    in `.optimizer`, ZeroRedundancyOptimizer in `.optim`), so runs under different strategies share metric names."""
+    for attr in ("optimizer", "optim"):
+        inner = getattr(opt, attr, None)
+        if isinstance(inner, torch.optim.Optimizer):
+            return optimizer_name(inner)
+    return type(opt).__name__
+
+
 def learning_rates(optimizers: list) -> dict[str, float]:
     """`{"lr-AdamW": 1e-3}`; several optimizers get `-<i>`, several param groups `/pg<j>` (1-based), as Lightning's
     LearningRateMonitor names them."""
     out: dict[str, float] = {}
     for i, opt in enumerate(optimizers):
-        base = f"lr-{type(opt).__name__}" + (f"-{i}" if len(optimizers) > 1 else "")
+        base = f"lr-{optimizer_name(opt)}" + (f"-{i}" if len(optimizers) > 1 else "")
         groups = opt.param_groups
         for j, group in enumerate(groups):
             lr = group["lr"]
