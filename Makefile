@@ -4,14 +4,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH := torch==2.13.0
 
-.PHONY: demo test venv clean
+.PHONY: demo test venv clean chromium
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	# The CPU build of torch lies on disk; name it first so nothing pulls a CUDA build.
 	$(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q "$(TORCH)" -e ".[test]"
+	$(BIN)/python -m pip install -q "$(TORCH)" -e ".[test,trackers]"
 	touch $@
 
 venv: $(BIN)/.installed
@@ -23,7 +23,14 @@ demo: venv
 # ~/.cache/torch_extensions). Build them here, in one process, so no test waits on a compile.
 DS_OPS := CPUAdamBuilder ShareMemCommBuilder FusedAdamBuilder
 
-test: venv
+# The report test renders report.html in headless Chromium (Debian's package). It is installed here when apt-get
+# can (root, Debian); otherwise that one test is skipped with its reason and the rest runs.
+chromium:
+	@test -x /usr/bin/chromium || (command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+		|| echo "chromium not installed: tests/test_report.py skips its browser test")
+
+test: venv chromium
 	$(BIN)/python -c "import sys; from deepspeed.accelerator import get_accelerator as acc; \
 	[acc().create_op_builder(n).load() for n in sys.argv[1:]]; print('DeepSpeed ops ready')" $(DS_OPS)
 	$(BIN)/python -m pytest -q -x tests

@@ -1,14 +1,21 @@
-"""Command line: `lightspeed demo` trains the demo GPT; `lightspeed convert` turns a checkpoint into safetensors.
+"""Command line.
 
-    lightspeed demo [--strategy deepspeed_stage_2] [--devices 2] [--precision 32-true] [--max-steps 300] [--size small]
-    lightspeed convert CHECKPOINT OUT.safetensors
+    lightspeed demo [--strategy deepspeed_stage_2] [--devices 2] [--precision 32-true] [--max-steps 300]
+    lightspeed convert CHECKPOINT OUT.safetensors     one fp32 safetensors file from any checkpoint
+    lightspeed inspect CHECKPOINT                     strategy, world size, step, parameters, files, integrity
+    lightspeed report RUN_DIR                         report.html + PNGs from a run's metrics.csv
+    lightspeed env                                    versions, devices and DeepSpeed ops, for a bug report
+
+A user error (a bad flag value, a missing checkpoint) prints one line, `lightspeed: error: ...`, and exits 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
-import resource
+import platform
 import sys
 import time
 import warnings
@@ -17,12 +24,15 @@ from pathlib import Path
 import torch
 
 from .callbacks import Callback
+from .config import PRECISION_ALIASES
+from .errors import ConfigError
 
 DEFAULT_STRATEGY = "deepspeed_stage_2"
+PRECISIONS = sorted(set(PRECISION_ALIASES.values()))
 
 
 class Throughput(Callback):
-    """Times optimizer steps after the first (warm-up) and remembers the first and last loss."""
+    """Remembers the first loss and the mean of the last 20, and tokens/s over the steps after the first."""
 
     def __init__(self, tokens_per_step: int):
         self.tokens_per_step = tokens_per_step
@@ -42,29 +52,76 @@ class Throughput(Callback):
         self.tokens_per_s = self._steps * self.tokens_per_step / (time.perf_counter() - self._t0)
 
 
-def _peak_memory(device: torch.device) -> str:
-    if device.type == "cuda":
-        return f"{torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB (GPU)"
-    return f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB (rank 0 RSS)"
+class _Parser(argparse.ArgumentParser):
+    """argparse, with every error as one line `lightspeed: error: ...` (no usage block) and exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        one_line = " ".join(message.split())
+        sys.stderr.write(f"lightspeed: error: {one_line} (see `{self.prog} --help`)\n")
+        sys.exit(2)
+
+
+def _rel(path: str | os.PathLike) -> str:
+    """`path` relative to the working directory (where the user ran the command)."""
+    return os.path.relpath(Path(path).resolve(), Path.cwd())
+
+
+def _console():
+    from rich.console import Console
+
+    # Piped output gets a wide console, so a path is never folded or cut; a terminal folds long cells.
+    return Console() if sys.stdout.isatty() else Console(width=200)
+
+
+def _table(title: str, header: tuple[str, str], rows: list[tuple[str, str]]):
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column(header[0], overflow="fold")
+    table.add_column(header[1], overflow="fold")
+    for k, v in rows:
+        table.add_row(k, v)
+    return table
+
+
+def _device_type(accelerator: str) -> str:
+    if accelerator == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cuda" if accelerator == "gpu" else "cpu"
 
 
 def _quiet_backends(accelerator: str) -> None:
     """The demo's output should be the progress bar and the summary: name DeepSpeed's accelerator so it does not
     announce its guess, and drop torch's deprecation notices about calls DeepSpeed makes. Ranks re-run this
     command, so the settings reach them too."""
-    if accelerator == "cpu":
+    if _device_type(accelerator) == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
 
 
+def _checkpoint_dir(arg: str) -> Path:
+    """The checkpoint directory CHECKPOINT names (a folder of checkpoints means its `last`); ConfigError in the
+    command line's words when there is none."""
+    from .checkpoint import LAST, META
+
+    path = Path(arg)
+    if not path.exists():
+        raise ConfigError(f"checkpoint {arg!r} does not exist.")
+    if path.is_dir() and not (path / META).exists() and (path / LAST).exists():
+        path = path / LAST
+    if not (path / META).exists():
+        raise ConfigError(f"checkpoint {arg!r} is not a lightspeed checkpoint: a checkpoint is a directory with "
+                          f"{META} (e.g. lightspeed_demo/checkpoints/last).")
+    return path.resolve()
+
+
 def demo(args: argparse.Namespace) -> None:
-    from rich.console import Console
-    from rich.table import Table
     from torch.utils.data import DataLoader
 
     from . import Trainer, seed_everything
     from .conversion import consolidate
     from .examples.gpt import SIZES, ByteWindows, GPTModule, stdlib_corpus
+    from .run_metrics import RunMetrics
 
     _quiet_backends(args.accelerator)
     cfg = SIZES[args.size]
@@ -72,16 +129,15 @@ def demo(args: argparse.Namespace) -> None:
     data = ByteWindows(stdlib_corpus(), cfg.block_size)
     loader = DataLoader(data, batch_size=args.batch_size, shuffle=True, drop_last=True)
     module = GPTModule(cfg, lr=args.lr, warmup_steps=10)
-    meter = Throughput(args.batch_size * cfg.block_size * args.devices)
+    meter, run = Throughput(args.batch_size * cfg.block_size * args.devices), RunMetrics()
     root = Path(args.root)
     trainer = Trainer(strategy=args.strategy, devices=args.devices, precision=args.precision,
-                      max_steps=args.max_steps, default_root_dir=str(root), callbacks=[meter],
+                      max_steps=args.max_steps, default_root_dir=str(root), callbacks=[meter, run],
                       log_every_n_steps=10, seed=0, accelerator=args.accelerator, gradient_clip_val=1.0)
     trainer.fit(module, loader)
-    last = trainer.checkpoint_dir / "last"
-    trainer.save_checkpoint(trainer.checkpoint_dir / f"final-step={trainer.global_step}")
     if not trainer.is_global_zero:
         return
+    last = trainer.checkpoint_dir / "last"  # fit's own checkpoint of its final step
     weights = consolidate(last, root / "demo-gpt.safetensors")
     from safetensors.torch import load_file
 
@@ -92,51 +148,186 @@ def demo(args: argparse.Namespace) -> None:
     prompt = torch.tensor([list(b"def ")], dtype=torch.long)
     sample = bytes(plain.model.eval().generate(prompt, 160)[0].tolist()).decode("utf-8", errors="replace")
 
-    table = Table(title="lightspeed demo")
-    table.add_column("")
-    table.add_column("value", justify="right")
+    kind = "GPU" if trainer.device.type == "cuda" else "CPU RSS"
+    memory = ", ".join(f"{b / 2**30:.2f}" for b in run.peak_memory) + f" GiB ({kind}, per rank)"
     rows = [
         ("strategy", trainer.strategy.name), ("devices", f"{args.devices} × {trainer.device.type}"),
         ("precision", args.precision), ("parameters", f"{plain.model.num_params() / 1e6:.2f} M"),
         ("optimizer steps", str(trainer.global_step)), ("tokens/s", f"{meter.tokens_per_s:,.0f}"),
-        ("peak memory", _peak_memory(trainer.device)), ("first loss", f"{meter.first_loss:.3f}"),
-        ("last loss (mean of last 20 steps)", f"{meter.last_loss:.3f}"), ("checkpoint", str(last.resolve())),
-        ("consolidated weights", str(weights)),
+        ("peak memory", memory if run.peak_memory else "not measured"), ("first loss", f"{meter.first_loss:.3f}"),
+        ("last loss (mean of last 20 steps)", f"{meter.last_loss:.3f}"),
+        ("checkpoint", _rel(last.parent / os.readlink(last)) if last.is_symlink() else _rel(last)),
+        ("consolidated weights", _rel(weights)),
     ]
-    for k, v in rows:
-        table.add_row(k, v)
-    console = Console()
-    console.print(table)
+    console = _console()
+    console.print(_table("lightspeed demo", ("metric", "value"), rows))
     console.print("[bold]sample[/bold] (plain GPT loaded from the consolidated safetensors):")
     console.print(sample, markup=False, highlight=False)
+    if run.report_path is not None:
+        console.print(f"report: {_rel(run.report_path)}", markup=False, highlight=False, soft_wrap=True)
 
 
 def convert(args: argparse.Namespace) -> None:
     from .conversion import consolidate
 
-    out = consolidate(args.checkpoint, args.out)
-    print(f"wrote {out}")
+    out = consolidate(_checkpoint_dir(args.checkpoint), args.out)
+    print(f"wrote {_rel(out)}")
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def inspect(args: argparse.Namespace) -> None:
+    from .checkpoint import read_meta, resolve
+    from .conversion import full_state_dict
+
+    path = _checkpoint_dir(args.checkpoint)
+    meta = read_meta(path)
+    try:
+        resolve(path, path)  # every file's integrity (zip CRCs, safetensors sizes)
+        verified = "yes"
+    except ConfigError as e:
+        verified = f"no: {e}"
+    try:
+        state = full_state_dict(path)
+        # A tied weight is stored under each of its names, as views of one tensor: count it once.
+        unique = {(t.data_ptr(), tuple(t.shape)): t for t in state.values()}
+        parameters = f"{sum(t.numel() for t in unique.values()):,}"
+    except Exception as e:  # noqa: BLE001 - a damaged checkpoint still shows its other facts
+        parameters = f"unknown ({type(e).__name__})"
+    files = sorted(p for p in path.rglob("*") if p.is_file())
+    rows = [("path", _rel(path)), ("strategy", str(meta.get("strategy"))), ("world size", str(meta.get("world_size"))),
+            ("global step", str(meta.get("global_step"))), ("epoch", str(meta.get("epoch"))),
+            ("saved at", str(meta.get("saved_at"))), ("parameters", parameters),
+            ("size", f"{_size(sum(p.stat().st_size for p in files))} in {len(files)} files"), ("verifies", verified)]
+    console = _console()
+    console.print(_table("checkpoint", ("field", "value"), rows))
+    console.print(_table("files", ("file", "size"), [(str(p.relative_to(path)), _size(p.stat().st_size))
+                                                     for p in files]))
+
+
+def report(args: argparse.Namespace) -> None:
+    from .report import write_report
+
+    print(f"report: {_rel(write_report(args.run_dir))}")
+
+
+def _deepspeed_ops() -> list[tuple[str, str, str]]:
+    """(op, installed, compatible) for every DeepSpeed op builder of the current accelerator, as ds_report
+    lists them. Not installed but compatible means: compiled just in time on first use."""
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.git_version_info import accelerator_name, installed_ops
+    from deepspeed.ops.op_builder.all_ops import ALL_OPS
+
+    rows = []
+    for name, builder in ALL_OPS.items():
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            try:
+                compatible = bool(builder.is_compatible(verbose=False))
+            except Exception:  # noqa: BLE001 - a builder that cannot probe this machine is not compatible
+                compatible = False
+        installed = installed_ops.get(name, False) and accelerator_name == get_accelerator()._name
+        rows.append((name, "yes" if installed else "no", "yes" if compatible else "no"))
+    return rows
+
+
+def env(args: argparse.Namespace) -> None:
+    from . import __version__
+
+    _quiet_backends("auto")
+    from torch.utils.cpp_extension import is_ninja_available
+
+    cuda = torch.cuda.is_available()
+    devices = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else []
+    rows = [("lightspeed", __version__), ("python", platform.python_version()), ("platform", platform.platform()),
+            ("torch", torch.__version__), ("torch built with CUDA", str(torch.version.cuda)),
+            ("CUDA available", "yes" if cuda else "no"),
+            ("GPUs", ", ".join(devices) if devices else "none"), ("CPU cores", str(os.cpu_count())),
+            ("ninja (for JIT ops)", "yes" if is_ninja_available() else "no")]
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            import deepspeed
+            from deepspeed.accelerator import get_accelerator
+
+            accelerator = get_accelerator()._name
+        rows += [("deepspeed", deepspeed.__version__), ("DeepSpeed accelerator", accelerator)]
+        ops = _deepspeed_ops()
+    except ImportError:
+        rows.append(("deepspeed", "not installed"))
+        ops = []
+    console = _console()
+    console.print(_table("environment", ("what", "value"), rows))
+    if ops:
+        from rich.table import Table
+
+        table = Table(title="DeepSpeed ops (not installed + compatible = compiled on first use)")
+        for col in ("op", "installed", "compatible"):
+            table.add_column(col)
+        for row in ops:
+            table.add_row(*row)
+        console.print(table)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `lightspeed` argument parser: every flag has help, its default and, where fixed, its choices."""
+    from .examples.gpt import SIZES
+    from .strategies import STRATEGIES
+
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    parser = _Parser(prog="lightspeed", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    d = sub.add_parser("demo", formatter_class=fmt, help="train the demo byte-level GPT on the Python standard "
+                       "library's source, then print a summary, a sample and the report's path",
+                       description="Train the demo GPT, convert its checkpoint, sample from a plain copy.")
+    strategies = ["auto", *sorted(STRATEGIES)]
+    d.add_argument("--strategy", default=DEFAULT_STRATEGY, choices=strategies, metavar="NAME",
+                   help=f"parallelism strategy, one of: {', '.join(strategies)}")
+    d.add_argument("--devices", type=int, default=2, help="processes (GPUs or CPU ranks) on this machine")
+    d.add_argument("--accelerator", default="auto", choices=["auto", "cpu", "gpu"],
+                   help="device kind; auto takes the GPUs when CUDA sees any")
+    d.add_argument("--precision", default="32-true", choices=PRECISIONS, help="numeric precision")
+    d.add_argument("--max-steps", type=int, default=300, help="optimizer steps to train")
+    d.add_argument("--size", default="small", choices=list(SIZES), help="model size")
+    d.add_argument("--batch-size", type=int, default=8, help="sequences per device per step")
+    d.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (AdamW, after 10 warm-up steps)")
+    d.add_argument("--root", default="lightspeed_demo", help="folder for checkpoints, logs, report and weights")
+    d.set_defaults(run=demo, parser=d)
+    c = sub.add_parser("convert", formatter_class=fmt, help="consolidate a checkpoint into one safetensors file",
+                       description="Merge any lightspeed checkpoint (any strategy, any world size) into one fp32 "
+                       "file that loads with strict=True into the plain module.")
+    c.add_argument("checkpoint", help="a checkpoint directory, or a folder of checkpoints (its `last` is used)")
+    c.add_argument("out", help="output file: .safetensors, anything else is written with torch.save")
+    c.set_defaults(run=convert, parser=c)
+    i = sub.add_parser("inspect", formatter_class=fmt, help="show what a checkpoint holds and whether it verifies",
+                       description="Strategy, world size, step, epoch, parameter count, files and sizes, and the "
+                       "integrity check that resuming runs.")
+    i.add_argument("checkpoint", help="a checkpoint directory, or a folder of checkpoints (its `last` is used)")
+    i.set_defaults(run=inspect, parser=i)
+    r = sub.add_parser("report", formatter_class=fmt, help="write report.html and PNGs for a run",
+                       description="Plots loss, throughput and memory from a run's metrics.csv and writes one "
+                       "self-contained report.html beside it.")
+    r.add_argument("run_dir", help="the run's log folder, e.g. lightspeed_logs/version_0")
+    r.set_defaults(run=report, parser=r)
+    e = sub.add_parser("env", formatter_class=fmt, help="versions, devices and DeepSpeed ops, for a bug report",
+                       description="What a bug report needs: versions of python, torch, CUDA and DeepSpeed, the "
+                       "devices, and which DeepSpeed ops are installed or can be compiled here.")
+    e.set_defaults(run=env, parser=e)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="lightspeed", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("demo", help="train the demo byte-level GPT on the Python standard library's source")
-    d.add_argument("--strategy", default=DEFAULT_STRATEGY)
-    d.add_argument("--devices", type=int, default=2)
-    d.add_argument("--accelerator", default="cpu")
-    d.add_argument("--precision", default="32-true")
-    d.add_argument("--max-steps", type=int, default=300)
-    d.add_argument("--size", default="small", choices=["tiny", "small", "medium", "1.3b"])
-    d.add_argument("--batch-size", type=int, default=8, help="per device")
-    d.add_argument("--lr", type=float, default=3e-3)
-    d.add_argument("--root", default="lightspeed_demo")
-    c = sub.add_parser("convert", help="consolidate a checkpoint into one safetensors file")
-    c.add_argument("checkpoint")
-    c.add_argument("out")
+    """Entry point of `lightspeed`. Exits 2 with one line on a user error (bad flag, missing checkpoint)."""
+    parser = build_parser()
     args = parser.parse_args(argv)
-    {"demo": demo, "convert": convert}[args.command](args)
+    try:
+        args.run(args)
+    except ConfigError as e:
+        args.parser.error(str(e))  # the subcommand's parser: its --help is the one to read
 
 
 if __name__ == "__main__":
