@@ -3,9 +3,10 @@
 from .callbacks import Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint
 from .errors import ConfigError
 from .launch import DistInfo
-from .loggers import CSVLogger, TensorBoardLogger
+from .loggers import CSVLogger, MLflowLogger, TensorBoardLogger, WandbLogger
 from .module import LightningModule, Module
 from .rng import seed_everything
+from .run_metrics import RunMetrics
 from .strategies import DDP, SingleDevice, Strategy, ZeRO1, build_strategy
 from .trainer import Trainer
 
@@ -31,6 +32,6 @@ def __getattr__(name: str):
 
 __all__ = [
     "Trainer", "Module", "LightningModule", "Callback", "ModelCheckpoint", "EarlyStopping", "LearningRateMonitor",
-    "CSVLogger", "TensorBoardLogger", "ConfigError", "DistInfo", "Strategy", "SingleDevice", "DDP", "DeepSpeed",
+    "CSVLogger", "TensorBoardLogger", "MLflowLogger", "WandbLogger", "RunMetrics", "ConfigError", "DistInfo", "Strategy", "SingleDevice", "DDP", "DeepSpeed",
     "FSDP", "ZeRO1", "build_strategy", "seed_everything", "consolidate",
 ]

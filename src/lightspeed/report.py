@@ -19,7 +19,8 @@ from typing import Any
 
 from .errors import ConfigError
 from .loggers import flatten
-from .run_metrics import MEMORY_PREFIX
+
+MEMORY_PREFIX = "peak_memory_gib/rank"  # the column prefix RunMetrics logs peak memory under, one per rank
 
 Series = dict[str, list[tuple[float, float]]]  # metric name -> [(step, value)]
 

@@ -4,7 +4,6 @@ At fit start, rank 0 logs the run's settings as hyper-parameters (strategy and i
 precision, the Trainer's flags, parameter count). At every log step, rank 0 logs:
 
     lr-<Optimizer>[-i][/pgN]   learning rate per param group (LearningRateMonitor's names)
-    grad_norm                  the strategy's last gradient norm (`trainer.step_stats["grad_norm"]`), when known
     samples_per_s, tokens_per_s, step_time_s   over the steps since the previous log step, validation excluded;
                                tokens when the batch's first tensor holds integer token ids (2-D)
     peak_memory_gib/rank<r>    every rank's peak memory, gathered: CUDA max_memory_allocated, on CPU the peak RSS
@@ -19,18 +18,17 @@ import dataclasses
 import resource
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from .callbacks import Callback
+from .report import MEMORY_PREFIX
+from .specs import TrainerView as Trainer
 
-if TYPE_CHECKING:
-    from .module import Module
-    from .trainer import Trainer
+Module = torch.nn.Module
 
-MEMORY_PREFIX = "peak_memory_gib/rank"
 
 
 def optimizer_name(opt: Any) -> str:
@@ -173,9 +171,6 @@ class RunMetrics(Callback):
         elapsed = max(now - self._window_start, 1e-9)
         if trainer.is_global_zero:
             metrics = learning_rates(trainer.strategy.optimizers)
-            grad_norm = (getattr(trainer, "step_stats", None) or {}).get("grad_norm")
-            if grad_norm is not None:  # strategies that do not clip by norm have none
-                metrics["grad_norm"] = float(grad_norm)
             metrics.update(samples_per_s=self._samples / elapsed, step_time_s=elapsed / self._steps,
                            epoch=trainer.current_epoch)
             if self._has_tokens:

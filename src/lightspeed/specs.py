@@ -70,7 +70,9 @@ class TrainerView(Protocol):
     should_stop: bool
     fitting: bool
     default_root_dir: str
+    cfg: Any  # the validated Trainer flags (config.TrainerConfig)
     strategy: Any
+    loggers: list
     device: Any
     metrics: Any
 

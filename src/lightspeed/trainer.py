@@ -37,6 +37,7 @@ from .module import Module
 from .optim import parse_optimizers
 from .progress import ProgressBar, metrics_table, print_table
 from .rng import rng_state, seed_everything, set_rng_state
+from .run_metrics import RunMetrics
 from .specs import LoopState, RunSpec, StepStats
 from .strategies import build_strategy
 
@@ -72,6 +73,8 @@ class Trainer:
         self.callbacks = list(callbacks or [])
         if cfg.enable_checkpointing and not any(isinstance(c, ModelCheckpoint) for c in self.callbacks):
             self.callbacks.append(ModelCheckpoint())
+        if not any(isinstance(c, RunMetrics) for c in self.callbacks):  # lr, throughput, memory; the report
+            self.callbacks.append(RunMetrics())
         self.loggers = self._build_loggers(logger)
         self.default_root_dir = cfg.default_root_dir
         self.dist: DistInfo | None = None
