@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .callbacks import Callback
+from .callbacks import Callback, LearningRateMonitor
 from .report import MEMORY_PREFIX
 from .specs import TrainerView as Trainer
 
@@ -144,6 +144,8 @@ class RunMetrics(Callback):
     def on_fit_start(self, trainer: Trainer, module: Module) -> None:
         self._fit_start = time.perf_counter()
         self._reset(self._fit_start)
+        # A LearningRateMonitor the user added logs the rates under the same names: one writer per key.
+        self._log_lr = not any(isinstance(cb, LearningRateMonitor) for cb in trainer.callbacks)
         if trainer.is_global_zero:
             settings = run_settings(trainer, module)
             for lg in trainer.loggers:
@@ -170,7 +172,7 @@ class RunMetrics(Callback):
         now = time.perf_counter()
         elapsed = max(now - self._window_start, 1e-9)
         if trainer.is_global_zero:
-            metrics = learning_rates(trainer.strategy.optimizers)
+            metrics = learning_rates(trainer.strategy.optimizers) if self._log_lr else {}
             metrics.update(samples_per_s=self._samples / elapsed, step_time_s=elapsed / self._steps,
                            epoch=trainer.current_epoch)
             if self._has_tokens:

@@ -73,6 +73,7 @@ class TrainerView(Protocol):
     cfg: Any  # the validated Trainer flags (config.TrainerConfig)
     strategy: Any
     loggers: list
+    callbacks: list
     device: Any
     metrics: Any
 
