@@ -240,6 +240,11 @@ class DeepSpeed:
         # partitions (see common.configure_with_plain_twin), unless that copy would not fit in host memory.
 
         def sharded() -> None:
+            # zero.Init patches torch's tensor constructors; a library imported for the first time inside it
+            # (transformers' lazy modules import torch._dynamo) would introspect the patched functions and fail
+            # ("Signature mismatch ... new_tensor"). Import dynamo with the constructors unpatched.
+            import torch._dynamo  # noqa: F401
+
             with deepspeed.zero.Init(config_dict_or_path=config, remote_device=self.offload_params):
                 module.configure_model()
 

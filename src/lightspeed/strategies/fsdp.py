@@ -78,6 +78,7 @@ class FSDP:
     def __post_init__(self) -> None:
         self.name = "fsdp" if self.reshard_after_forward else "fsdp_grad_op"
         self._full_state: dict[str, torch.Tensor] | None = None
+        self._twin_buffers: dict[str, torch.Tensor] = {}
         self._needs_init = self._is_from_full_state = False
         self.module: nn.Module | None = None
 
@@ -115,6 +116,7 @@ class FSDP:
         self._is_from_full_state = built
         if built and plain is not None:
             self._full_state = plain.state_dict()
+            self._twin_buffers = dict(plain.named_buffers())
         elif self._needs_init and not built and dist.get_rank() == 0:
             print(f"FSDP: the full model ({nbytes() / 2**30:.1f} GiB) does not fit in host memory; initialising "
                   "each shard locally with reset_parameters(), so weights differ from a single-device run.",
@@ -159,7 +161,15 @@ class FSDP:
             # Rank 0 holds the full state dict; torch broadcasts it and each rank keeps its shards.
             options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
             set_model_state_dict(module, self._full_state or {}, options=options)
-            self._full_state = None
+            # Non-persistent buffers (rotary embeddings' inv_freq) are in no state dict: to_empty left them
+            # uninitialised. Rank 0's plain build has them; every rank takes its values.
+            persistent = set(module.state_dict())
+            for name, buf in module.named_buffers():
+                if name not in persistent:
+                    if dist.get_rank() == 0:
+                        buf.copy_(self._twin_buffers[name])
+                    dist.broadcast(buf, src=0)
+            self._full_state, self._twin_buffers = None, {}
             return
         for m in module.modules():  # the fallback: shard-local init, drawn from DTensor's own RNG
             if hasattr(m, "reset_parameters"):
