@@ -48,6 +48,10 @@ LIGHTSPEED = {
     "deepspeed_stage_2+user": lambda: "deepspeed_stage_2",
     "deepspeed_stage_2+user+as_written": lambda: "deepspeed_stage_2",
     "deepspeed_stage_3+user": lambda: "deepspeed_stage_3",
+    "deepspeed_stage_2+user+compile": lambda: "deepspeed_stage_2",
+    "deepspeed_stage_3+user+compile": lambda: "deepspeed_stage_3",
+    "fsdp+user": lambda: "fsdp",
+    "fsdp+user+compile": lambda: "fsdp",
     # lightspeed's stage 3 with the same zero_optimization settings as the two hand-written ZeRO-3 loops
     "deepspeed_stage_3+ds_defaults": lambda: ls.DeepSpeed(stage=3, config={"zero_optimization": ZERO3_DEFAULTS}),
     "deepspeed_stage_3+tuned": lambda: ls.DeepSpeed(stage=3, config={"zero_optimization": zero3_tuned(SIZES["1.3b"])}),
@@ -104,6 +108,9 @@ GROUPS = {
                 "plain_deepspeed_zero2", "deepspeed_stage_2+user+as_written", "deepspeed_stage_2+user",
                 "plain_deepspeed_zero3", "plain_deepspeed_zero3_tuned", "deepspeed_stage_3+user",
                 "deepspeed_stage_3+ds_defaults", "deepspeed_stage_3+tuned"],
+    # compile=True under each kind of wrapper (ZeRO-3's per-submodule hooks break the compiled blocks into pieces)
+    "compile": ["single+user", "single+user+compile", "deepspeed_stage_2+user", "deepspeed_stage_2+user+compile",
+                "deepspeed_stage_3+user", "deepspeed_stage_3+user+compile", "fsdp+user", "fsdp+user+compile"],
 }
 ALL = BASELINES + [n for n in LIGHTSPEED if "offload_full" not in n and "offload_opt" not in n and n != "fsdp_offload"]
 CAP_SEARCH = {"plain_pytorch": (12, 40), "deepspeed_stage_3_offload_full": (48, 128), "fsdp_offload": (24, 96)}
