@@ -98,7 +98,7 @@ def test_what_stays_as_written():
         pass
 
     kept = [torch.optim.AdamW(p, fused=False), torch.optim.Adam(p, foreach=True), MyAdam(p),
-            torch.optim.RMSprop(p)]
+            torch.optim.RMSprop(p), torch.optim.AdamW([torch.nn.Parameter(torch.empty(3, device="meta"))])]
     out, note = apply_fused_optimizers(kept, [], backend="torch", device_type="cpu", offload=False)
     assert note is None and all(a is b for a, b in zip(out, kept))
     adam = torch.optim.Adam(p)

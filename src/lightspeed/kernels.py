@@ -28,8 +28,9 @@ def apply_fused_optimizers(optimizers: list, schedulers: list, *, backend: Liter
                            device_type: str, offload: bool) -> tuple[list, str | None]:
     """Rebuilds each plain torch Adam / AdamW / SGD whose user left `fused` and `foreach` unset as its fused form.
 
-    Backend "torch": the same class with `fused=True`, where torch has a fused kernel for `device_type` and every
-    parameter is a floating-point tensor on such a device. Backend "deepspeed" on CUDA: Adam/AdamW become
+    Backend "torch": the same class with `fused=True`, where every parameter is a floating-point tensor on one
+    device type that torch has fused kernels for (CUDA and CPU among them; the parameters' own device decides,
+    so FSDP's cpu_offload gets the CPU kernel). Backend "deepspeed" on CUDA: Adam/AdamW become
     DeepSpeed's FusedAdam (what DeepSpeed builds from its own config), SGD gets torch's `fused=True`; off CUDA
     torch's fused kernels as above (FusedAdam's CPU build is a JIT compile). Under optimizer offload nothing
     changes (DeepSpeedCPUAdam is picked elsewhere). Subclasses, optimizers that have stepped, and options the
@@ -43,7 +44,8 @@ def apply_fused_optimizers(optimizers: list, schedulers: list, *, backend: Liter
         optimizers: what `configure_optimizers` returned, parsed. The list itself is not changed.
         schedulers: their LR schedulers.
         backend: "torch" (single, DDP, ZeRO-1, FSDP) or "deepspeed".
-        device_type: the device the optimizer will step on ("cuda", "cpu").
+        device_type: the strategy's device type ("cuda", "cpu"); decides for the "deepspeed" backend, whose
+            parameters are moved there after this call.
         offload: the optimizer state is offloaded (DeepSpeed offload_optimizer).
     Returns:
         (the optimizers, replaced ones in place of the originals; a one-line note for the log, or None if
@@ -79,13 +81,13 @@ def _rebuild(opt: torch.optim.Optimizer, backend: str, device_type: str) -> Any:
         return _deepspeed_fused_adam(opt)
     from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 
-    if device_type not in _get_fused_kernels_supported_devices():
-        return None
     params = [p for g in opt.param_groups for p in g["params"]]
-    # DeepSpeed moves the model to the device after this (so its parameters may still be on CPU here) and steps
-    # on its own flat fp32 copies; torch's strategies have placed the parameters already.
-    if not all(torch.is_floating_point(p) and (backend == "deepspeed" or p.device.type == device_type)
-               for p in params):
+    # DeepSpeed moves the model to `device_type` after this and steps on its own flat fp32 copies there; torch's
+    # strategies have placed the parameters already (on CPU under FSDP's cpu_offload), so theirs decide.
+    devices = {device_type} if backend == "deepspeed" else {p.device.type for p in params}
+    if len(devices) != 1 or not devices <= set(_get_fused_kernels_supported_devices()):
+        return None
+    if not all(torch.is_floating_point(p) for p in params):
         return None
     cls = type(opt)
     accepted = set(inspect.signature(cls.__init__).parameters) - {"self", "params"}
