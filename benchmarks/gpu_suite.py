@@ -4,10 +4,12 @@
     python benchmarks/gpu_suite.py --only plain_pytorch,deepspeed_stage_2
     python benchmarks/gpu_suite.py --memory-cap 16       # largest GPT that fits under a 16 GiB cap, per setup
     python benchmarks/gpu_suite.py --tiny                # CPU smoke run of the same code (used by the tests)
+    python benchmarks/gpu_suite.py --only issue12 --repeats 3   # the fused / compile / ZeRO-3 setups of issue 12
 
 Each configuration runs in its own subprocess (clean memory, clean peak statistics) on the same GPT (d=2048,
 24 layers, 16 heads, vocab 32000, seq 1024, micro-batch 8, random tokens). Warm-up steps are excluded; the
-figure is the median step time of the timed steps. MFU counts 6·N + 12·L·d·T FLOPs per token (N without the
+figure is the median step time of the timed steps. Each setup runs `--repeats` times (round robin over the setups,
+so drift spreads evenly); the table gives the median run and the spread (max - min) / median. MFU counts 6·N + 12·L·d·T FLOPs per token (N without the
 position embedding) against 989 TFLOP/s (H100/H200 dense bf16).
 """
 
@@ -38,6 +40,21 @@ LIGHTSPEED = {
     "single": lambda: "single",
     "single+compile": lambda: "single",
     "single+compile+loss": lambda: "single",  # the cross-entropy inside the compiled forward (LossInForwardGPT)
+    # "+user": the model as users write it (UserGPT: torch AdamW without fused=, training_step calls self.model);
+    # "+as_written": Trainer(optimizer_kernels="as_written"), the optimizer exactly as written.
+    "single+user": lambda: "single",
+    "single+user+as_written": lambda: "single",
+    "single+user+compile": lambda: "single",
+    "deepspeed_stage_2+user": lambda: "deepspeed_stage_2",
+    "deepspeed_stage_2+user+as_written": lambda: "deepspeed_stage_2",
+    "deepspeed_stage_3+user": lambda: "deepspeed_stage_3",
+    "deepspeed_stage_2+user+compile": lambda: "deepspeed_stage_2",
+    "deepspeed_stage_3+user+compile": lambda: "deepspeed_stage_3",
+    "fsdp+user": lambda: "fsdp",
+    "fsdp+user+compile": lambda: "fsdp",
+    # lightspeed's stage 3 with the same zero_optimization settings as the two hand-written ZeRO-3 loops
+    "deepspeed_stage_3+ds_defaults": lambda: ls.DeepSpeed(stage=3, config={"zero_optimization": ZERO3_DEFAULTS}),
+    "deepspeed_stage_3+tuned": lambda: ls.DeepSpeed(stage=3, config={"zero_optimization": zero3_tuned(SIZES["1.3b"])}),
     "deepspeed_stage_1": lambda: "deepspeed_stage_1",
     "deepspeed_stage_2": lambda: "deepspeed_stage_2",
     "deepspeed_stage_2+ac": lambda: ls.DeepSpeed(stage=2, activation_checkpointing=[Block]),
@@ -68,7 +85,33 @@ OFFLOAD_VARIANTS = [
     ("deepspeed_stage_3_offload_full+ac", 8, 1),   # one micro-batch of 8: the CPU optimizer and transfers amortised
     ("deepspeed_stage_3_offload_opt+ac", 8, 1),    # parameters stay on the GPU when they fit: offload only Adam
 ]
-BASELINES = ["plain_pytorch", "plain_deepspeed_zero2"]
+BASELINES = ["plain_pytorch", "plain_deepspeed_zero2", "plain_deepspeed_zero3", "plain_deepspeed_zero3_tuned"]
+# DeepSpeed 0.19's own stage-3 defaults, written out (deepspeed/runtime/zero/config.py): what a hand-written loop
+# with {"stage": 3} gets. Lightspeed's build_config differs (overlap_comm false, persistence threshold 0).
+ZERO3_DEFAULTS = {"stage": 3, "overlap_comm": True, "contiguous_gradients": True, "reduce_bucket_size": 500_000_000,
+                  "stage3_prefetch_bucket_size": 50_000_000, "stage3_param_persistence_threshold": 100_000,
+                  "stage3_max_live_parameters": 1_000_000_000, "stage3_max_reuse_distance": 1_000_000_000}
+
+
+def zero3_tuned(cfg) -> dict:
+    """Stage-3 settings sized to the model the way the HF/DeepSpeed integration sizes its "auto" values (buckets of
+    d² elements, prefetch 0.9·d², parameters under 10·d kept whole), with communication overlapped."""
+    d = cfg.n_embd
+    return {"stage": 3, "overlap_comm": True, "contiguous_gradients": True, "reduce_bucket_size": d * d,
+            "stage3_prefetch_bucket_size": int(0.9 * d * d), "stage3_param_persistence_threshold": 10 * d,
+            "stage3_max_live_parameters": 1_000_000_000, "stage3_max_reuse_distance": 1_000_000_000}
+
+
+# Named groups for --only.
+GROUPS = {
+    "issue12": ["plain_pytorch", "single+user+as_written", "single+user", "single+user+compile",
+                "plain_deepspeed_zero2", "deepspeed_stage_2+user+as_written", "deepspeed_stage_2+user",
+                "plain_deepspeed_zero3", "plain_deepspeed_zero3_tuned", "deepspeed_stage_3+user",
+                "deepspeed_stage_3+ds_defaults", "deepspeed_stage_3+tuned"],
+    # compile=True under each kind of wrapper (ZeRO-3's per-submodule hooks break the compiled blocks into pieces)
+    "compile": ["single+user", "single+user+compile", "deepspeed_stage_2+user", "deepspeed_stage_2+user+compile",
+                "deepspeed_stage_3+user", "deepspeed_stage_3+user+compile", "fsdp+user", "fsdp+user+compile"],
+}
 ALL = BASELINES + [n for n in LIGHTSPEED if "offload_full" not in n and "offload_opt" not in n and n != "fsdp_offload"]
 CAP_SEARCH = {"plain_pytorch": (12, 40), "deepspeed_stage_3_offload_full": (48, 128), "fsdp_offload": (24, 96)}
 
@@ -100,6 +143,18 @@ class LossInForwardGPT(FusedAdamGPT):
     def _loss(self, batch) -> torch.Tensor:
         x, y = batch
         return self(x, y)
+
+
+class UserGPT(GPTModule):
+    """The model as users write it: `training_step` calls the submodule, the optimizer is torch's AdamW as is."""
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        logits = self.model(x)
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1))
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
 
 
 class StepTimer(ls.Callback):
@@ -142,23 +197,32 @@ def run_plain_pytorch(cfg, micro_batch: int, steps: int, warmup: int, device) ->
     return _step_times(stamps, warmup)
 
 
-def run_plain_deepspeed(cfg, micro_batch: int, steps: int, warmup: int, device) -> list[float]:
-    """A hand-written DeepSpeed ZeRO-2 loop, bf16, DeepSpeed's own (fused) Adam: what users write today."""
+def run_plain_deepspeed(cfg, micro_batch: int, steps: int, warmup: int, device, zero: dict | None = None,
+                        seed: int = 0) -> list[float]:
+    """A hand-written DeepSpeed loop, bf16, DeepSpeed's own (fused) Adam from the config: what users write today.
+
+    `zero` is the zero_optimization section (default: stage 2 with DeepSpeed's defaults). Under torchrun (RANK set)
+    each rank joins the launcher's group; alone, it makes a group of one. Stage 3 builds the model in zero.Init."""
     import deepspeed
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(ls.launch.find_free_port()), RANK="0",
-                      LOCAL_RANK="0", WORLD_SIZE="1")
+    if "RANK" not in os.environ:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(ls.launch.find_free_port()), RANK="0",
+                          LOCAL_RANK="0", WORLD_SIZE="1")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
-    torch.manual_seed(0)
-    model = GPT(cfg)
     config = {
         "train_micro_batch_size_per_gpu": micro_batch, "gradient_accumulation_steps": 1,
-        "bf16": {"enabled": True}, "zero_optimization": {"stage": 2}, "steps_per_print": 10**9,
+        "bf16": {"enabled": True}, "zero_optimization": zero or {"stage": 2}, "steps_per_print": 10**9,
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "betas": [0.9, 0.95], "weight_decay": 0.1}},
     }
+    torch.manual_seed(0)
+    with deepspeed.zero.Init(config_dict_or_path=config, enabled=config["zero_optimization"]["stage"] == 3):
+        model = GPT(cfg)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     stamps = []
-    for x, y in _loader(cfg, micro_batch, steps):
+    data = RandomTokens(cfg.vocab_size, cfg.block_size, micro_batch * steps, seed=seed)
+    for x, y in torch.utils.data.DataLoader(data, batch_size=micro_batch):
         x, y = x.to(engine.device), y.to(engine.device)
         logits = engine(x)
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1))
@@ -174,11 +238,17 @@ def run_lightspeed(name: str, cfg, micro_batch: int, steps: int, warmup: int, de
     """Times optimizer steps (each of `accumulate` micro-batches) of lightspeed's Trainer."""
     torch.manual_seed(0)
     timer = StepTimer()
+    kernels = "as_written" if "+as_written" in name else "fused"
     trainer = ls.Trainer(strategy=LIGHTSPEED[name](), devices=1, accelerator=device.type, precision="bf16-mixed",
                          max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         callbacks=[timer], compile="+compile" in name, accumulate_grad_batches=accumulate)
-    module = LossInForwardGPT(cfg) if name.endswith("+loss") else FusedAdamGPT(cfg)
+                         callbacks=[timer], compile="+compile" in name, accumulate_grad_batches=accumulate,
+                         optimizer_kernels=kernels)
+    module = (LossInForwardGPT(cfg) if name.endswith("+loss") else UserGPT(cfg) if "+user" in name
+              else FusedAdamGPT(cfg))
+    started = time.perf_counter()
     trainer.fit(module, _loader(cfg, micro_batch, steps * accumulate))
+    # Setup plus the first step: where torch.compile's compile time shows.
+    run_lightspeed.first_step_s = timer.stamps[0] - started
     return _step_times(timer.stamps, warmup)
 
 
@@ -194,6 +264,10 @@ def run_one(name: str, args) -> dict:
         times = run_plain_pytorch(cfg, args.micro_batch, steps, args.warmup, device)
     elif name == "plain_deepspeed_zero2":
         times = run_plain_deepspeed(cfg, args.micro_batch, steps, args.warmup, device)
+    elif name == "plain_deepspeed_zero3":
+        times = run_plain_deepspeed(cfg, args.micro_batch, steps, args.warmup, device, ZERO3_DEFAULTS)
+    elif name == "plain_deepspeed_zero3_tuned":
+        times = run_plain_deepspeed(cfg, args.micro_batch, steps, args.warmup, device, zero3_tuned(cfg))
     else:
         times = run_lightspeed(name, cfg, args.micro_batch, steps, args.warmup, device, args.accumulate)
     with torch.device("meta"):
@@ -205,6 +279,7 @@ def run_one(name: str, args) -> dict:
         "mfu": tokens / step_s * flops_per_token(meta_model) / PEAK_FLOPS,
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan"),
         "timed_steps": len(times),
+        "first_step_s": getattr(run_lightspeed, "first_step_s", None),
         # Peak resident host memory of this process (ru_maxrss, KiB on Linux): what offload costs the host.
         "host_peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
     }
@@ -237,27 +312,44 @@ def speed_table(args) -> list[dict]:
     from rich.console import Console
     from rich.table import Table
 
-    names = args.only.split(",") if args.only else ALL
-    results = []
-    for name in names:
-        print(f"[gpu_suite] running {name} ...", file=sys.stderr, flush=True)
-        r = _subprocess(name, args, timeout=args.per_run_timeout)
-        print(f"[gpu_suite] {json.dumps(r)}", file=sys.stderr, flush=True)
-        results.append(r)
+    names = [n for item in (args.only.split(",") if args.only else ALL) for n in GROUPS.get(item, [item])]
+    runs: dict[str, list[dict]] = {n: [] for n in names}
+    for rep in range(args.repeats):  # round robin: drift over the session spreads over every setup alike
+        for name in names:
+            print(f"[gpu_suite] running {name} ({rep + 1}/{args.repeats}) ...", file=sys.stderr, flush=True)
+            r = _subprocess(name, args, timeout=args.per_run_timeout)
+            print(f"[gpu_suite] {json.dumps(r)}", file=sys.stderr, flush=True)
+            runs[name].append(r)
+    results = [summarize(name, rs) for name, rs in runs.items()]
     base = {r["name"]: r["tok_s"] for r in results if r["name"] in BASELINES and "tok_s" in r}
-    table = Table(title=f"GPT {results[0].get('params', 0) / 1e9:.2f}B, micro-batch {args.micro_batch}, "
-                        f"seq {_model_cfg(args).block_size}, bf16; median of {args.steps} steps")
-    for col in ("setup", "tok/s", "× plain PyTorch", "× plain DeepSpeed Z2", "MFU", "peak GiB"):
+    params = next((r["params"] for r in results if "params" in r), 0)
+    table = Table(title=f"GPT {params / 1e9:.2f}B, micro-batch {args.micro_batch}, seq {_model_cfg(args).block_size}, "
+                        f"bf16; median step of {args.steps}, median of {args.repeats} runs")
+    columns = ("setup", "tok/s", "spread", "× plain PyTorch", "× DS Z2 loop", "× DS Z3 loop", "× DS Z3 tuned",
+               "MFU", "peak GiB", "first step s")
+    for col in columns:
         table.add_column(col, justify="right")
     for r in results:
-        if "error" in r:
-            table.add_row(r["name"], r["error"], "", "", "", "")
+        if "tok_s" not in r:
+            table.add_row(r["name"], r["error"], *[""] * (len(columns) - 2))
             continue
         ratio = lambda b: f"{r['tok_s'] / base[b]:.3f}" if b in base else "-"  # noqa: E731
-        table.add_row(r["name"], f"{r['tok_s']:,.0f}", ratio("plain_pytorch"), ratio("plain_deepspeed_zero2"),
-                      f"{r['mfu']:.3f}", f"{r['peak_gib']:.1f}")
-    Console(width=140).print(table)
+        first = f"{r['first_step_s']:.1f}" if r.get("first_step_s") else "-"
+        table.add_row(r["name"], f"{r['tok_s']:,.0f}", f"{r['spread']:.1%} ({r['runs']})", ratio("plain_pytorch"),
+                      ratio("plain_deepspeed_zero2"), ratio("plain_deepspeed_zero3"),
+                      ratio("plain_deepspeed_zero3_tuned"), f"{r['mfu']:.3f}", f"{r['peak_gib']:.1f}", first)
+    Console(width=160).print(table)
     return results
+
+
+def summarize(name: str, runs: list[dict]) -> dict:
+    """The median run of a setup (by tok/s) with the spread of all its runs: (max - min) / median, in tok/s."""
+    ok = sorted((r for r in runs if "tok_s" in r), key=lambda r: r["tok_s"])
+    if not ok:
+        return {"name": name, "error": runs[-1].get("error", "no run"), "all": runs}
+    median = ok[(len(ok) - 1) // 2]
+    return median | {"tok_s": statistics.median(r["tok_s"] for r in ok), "runs": len(ok), "all": runs,
+                     "spread": (ok[-1]["tok_s"] - ok[0]["tok_s"]) / statistics.median(r["tok_s"] for r in ok)}
 
 
 def memory_cap(args) -> list[dict]:
@@ -341,9 +433,12 @@ def main() -> None:
     p.add_argument("--offload-speed", action="store_true",
                    help="with --memory-cap and --layers: compare ways to run the offloaded ZeRO-3 step")
     p.add_argument("--per-run-timeout", type=float, default=900)
+    p.add_argument("--repeats", type=int, help="runs of each setup in the speed table (median, spread); default 3, "
+                   "1 with --tiny")
     p.add_argument("--tiny", action="store_true", help="CPU smoke run with the tiny model")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()
+    args.repeats = args.repeats or (1 if args.tiny else 3)
     if args.run:
         print("RESULT " + json.dumps(run_one(args.run, args)), flush=True)
         return

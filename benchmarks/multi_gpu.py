@@ -13,8 +13,10 @@ rank 0 prints one RESULT line, and this script collects them into tables:
 - memory: peak memory per GPU of each strategy on a 2.29B GPT (d=2560, 28 layers), beside the ZeRO paper's
   model-state figures (DDP 16Ψ; ZeRO-1 4Ψ+12Ψ/N; ZeRO-2 2Ψ+14Ψ/N; ZeRO-3 16Ψ/N bytes for Ψ parameters, before
   activations);
-- scaling: tokens/s per GPU at 1 and N GPUs for ddp, fsdp, deepspeed_stage_2/3 (efficiency = per-GPU ratio);
-  an N-GPU run that parity already made in this invocation is reused, not repeated;
+- scaling: tokens/s per GPU at 1 and N GPUs for ddp, fsdp, deepspeed_stage_2/3 and the hand-written DeepSpeed
+  ZeRO-3 loops (gpu_suite.py's, under torchrun: DeepSpeed's default stage-3 settings, and tuned), each pair
+  `--repeats` times round robin (median, spread = (max - min) / median); efficiency = per-GPU ratio of the medians;
+  the first N-GPU run of a strategy that parity already made in this invocation is reused;
 - fit: the deepest GPT that DDP trains for 5 steps, then deepspeed_stage_3 at N times its parameters (and, where
   plain stage 3 does not fit there, stage 3 with CPU offload). `--cap-gib` caps every GPU, to find the edge quickly.
 
@@ -44,7 +46,8 @@ from lightspeed.examples.gpt import GPT, SIZES, GPTModule, RandomTokens  # noqa:
 
 PARITY = ["ddp", "ddp_sharded", "fsdp", "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_3"]
 MEMORY = ["ddp", "ddp_sharded", "fsdp", "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_3"]
-SCALING = ["ddp", "fsdp", "deepspeed_stage_2", "deepspeed_stage_3"]
+SCALING = ["ddp", "fsdp", "deepspeed_stage_2", "deepspeed_stage_3", "plain_deepspeed_zero3", "plain_deepspeed_zero3_tuned"]
+PLAIN = ("plain_deepspeed_zero3", "plain_deepspeed_zero3_tuned")  # hand-written loops, started with torchrun
 ZERO_BYTES = {  # model-state bytes per parameter on each GPU, from the ZeRO paper (mixed precision Adam)
     "ddp": lambda n: 16, "ddp_sharded": lambda n: 4 + 12 / n, "deepspeed_stage_1": lambda n: 4 + 12 / n,
     "deepspeed_stage_2": lambda n: 2 + 14 / n, "deepspeed_stage_3": lambda n: 16 / n, "fsdp": lambda n: 16 / n,
@@ -81,9 +84,30 @@ def model_cfg(args, layers: int | None = None, d: int | None = None):
     return replace(base, n_layer=layers or base.n_layer, n_embd=d or base.n_embd)
 
 
+def run_plain(args, cfg) -> dict:
+    """One rank of a hand-written DeepSpeed ZeRO-3 loop (started by torchrun); rank 0 returns the figures."""
+    from gpu_suite import ZERO3_DEFAULTS, run_plain_deepspeed, zero3_tuned
+
+    rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    device = torch.device("cpu") if args.cpu else torch.device("cuda", local)
+    zero = zero3_tuned(cfg) if args.strategy.endswith("_tuned") else ZERO3_DEFAULTS
+    times = run_plain_deepspeed(cfg, args.micro_batch, args.warmup + args.steps, args.warmup, device, zero, seed=rank)
+    if rank != 0:
+        return {}
+    with torch.device("meta"):
+        n_params = GPT(cfg).num_params()
+    step_s = statistics.median(times)
+    return {"strategy": args.strategy, "devices": args.devices, "params": n_params, "losses": [],
+            "tok_s_per_gpu": args.micro_batch * cfg.block_size / step_s, "step_s": step_s,
+            "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if not args.cpu else float("nan"),
+            "host_peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+
+
 def run_one(args) -> dict:
     """One Trainer run on `args.devices` ranks; rank 0 returns the figures."""
     cfg = model_cfg(args, args.layers, args.d)
+    if args.strategy in PLAIN:
+        return run_plain(args, cfg)
     if args.cap_gib and not args.cpu:  # every rank caps its own GPU (the Trainer picks cuda:<local rank>)
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         total = torch.cuda.get_device_properties(device).total_memory
@@ -111,9 +135,12 @@ def run_one(args) -> dict:
 RESULTS: dict[str, dict] = {}  # every run of this invocation, keyed by its command line
 
 
-def launch(args, strategy: str, devices: int, extra: list[str] | None = None, timeout: float = 900) -> dict:
-    """Runs one measurement in its own process (or returns the identical one already made) and records it."""
+def launch(args, strategy: str, devices: int, extra: list[str] | None = None, timeout: float = 900,
+           repeat: int = 0) -> dict:
+    """Runs one measurement in its own process (or returns the identical one already made) and records it;
+    `repeat` > 0 asks for another run of the same command."""
     key = " ".join([strategy, str(devices), str(args.steps), str(args.warmup), str(args.micro_batch), *(extra or [])])
+    key += f" #{repeat + 1}" if repeat else ""
     if key in RESULTS:
         return RESULTS[key]
     started = time.perf_counter()
@@ -127,7 +154,10 @@ def launch(args, strategy: str, devices: int, extra: list[str] | None = None, ti
 
 
 def _launch(args, strategy: str, devices: int, extra: list[str] | None, timeout: float) -> dict:
-    cmd = [sys.executable, __file__, "--run", "--strategy", strategy, "--devices", str(devices),
+    # The hand-written loops are started as users start them: torchrun, one process per GPU.
+    start = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(devices), "--"]
+             if strategy in PLAIN else [sys.executable])
+    cmd = [*start, __file__, "--run", "--strategy", strategy, "--devices", str(devices),
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--micro-batch", str(args.micro_batch),
            *(["--cpu"] if args.cpu else []), *(["--tiny"] if args.tiny else []),
            *(["--cap-gib", str(args.cap_gib)] if args.cap_gib else []), *(extra or [])]
@@ -191,18 +221,37 @@ def memory(args) -> list[dict]:
 
 
 def scaling(args) -> list[dict]:
-    results, rows = [], []
-    for s in args.strategies or SCALING:
-        one, many = launch(args, s, 1), launch(args, s, args.devices)
-        results += [one, many]
-        if "error" in one or "error" in many:
-            rows.append([s, one.get("error", ""), many.get("error", ""), ""])
+    strategies = args.strategies or SCALING
+    runs: dict[tuple[str, int], list[dict]] = {}
+    for repeat in range(args.repeats):  # round robin, so drift over the session spreads over every setup alike
+        for s in strategies:
+            for n in (1, args.devices):
+                runs.setdefault((s, n), []).append(launch(args, s, n, repeat=repeat))
+    med = {k: _median(v) for k, v in runs.items()}
+    z3 = med.get(("plain_deepspeed_zero3", args.devices))
+    rows = []
+    for s in strategies:
+        one, many = med[(s, 1)], med[(s, args.devices)]
+        if one is None or many is None:
+            errors = [r.get("error", "") for r in runs[(s, 1)] + runs[(s, args.devices)] if "error" in r]
+            rows.append([s, errors[0] if errors else "no run", "", "", ""])
             continue
-        eff = many["tok_s_per_gpu"] / one["tok_s_per_gpu"]
-        rows.append([s, f"{one['tok_s_per_gpu']:,.0f}", f"{many['tok_s_per_gpu']:,.0f}", f"{eff:.2f}"])
-    _table(f"Tokens/s per GPU, 1 vs {args.devices} GPUs (target efficiency ≥ 0.90)",
-           ["strategy", "1 GPU", f"{args.devices} GPUs", "efficiency"], rows)
-    return results
+        vs_z3 = f"{many[0] / z3[0]:.3f}" if z3 else "-"
+        rows.append([s, f"{one[0]:,.0f} ±{one[1]:.0%}", f"{many[0]:,.0f} ±{many[1]:.0%}", f"{many[0] / one[0]:.2f}",
+                     vs_z3])
+    _table(f"Tokens/s per GPU, 1 vs {args.devices} GPUs, median of {args.repeats} runs ± spread (max - min) / median "
+           "(target efficiency ≥ 0.95)",
+           ["strategy", "1 GPU", f"{args.devices} GPUs", "efficiency", f"× DS Z3 loop ({args.devices} GPUs)"], rows)
+    return [r for v in runs.values() for r in v]
+
+
+def _median(results: list[dict]) -> tuple[float, float] | None:
+    """(median tokens/s per GPU, spread (max - min) / median) over the runs that succeeded, or None."""
+    ok = [r["tok_s_per_gpu"] for r in results if "tok_s_per_gpu" in r]
+    if not ok:
+        return None
+    m = statistics.median(ok)
+    return m, (max(ok) - min(ok)) / m
 
 
 def _params(args, layers: int) -> int:
@@ -255,6 +304,7 @@ def main() -> None:
     p.add_argument("--layers", type=int)
     p.add_argument("--d", type=int)
     p.add_argument("--parity-rtol", type=float, default=2e-2)
+    p.add_argument("--repeats", type=int, default=3, help="scaling: runs of each (strategy, GPU count)")
     p.add_argument("--cap-gib", type=float, help="cap each GPU's memory (set_per_process_memory_fraction)")
     p.add_argument("--fit-lo", type=int, default=4, help="fit: fewest layers DDP is tried at")
     p.add_argument("--fit-hi", type=int, default=200, help="fit: most layers DDP is tried at")

@@ -59,6 +59,9 @@ class TrainerConfig:
     enable_progress_bar: bool = True
     enable_checkpointing: bool = True
     compile: bool = False
+    # "fused": a plain torch Adam/AdamW/SGD without fused/foreach runs its fused kernel (lightspeed.kernels);
+    # "as_written": the optimizer exactly as configure_optimizers built it.
+    optimizer_kernels: Literal["fused", "as_written"] = "fused"
 
     def __post_init__(self) -> None:
         if self.accelerator not in ("auto", "cpu", "gpu", "cuda"):
@@ -93,6 +96,11 @@ class TrainerConfig:
         for name in ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches"):
             _limit(name, getattr(self, name))
         _positive_int("log_every_n_steps", self.log_every_n_steps)
+        if self.optimizer_kernels not in ("fused", "as_written"):
+            raise ConfigError(f"optimizer_kernels={self.optimizer_kernels!r} is not valid: use 'fused' (torch's fused "
+                              "Adam/AdamW/SGD, DeepSpeed's FusedAdam) or 'as_written'.")
+        if not isinstance(self.compile, bool):
+            raise ConfigError(f"compile={self.compile!r} is not valid: expected True or False.")
         if self.seed is not None and not isinstance(self.seed, int):
             raise ConfigError(f"seed={self.seed!r} is not valid: expected an integer or None.")
 

@@ -1,0 +1,188 @@
+"""Faster kernels for the code users write: fused optimizer steps and regional `torch.compile`.
+
+    optimizers, note = apply_fused_optimizers(optimizers, schedulers, backend="torch", device_type="cuda",
+                                              offload=False)
+    names = apply_compile(model)          # after activation checkpointing, before DDP / FSDP / DeepSpeed
+
+Both change nothing the user can observe but speed: the fused optimizer runs the same update in fewer kernels
+(tests/test_kernels.py compares per-step losses), and compiling a block in place keeps its state_dict keys.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+# A scheduler re-pointed at the rebuilt optimizer warns once that "optimizer.step() has been overridden": torch
+# looks for the marker it put on the *original* optimizer's step. The scheduler itself is unaffected.
+warnings.filterwarnings("ignore", message=r"Seems like `optimizer.step\(\)` has been overridden", category=UserWarning)
+
+FUSABLE = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)
+
+
+def apply_fused_optimizers(optimizers: list, schedulers: list, *, backend: Literal["torch", "deepspeed"],
+                           device_type: str, offload: bool) -> tuple[list, str | None]:
+    """Rebuilds each plain torch Adam / AdamW / SGD whose user left `fused` and `foreach` unset as its fused form.
+
+    Backend "torch": the same class with `fused=True`, where every parameter is a floating-point tensor on one
+    device type that torch has fused kernels for (CUDA and CPU among them; the parameters' own device decides,
+    so FSDP's cpu_offload gets the CPU kernel). Backend "deepspeed" on CUDA: Adam/AdamW become
+    DeepSpeed's FusedAdam (what DeepSpeed builds from its own config), SGD gets torch's `fused=True`; off CUDA
+    torch's fused kernels as above (FusedAdam's CPU build is a JIT compile). Under optimizer offload nothing
+    changes (DeepSpeedCPUAdam is picked elsewhere). Subclasses, optimizers that have stepped, and options the
+    fused kernels lack (differentiable; amsgrad or maximize for FusedAdam) are left as written.
+
+    Param groups keep every key (a scheduler's `initial_lr` survives) and the hyper-parameters; the schedulers
+    in `schedulers` (SchedulerConfig or bare schedulers, SequentialLR's children too) that drove a replaced
+    optimizer are re-pointed at its replacement, in place.
+
+    Args:
+        optimizers: what `configure_optimizers` returned, parsed. The list itself is not changed.
+        schedulers: their LR schedulers.
+        backend: "torch" (single, DDP, ZeRO-1, FSDP) or "deepspeed".
+        device_type: the strategy's device type ("cuda", "cpu"); decides for the "deepspeed" backend, whose
+            parameters are moved there after this call.
+        offload: the optimizer state is offloaded (DeepSpeed offload_optimizer).
+    Returns:
+        (the optimizers, replaced ones in place of the originals; a one-line note for the log, or None if
+        nothing was replaced).
+    """
+    if backend not in ("torch", "deepspeed"):
+        raise ValueError(f"backend={backend!r}: use 'torch' or 'deepspeed'")
+    out, replaced = [], []
+    for opt in optimizers:
+        new = None if offload or not _is_unfused(opt) else _rebuild(opt, backend, device_type)
+        out.append(new or opt)
+        if new is not None:
+            rebind_schedulers(schedulers, opt, new)
+            replaced.append(f"torch.optim.{type(opt).__name__} -> {_describe(new)}")
+    if not replaced:
+        return out, None
+    rebound = " (LR schedulers rebound)" if schedulers else ""
+    return out, (f"optimizer_kernels='fused': {', '.join(replaced)}, same param groups and hyper-parameters"
+                 f"{rebound}; Trainer(optimizer_kernels='as_written') keeps the optimizer as written.")
+
+
+def _is_unfused(opt: Any) -> bool:
+    """A torch Adam/AdamW/SGD (not a subclass) that has not stepped and whose user chose no implementation."""
+    if type(opt) not in FUSABLE or opt.state:
+        return False
+    chosen = [g.get(k) for g in opt.param_groups for k in ("fused", "foreach")] + [
+        opt.defaults.get("fused"), opt.defaults.get("foreach")]
+    return all(c is None for c in chosen) and not opt.defaults.get("differentiable", False)
+
+
+def _rebuild(opt: torch.optim.Optimizer, backend: str, device_type: str) -> Any:
+    if backend == "deepspeed" and device_type == "cuda" and type(opt) is not torch.optim.SGD:
+        return _deepspeed_fused_adam(opt)
+    from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+
+    params = [p for g in opt.param_groups for p in g["params"]]
+    # DeepSpeed moves the model to `device_type` after this and steps on its own flat fp32 copies there; torch's
+    # strategies have placed the parameters already (on CPU under FSDP's cpu_offload), so theirs decide.
+    devices = {device_type} if backend == "deepspeed" else {p.device.type for p in params}
+    if len(devices) != 1 or not devices <= set(_get_fused_kernels_supported_devices()):
+        return None
+    if not all(torch.is_floating_point(p) for p in params):
+        return None
+    cls = type(opt)
+    accepted = set(inspect.signature(cls.__init__).parameters) - {"self", "params"}
+    # `defaults` can hold bookkeeping keys the constructor does not take (AdamW's decoupled_weight_decay).
+    defaults = {k: v for k, v in opt.defaults.items() if k in accepted and k not in ("fused", "foreach")}
+    groups = [dict(g, params=list(g["params"]), fused=True, foreach=None) for g in opt.param_groups]
+    return cls(groups, fused=True, **defaults)
+
+
+def _deepspeed_fused_adam(opt: torch.optim.Optimizer) -> Any:
+    """DeepSpeed's FusedAdam with `opt`'s groups and hyper-parameters, or None where it cannot run the same update
+    (amsgrad, maximize, or groups that disagree on decoupled weight decay: FusedAdam has one mode)."""
+    from deepspeed.ops.adam import FusedAdam
+
+    groups = opt.param_groups
+    decoupled = {type(opt) is torch.optim.AdamW or bool(g.get("decoupled_weight_decay", False)) for g in groups}
+    if len(decoupled) != 1 or any(g.get("amsgrad") or g.get("maximize") for g in groups):
+        return None
+    d = opt.defaults
+    # Every key of every group is kept (FusedAdam reads only its own), so a scheduler's "initial_lr" survives.
+    return FusedAdam([dict(g, params=list(g["params"])) for g in groups], lr=d["lr"], betas=d["betas"],
+                     eps=d["eps"], weight_decay=d["weight_decay"], adam_w_mode=decoupled.pop())
+
+
+def _describe(opt: Any) -> str:
+    if type(opt).__module__.startswith("deepspeed"):
+        return f"deepspeed FusedAdam(adam_w_mode={bool(opt.adam_w_mode)})"
+    return f"{type(opt).__name__}(fused=True)"
+
+
+def rebind_schedulers(schedulers: list, old: Any, new: Any) -> None:
+    """Points every scheduler (a SchedulerConfig or a bare scheduler, and the children of SequentialLR or
+    ChainedScheduler) that drives `old` at `new`. Schedulers keep their own state (step count, base lrs) and only
+    read and write `optimizer.param_groups`, whose keys the rebuilt optimizer carries over."""
+    stack = [getattr(s, "scheduler", s) for s in schedulers]
+    while stack:
+        sched = stack.pop()
+        if getattr(sched, "optimizer", None) is old:
+            sched.optimizer = new
+        stack.extend(getattr(sched, "_schedulers", []))
+
+
+# ---------------------------------------------------------------------------------------------- compile
+def apply_compile(module: nn.Module, *, block_classes: list[type] | None = None) -> list[str]:
+    """Compiles, in place, the repeated blocks of `module` with `torch.compile` (regional compilation).
+
+    The blocks are the children of every nn.ModuleList (the units FSDP shards), or the modules whose class is in
+    `block_classes`; a block already wrapped by activation checkpointing is compiled with its wrapper. A model
+    with neither gets each direct child that holds parameters compiled (what `training_step` calls, whether it
+    is `self(x)` or `self.model(x)`), or, with no such child, the module itself. `Module.compile()` is used, so
+    `state_dict()` keys and parameter names do not change and the blocks stay where they are.
+
+    Order: after activation checkpointing (a checkpointed block is compiled whole, recomputation included) and
+    before DDP / FSDP / DeepSpeed wrap the model (their hooks then stay outside the compiled code: dynamo skips
+    FSDP2's hooks and DeepSpeed marks its ZeRO-3 hooks `torch.compiler.disable`).
+
+    Returns:
+        the qualified names of the compiled modules ("" for the root), in module order.
+    """
+    if block_classes:
+        classes = tuple(block_classes)
+        found = [(n, m) for n, m in module.named_modules() if isinstance(_unwrapped(m), classes)]
+    else:
+        found = [(f"{n}.{i}" if n else str(i), child) for n, m in module.named_modules()
+                 if isinstance(m, nn.ModuleList) for i, child in enumerate(m)]
+    names, taken = [], []
+    for name, m in found:  # outermost first: a compiled block's own sub-blocks run inside its graph
+        if any(name == t or name.startswith(t + ".") or t == "" for t in taken):
+            continue
+        taken.append(name)
+        names.append(name)
+    if not names:
+        names = [n for n, c in module.named_children() if any(True for _ in c.parameters())] or [""]
+    for name in names:
+        target = module.get_submodule(name)
+        if getattr(target, "_compiled_call_impl", None) is None:  # already compiled: leave its cache
+            target.compile()
+    return names
+
+
+def _unwrapped(m: nn.Module) -> nn.Module:
+    """The block inside an activation-checkpointing wrapper, or `m` itself. A wrapper and its block match the
+    same class; the wrapper comes first in module order, so it is the one compiled."""
+    return getattr(m, "_checkpoint_wrapped_module", m)
+
+
+def compiled_frames() -> int:
+    """How many frames torch.compile has compiled in this process so far. A compiled block is compiled on its
+    first call, so a count that has not grown since `apply_compile` means no compiled code has run."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["frames"]["ok"])
+
+
+def compiled_ran(since: int) -> bool:
+    """True if torch.compile compiled (hence ran) any frame after `since`, a `compiled_frames()` taken before the
+    first step. Used by the Trainer for its "compile=True but nothing compiled ran" warning."""
+    return compiled_frames() > since
