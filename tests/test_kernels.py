@@ -119,8 +119,8 @@ def test_optimizer_kernels_flag_is_validated():
     assert ls.Trainer(optimizer_kernels="as_written", logger=False).cfg.optimizer_kernels == "as_written"
 
 
-class FusedByHand(GPTModule):
-    """The Trainer, one device, with the optimizer rebuilt the way the strategies will (until it is wired in)."""
+class UserAdamW(GPTModule):
+    """The GPT as a user writes it: torch AdamW with fused and foreach unset, an LR schedule."""
 
     def __init__(self, fuse: bool):
         super().__init__(CFG, lr=3e-3, warmup_steps=5)
@@ -131,21 +131,15 @@ class FusedByHand(GPTModule):
         self.losses.append(loss.item())
         return loss
 
-    def configure_optimizers(self):
-        out = super().configure_optimizers()
-        if self.fuse:
-            scheds = [SchedulerConfig(out["lr_scheduler"]["scheduler"], "step")]
-            [out["optimizer"]], _ = apply_fused_optimizers([out["optimizer"]], scheds, backend="torch",
-                                                           device_type="cpu", offload=False)
-        return out
-
 
 def test_trainer_single_device_fused_same_losses(tmp_path):
     runs = {}
     for fuse in (False, True):
-        module = FusedByHand(fuse)
+        module = UserAdamW(fuse)
+        # The user's plain AdamW: the Trainer fuses it by default; "as_written" keeps it.
         trainer = ls.Trainer(devices=1, accelerator="cpu", max_steps=12, seed=0, logger=False,
-                             enable_checkpointing=False, enable_progress_bar=False, default_root_dir=str(tmp_path))
+                             enable_checkpointing=False, enable_progress_bar=False, default_root_dir=str(tmp_path),
+                             optimizer_kernels="fused" if fuse else "as_written")
         trainer.fit(module, DataLoader(ByteWindows(stdlib_corpus(60_000), CFG.block_size), batch_size=8))
         runs[fuse] = module.losses
         assert trainer.strategy.schedulers[0].scheduler.optimizer is trainer.strategy.optimizers[0]

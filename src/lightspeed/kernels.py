@@ -67,6 +67,19 @@ def apply_fused_optimizers(optimizers: list, schedulers: list, *, backend: Liter
                  f"{rebound}; Trainer(optimizer_kernels='as_written') keeps the optimizer as written.")
 
 
+def build_optimizers_fast(build: Any, spec: Any, *, backend: Literal["torch", "deepspeed"], device_type: str,
+                          offload: bool = False, is_global_zero: bool = True) -> tuple[list, list]:
+    """Runs the user's `configure_optimizers` (`build()`) and, unless `spec.optimizer_kernels` is "as_written",
+    swaps in fused kernels (`apply_fused_optimizers`), saying so once on rank 0. What every strategy's setup calls."""
+    optimizers, schedulers = build()
+    if spec.optimizer_kernels == "fused":
+        optimizers, note = apply_fused_optimizers(optimizers, schedulers, backend=backend, device_type=device_type,
+                                                  offload=offload)
+        if note and is_global_zero:
+            print(note, flush=True)
+    return optimizers, schedulers
+
+
 def _is_unfused(opt: Any) -> bool:
     """A torch Adam/AdamW/SGD (not a subclass) that has not stepped and whose user chose no implementation."""
     if type(opt) not in FUSABLE or opt.state:

@@ -26,6 +26,8 @@ class RunSpec:
     gradient_clip_algorithm: Literal["norm", "value"] = "norm"
     automatic_optimization: bool = True
     seed: int | None = None
+    optimizer_kernels: Literal["fused", "as_written"] = "fused"  # kernels.apply_fused_optimizers
+    compile: bool = False  # kernels.apply_compile, applied by each strategy before it wraps the model
 
 
 @dataclass

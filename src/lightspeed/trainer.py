@@ -30,6 +30,7 @@ from .config import TrainerConfig
 from .data import accumulation_windows, move_to_device, num_batches, resumed_iterator, set_epoch, with_distributed_sampler
 from .distributed import broadcast_from_rank0
 from .errors import ConfigError
+from .kernels import compiled_frames, compiled_ran
 from .launch import DistInfo, end_with_os_exit, export_env, read_dist_info, start_local_ranks, watch_parent
 from .loggers import CSVLogger, Logger, TensorBoardLogger
 from .metrics import MetricStore
@@ -174,7 +175,8 @@ class Trainer:
                        accumulate_grad_batches=self.cfg.accumulate_grad_batches,
                        gradient_clip_val=self.cfg.gradient_clip_val,
                        gradient_clip_algorithm=self.cfg.gradient_clip_algorithm,
-                       automatic_optimization=module.automatic_optimization, seed=self.cfg.seed)
+                       automatic_optimization=module.automatic_optimization, seed=self.cfg.seed,
+                       optimizer_kernels=self.cfg.optimizer_kernels, compile=self.cfg.compile)
         self.strategy.check(spec)
         best = self.checkpoint_callback.best_model_path if self.checkpoint_callback else None
         path = resolve(ckpt_path, self.checkpoint_dir, best, verify=self._env.rank == 0) if ckpt_path else None
@@ -193,8 +195,6 @@ class Trainer:
             if phase == "fit" and module.automatic_optimization and not self.strategy.optimizers:
                 raise ConfigError("configure_optimizers returned no optimizer: return one of the forms in "
                                   "lightspeed.optim (an optimizer, a list, a dict with 'optimizer', ...).")
-            if phase == "fit" and self.cfg.compile:
-                module.compile()
             self._phase = phase
         return path
 
@@ -247,6 +247,7 @@ class Trainer:
             self.stage, self.metrics.stage, self.fitting = "train", "train", True
             skip, rng = self._restore(model, resume) if resume else (0, None)
             self._start_progress(math.ceil(n / self.cfg.accumulate_grad_batches))
+            self._frames_at_start = compiled_frames() if self.cfg.compile else 0
             model.on_fit_start()
             for cb in self.callbacks:
                 cb.on_fit_start(self, model)
@@ -313,6 +314,8 @@ class Trainer:
             self._progress.advance(f"epoch {self.current_epoch}", self.metrics.prog_bar_values() if fresh else None)
         for cb in self.callbacks:
             cb.on_train_batch_end(self, module, out, batch, batch_idx)
+        if self.cfg.compile and self.global_step == 3 and not compiled_ran(self._frames_at_start):
+            self.print0("Warning: compile=True, but nothing compiled ran in 3 steps (see kernels.apply_compile).")
 
     def _end_train_epoch(self, module: Module, val_loader: Any, epoch_done: bool) -> None:
         # Lightning's order: validation first, so on_train_epoch_end and epoch schedulers (ReduceLROnPlateau

@@ -20,6 +20,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..checkpoint_io import load_replicated, save_replicated
 from ..distributed import barrier, destroy_process_group, init_process_group
+from ..kernels import apply_compile, build_optimizers_fast
 from ..launch import DistInfo
 from ..precision import Precision, optimizer_step
 from ..specs import RunSpec, StepStats
@@ -71,8 +72,12 @@ class DDP:
 
     def setup(self, module, build_optimizers, micro_batch_size=None) -> None:
         self.module = self.precision.convert_module(module.to(self.device))
+        if self.spec.compile:
+            apply_compile(module)  # before DDP wraps it: DDP's hooks stay outside the compiled code
         if build_optimizers is not None:
-            self.optimizers, self.schedulers = build_optimizers()
+            self.optimizers, self.schedulers = build_optimizers_fast(
+                build_optimizers, self.spec, backend="torch", device_type=self.device.type,
+                is_global_zero=self.dist.is_global_zero)
             if self.shard_optimizer:
                 self.optimizers, self.schedulers = apply_zero1(self.optimizers, self.schedulers,
                                                                self.parameters_as_bucket_view)

@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from ..distributed import broadcast_from_rank0, destroy_process_group, init_process_group
 from ..errors import ConfigError
+from ..kernels import apply_compile, build_optimizers_fast
 from ..launch import DistInfo
 from ..memory import cuda_free
 from ..specs import RunSpec, StepStats
@@ -135,7 +136,7 @@ class DeepSpeed:
         offload = "_offload" if self.offload_optimizer or self.offload_params else ""
         nvme = "_nvme" if "nvme" in (self.offload_optimizer, self.offload_params) else ""
         self.name = f"deepspeed_stage_{self.stage}{offload}{nvme}"
-        self.engine, self._checkpointing_applied, self.micro_batch_size = None, False, None
+        self.engine, self._prepared, self.micro_batch_size = None, False, None
 
     # ------------------------------------------------------------------ config
     def check(self, spec: RunSpec) -> None:
@@ -171,7 +172,10 @@ class DeepSpeed:
         Raises ConfigError when a user key contradicts a Trainer flag, naming both values."""
         spec = self.spec
         zero: dict[str, Any] = {
-            "stage": self.stage, "contiguous_gradients": True, "overlap_comm": False,
+            # Overlapping the gradient reduce with the backward is DeepSpeed's stage-3 default and where stage 3
+            # lost to DeepSpeed's own loop on 2 GPUs; CPU ranks have no streams to overlap on.
+            "stage": self.stage, "contiguous_gradients": True,
+            "overlap_comm": self.stage == 3 and self.device.type == "cuda",
             "allgather_bucket_size": self.allgather_bucket_size, "reduce_bucket_size": self.reduce_bucket_size,
         }
         if self.stage == 3:  # partition every parameter, however small (DeepSpeed keeps small ones whole)
@@ -262,9 +266,12 @@ class DeepSpeed:
     def setup(self, module: torch.nn.Module, build_optimizers, micro_batch_size: int | None = None) -> None:
         deepspeed = _import_deepspeed()
         self.module, self.micro_batch_size = module, micro_batch_size
-        if self.activation_checkpointing and not self._checkpointing_applied:
-            apply_activation_checkpointing(module, self.activation_checkpointing)
-            self._checkpointing_applied = True
+        if not self._prepared:  # once, before the first engine wraps the module
+            if self.activation_checkpointing:
+                apply_activation_checkpointing(module, self.activation_checkpointing)
+            if self.spec.compile:
+                apply_compile(module)
+            self._prepared = True
         config = self.build_config(module)
         optimizer = None
         if build_optimizers is None:  # evaluation: an inference-only engine, no optimizer state
@@ -275,7 +282,9 @@ class DeepSpeed:
             self._log0("DeepSpeed: the config has an 'optimizer' section; configure_optimizers is not used.")
         else:
             with self._full_shapes(deepspeed, module):
-                optimizers, self.schedulers = build_optimizers()
+                optimizers, self.schedulers = build_optimizers_fast(
+                    build_optimizers, self.spec, backend="deepspeed", device_type=self.device.type,
+                    offload=bool(self.offload_optimizer), is_global_zero=self.dist.is_global_zero)
             if len(optimizers) > 1:
                 raise ConfigError(f"configure_optimizers returned {len(optimizers)} optimizers; DeepSpeed runs one "
                                   "engine with one optimizer. Return a single optimizer (with parameter groups).")

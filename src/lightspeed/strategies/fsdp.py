@@ -42,6 +42,7 @@ from torch.distributed.tensor import DTensor
 
 from ..distributed import barrier, destroy_process_group, init_process_group
 from ..errors import ConfigError
+from ..kernels import apply_compile, build_optimizers_fast
 from ..launch import DistInfo
 from ..precision import Precision, optimizer_step
 from ..specs import RunSpec, StepStats
@@ -132,12 +133,16 @@ class FSDP:
             for m in module.modules():
                 if isinstance(m, FSDPModule):
                     m.reshard()
-            self.optimizers, self.schedulers = build_optimizers()
+            self.optimizers, self.schedulers = build_optimizers_fast(
+                build_optimizers, self.spec, backend="torch", device_type=self.device.type,
+                is_global_zero=dist.get_rank() == 0)
 
     def _shard(self, module: nn.Module) -> None:
         self.precision.convert_module(module)  # bf16-true: bf16 weights and optimizer states
         if self.activation_checkpointing:
             apply_activation_checkpointing(module, self.activation_checkpointing)
+        if self.spec.compile:  # after activation checkpointing, before sharding (torchtitan's order)
+            apply_compile(module)
         ties = find_tied_parameters(module)
         device = torch.device("cpu") if self.cpu_offload else self.device
         if not self._needs_init:

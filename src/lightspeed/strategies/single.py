@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from ..checkpoint_io import load_replicated, save_replicated
+from ..kernels import apply_compile, build_optimizers_fast
 from ..launch import DistInfo
 from ..precision import Precision, optimizer_step
 from ..specs import RunSpec, StepStats
@@ -35,8 +36,11 @@ class SingleDevice:
 
     def setup(self, module, build_optimizers, micro_batch_size=None) -> None:
         self.module = self.precision.convert_module(module.to(self.device))
+        if self.spec.compile:
+            apply_compile(module)
         if build_optimizers is not None:
-            self.optimizers, self.schedulers = build_optimizers()
+            self.optimizers, self.schedulers = build_optimizers_fast(build_optimizers, self.spec, backend="torch",
+                                                                     device_type=self.device.type)
 
     def forward(self, step, *args, sync_grads: bool = True):
         with self.precision.autocast():  # one process: there is no gradient to synchronise
