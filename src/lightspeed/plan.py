@@ -425,3 +425,284 @@ def _check(devices: int, precision: str, micro_batch: int) -> str:
         raise ConfigError(f"precision={precision!r} is not valid: use one of '32-true', 'bf16-mixed', '16-mixed', "
                           "'bf16-true'.")
     return PRECISION_ALIASES[precision]
+
+
+# ---------------------------------------------------------------------------------------------------- choice
+
+@dataclass(frozen=True)
+class Choice:
+    """The chosen forecast, every forecast in speed order, the one-line reason and the rendered table."""
+
+    forecast: Forecast
+    ordered: list[Forecast]
+    reason: str
+    table: Any  # a rich.table.Table
+
+    @property
+    def name(self) -> str:
+        return self.forecast.candidate.name
+
+
+def speed_order(forecasts: list[Forecast]) -> list[Forecast]:
+    """Fastest first by the speed model (`SPEED`); every offloaded candidate after every on-device one."""
+    return sorted(forecasts, key=lambda f: (f.candidate.offload_optimizer, -f.candidate.speed))
+
+
+def choose(forecasts: list[Forecast], device_bytes: float, host_bytes: float, headroom: float = 0.1,
+           show: bool = True) -> Choice:
+    """Takes the fastest candidate whose device total and host bytes fit in (1 - headroom) of the memory given
+    (both per rank). Prints the table with the choice marked and the reason when `show`.
+
+    Raises:
+        ConfigError: if no candidate fits, naming the smallest requirement and the memory available.
+    """
+    from .plan_chart import gib, render_table
+
+    if not 0 <= headroom < 1:
+        raise ConfigError(f"headroom={headroom!r} is not valid: expected a fraction in [0, 1).")
+    dev_limit, host_limit = device_bytes * (1 - headroom), host_bytes * (1 - headroom)
+    ordered = speed_order(forecasts)
+    fits = [f for f in ordered if f.device_total <= dev_limit and f.host <= host_limit]
+    if not fits:
+        least = min(ordered, key=lambda f: (f.device_total, f.host))
+        raise ConfigError(
+            f"the model fits under no strategy: the smallest requirement is {least.candidate.name} with "
+            f"{gib(least.device_total)} per device and {gib(least.host)} of host memory per rank, and "
+            f"{gib(device_bytes)} per device and {gib(host_bytes)} of host memory per rank are available "
+            f"({headroom:.0%} kept free). Use more devices, a smaller micro-batch or a smaller model.")
+    best = fits[0]
+    faster = ordered[:ordered.index(best)]
+    reason = f"{best.candidate.name}: the fastest that fits ({gib(best.device_total)} of {gib(dev_limit)} per device"
+    reason += f", {gib(best.host)} of {gib(host_limit)} host)" if best.host else ")"
+    if faster:
+        reason += f"; {faster[0].candidate.name} needs {gib(faster[0].device_total)}"
+        reason += f" and {gib(faster[0].host)} host" if faster[0].host > host_limit else ""
+    table = render_table(ordered, best, dev_limit, title=f"Memory plan per device (fits: ≤ {gib(dev_limit)})")
+    if show:
+        from rich.console import Console
+
+        console = Console(width=160)
+        console.print(table)
+        console.print(f"[bold]chosen:[/bold] {reason}")
+    return Choice(best, ordered, reason, table)
+
+
+def device_memory(device_type: str, world_size: int, memory_budget: float | None = None) -> tuple[float, float]:
+    """(bytes per device, host bytes per rank). CUDA: free memory of the current device, honouring
+    set_per_process_memory_fraction; CPU: `memory_budget`, else available host memory / world size. A given
+    `memory_budget` wins on either."""
+    import psutil
+
+    host = psutil.virtual_memory().available / world_size
+    if memory_budget is not None:
+        return float(memory_budget), host
+    if device_type == "cuda":
+        from .memory import cuda_free
+
+        return cuda_free(torch.device("cuda", torch.cuda.current_device())), host
+    return host, host
+
+
+def auto_strategy(module: torch.nn.Module, world_size: int, precision: str = "32-true", micro_batch: int = 1,
+                  device_type: str = "cpu", memory_budget: float | None = None, batch: Any = None,
+                  headroom: float = 0.1, show: bool = True) -> tuple[str, Any]:
+    """`Trainer(strategy="auto")`: the fastest named strategy that fits this machine, and its rich table.
+
+    Only candidates with a Trainer strategy string are considered, so the name can be handed to spawned ranks;
+    on CPU the offloaded ones are left out (the host is the device). Run it once, before ranks start.
+    Raises ConfigError when nothing fits (see `choose`)."""
+    device_bytes, host_bytes = device_memory(device_type, world_size, memory_budget)
+    candidates = [c for c in build_candidates(world_size, deepspeed=_has_deepspeed())
+                  if c.is_named and not (device_type == "cpu" and c.offload_optimizer)]
+    rows = forecast(module, world_size, precision, micro_batch, batch=batch, candidates=candidates)
+    choice = choose(rows, device_bytes, host_bytes, headroom, show=show)
+    return choice.name, choice.table
+
+
+# ---------------------------------------------------------------------------------------------------- micro-batch
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """The finder's answer: the micro-batch, the forecast's own figure, and how it was confirmed."""
+
+    size: int
+    forecast_size: int
+    note: str
+
+
+def find_micro_batch(module: torch.nn.Module, batch: Any, devices: int, strategy: str, device_bytes: float,
+                     precision: str = "32-true", headroom: float = 0.1, max_micro_batch: int = 4096,
+                     device_type: str = "cpu", step_fn=None) -> MicroBatch:
+    """The largest micro-batch that fits `device_bytes` (per device, less `headroom`) under `strategy` (a
+    candidate name from `build_candidates`), from the forecast: model states and buffers are fixed, activations
+    grow by the probe's measured bytes per sample.
+
+    On CUDA the forecast is then confirmed by a real step, `step_fn(micro_batch)` (default: a plain single-device
+    forward, backward and optimizer step of a copy of the module): on torch.cuda.OutOfMemoryError the memory is
+    freed and the micro-batch halved until a step succeeds. On CPU the answer is the forecast's only (no step is
+    run: host memory has no out-of-memory error to recover from), and the note says so.
+
+    Raises:
+        ConfigError: unknown strategy, or not even micro-batch 1 fits.
+    """
+    precision = _check(devices, precision, 1)
+    by_name = {c.name: c for c in build_candidates(devices, deepspeed=_has_deepspeed())}
+    if strategy not in by_name:
+        raise ConfigError(f"strategy={strategy!r} is not valid here: use one of {', '.join(sorted(by_name))}.")
+    candidate, facts = by_name[strategy], inspect_model(module, batch, precision)
+    limit = device_bytes * (1 - headroom)
+    fixed = forecast_candidate(candidate, facts, devices, precision, 1)
+    fixed_bytes = fixed.device_total - fixed.activations
+    act = facts.activations
+    per_sample = act.ac_per_sample if candidate.activation_checkpointing else act.per_sample
+    base = act.ac_base if candidate.activation_checkpointing else act.base
+    room = limit - fixed_bytes - base
+    size = max_micro_batch if per_sample <= 0 else min(max_micro_batch, int(room // per_sample))
+    if room <= 0 or size < 1:
+        from .plan_chart import gib
+
+        raise ConfigError(f"micro_batch: not even 1 fits under {strategy}: it needs {gib(fixed.device_total)} per "
+                          f"device and {gib(limit)} is available ({headroom:.0%} kept free).")
+    if device_type != "cuda":
+        return MicroBatch(size, size, "forecast only: on CPU no step is run to confirm it")
+    confirmed = confirm_micro_batch(step_fn or (lambda n: _plain_cuda_step(module, batch, n, precision)), size)
+    return MicroBatch(confirmed, size, f"confirmed by a real step at {confirmed}"
+                      + (f" (the forecast's {size} ran out of memory)" if confirmed < size else ""))
+
+
+def confirm_micro_batch(step_fn, size: int) -> int:
+    """Runs `step_fn(size)`, halving `size` after each torch.cuda.OutOfMemoryError (memory freed in between);
+    returns the first size that ran. Raises the last OutOfMemoryError if even 1 does not fit."""
+    import gc
+
+    while True:
+        try:
+            step_fn(size)
+            return size
+        except torch.cuda.OutOfMemoryError:
+            if size == 1:
+                raise
+        # Outside the except block: the traceback no longer holds the failed step's frames and tensors.
+        gc.collect()
+        torch.cuda.empty_cache()
+        size //= 2
+
+
+def _plain_cuda_step(module: torch.nn.Module, batch: Any, n: int, precision: str) -> None:
+    """One forward, backward and optimizer step of a fresh copy of `module` on the current CUDA device."""
+    from .optim import parse_optimizers
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    twin = _built_copy(module, device)
+    twin.trainer = _ProbeTrainer()
+    if precision == "bf16-true":
+        twin.to(torch.bfloat16)
+    optimizers, _ = parse_optimizers(twin.configure_optimizers())
+    half = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
+    data = _to(batch_of(batch, n), device)
+    try:
+        with torch.autocast("cuda", dtype=half, enabled=half is not None):
+            out = twin.training_step(data, 0)
+        (out["loss"] if isinstance(out, dict) else out).backward()
+        for opt in optimizers:
+            opt.step()
+        torch.cuda.synchronize(device)
+    finally:
+        del twin, optimizers, data
+
+
+def _to(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {k: _to(v, device) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to(v, device) for v in value)
+    return value
+
+
+# ---------------------------------------------------------------------------------------------------- command line
+
+def plan_cli(argv: list[str]) -> int:
+    """`lightspeed plan SCRIPT_OR_MODULE:NAME [--batch NAME] [--devices N] [--precision P] [--micro-batch B]
+    [--device-memory 80GiB] [--host-memory 500GiB] [--headroom 0.1] [--out DIR]`.
+
+    NAME is a Module class or a function (called with no arguments) or a Module instance, in a Python file or an
+    importable module; `--batch` names a sample batch (or a function returning one) beside it for the activation
+    probe. Prints the plan table, marks the choice when --device-memory is given, writes the bar chart to --out.
+    Returns 0, or 2 after printing a ConfigError's message."""
+    import argparse
+
+    from rich.console import Console
+
+    from .plan_chart import render_table, write_chart
+
+    p = argparse.ArgumentParser(prog="lightspeed plan", description="Forecast memory per device for each strategy.")
+    p.add_argument("target", help="SCRIPT_OR_MODULE:NAME of the Module class, factory or instance")
+    p.add_argument("--batch", help="NAME of a sample batch (or a function returning one) in the same file/module")
+    p.add_argument("--devices", type=int, default=1)
+    p.add_argument("--precision", default="32-true")
+    p.add_argument("--micro-batch", type=int, default=1)
+    p.add_argument("--device-memory", type=parse_bytes, help="bytes per device, e.g. 80GiB")
+    p.add_argument("--host-memory", type=parse_bytes, help="host bytes per rank (default: available / devices)")
+    p.add_argument("--headroom", type=float, default=0.1)
+    p.add_argument("--out", default="lightspeed_plan", help="folder for memory_plan.png")
+    args = p.parse_args(argv)
+    console = Console(width=160)
+    try:
+        module, batch = load_target(args.target, args.batch)
+        rows = forecast(module, args.devices, args.precision, args.micro_batch, batch=batch)
+        if args.device_memory is not None:
+            host = args.host_memory or device_memory("cpu", args.devices)[1]
+            limit = args.device_memory * (1 - args.headroom)
+            choose(rows, args.device_memory, host, args.headroom, show=True)
+        else:
+            limit = None
+            console.print(render_table(speed_order(rows), None, None))
+        if batch is None:
+            console.print("activations: not probed (no --batch given): 0 in the table")
+        console.print(f"chart: {write_chart(rows, args.out, limit)}")
+    except ConfigError as e:
+        console.print(f"[red]error:[/red] {e}", markup=True, highlight=False)
+        return 2
+    return 0
+
+
+def load_target(target: str, batch_name: str | None = None) -> tuple[torch.nn.Module, Any]:
+    """Resolves `SCRIPT_OR_MODULE:NAME` (and an optional batch NAME beside it) to (module, batch).
+    Raises ConfigError naming what is missing."""
+    import importlib
+    import runpy
+    from pathlib import Path
+
+    source, sep, name = target.rpartition(":")
+    if not sep or not source or not name:
+        raise ConfigError(f"target={target!r} is not valid: expected SCRIPT_OR_MODULE:NAME, e.g. train.py:Model.")
+    if source.endswith(".py") or Path(source).is_file():
+        if not Path(source).is_file():
+            raise ConfigError(f"target={target!r} is not valid: the file {source} does not exist.")
+        scope = runpy.run_path(source, run_name="__lightspeed_plan__")  # not "__main__": its training does not run
+    else:
+        try:
+            scope = vars(importlib.import_module(source))
+        except ImportError as e:
+            raise ConfigError(f"target={target!r} is not valid: cannot import {source} ({e}).") from None
+    for wanted in (name, batch_name):
+        if wanted is not None and wanted not in scope:
+            raise ConfigError(f"{wanted!r} is not defined in {source}.")
+    obj = scope[name]
+    module = obj if isinstance(obj, torch.nn.Module) else obj()
+    if not isinstance(module, torch.nn.Module):
+        raise ConfigError(f"target={target!r} is not valid: {name} gave {type(module).__name__}, not a Module.")
+    batch = scope[batch_name] if batch_name else None
+    return module, batch() if callable(batch) else batch
+
+
+def parse_bytes(text: str) -> float:
+    """'16GiB', '16G', '512MiB', '1e9' -> bytes (binary units; a bare number is bytes)."""
+    units = {"k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+    t = text.strip().lower().removesuffix("b").removesuffix("i")
+    try:
+        return float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
+    except ValueError:
+        raise ConfigError(f"memory size {text!r} is not valid: use bytes or a size such as 16GiB.") from None
