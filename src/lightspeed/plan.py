@@ -243,17 +243,27 @@ def probe_activations(module: torch.nn.Module, batch: Any, precision: str = "32-
     With activation checkpointing only each block's input stays saved, plus one block's own tensors while it is
     recomputed: the probe attributes saved tensors to the repeated blocks (`repeated_blocks`) to derive that line.
     """
-    twin = _built_copy(module, torch.device("cpu"))
-    twin.trainer = _ProbeTrainer()
-    if precision == "bf16-true":
-        twin.to(torch.bfloat16)
-    twin.train()
+    twin = _probe_copy(module, precision)
     one, two = (_saved_bytes(twin, batch_of(batch, n), precision) for n in (1, 2))
     slope = [b - a for a, b in zip(one, two)]
     base = [a - s for a, s in zip(one, slope)]
     # (total, inside blocks, block inputs, largest block): checkpointed = total - inside + inputs + largest.
     ac = lambda v: v[0] - v[1] + v[2] + v[3]  # noqa: E731
     return Activations(base[0], slope[0], ac(base), ac(slope), True)
+
+
+def saved_activation_bytes(module: torch.nn.Module, batch: Any, precision: str = "32-true") -> int:
+    """Bytes autograd saves for one `training_step` and backward on `batch` itself, on a CPU copy of `module`
+    (weights excluded, as in `probe_activations`): a direct measurement to check the probe's line against."""
+    return _saved_bytes(_probe_copy(module, precision), batch, precision)[0]
+
+
+def _probe_copy(module: torch.nn.Module, precision: str) -> torch.nn.Module:
+    twin = _built_copy(module, torch.device("cpu"))
+    twin.trainer = _ProbeTrainer()
+    if precision == "bf16-true":
+        twin.to(torch.bfloat16)
+    return twin.train()
 
 
 def _saved_bytes(module: torch.nn.Module, batch: Any, precision: str) -> tuple[int, int, int, int]:
