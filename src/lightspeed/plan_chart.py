@@ -49,7 +49,7 @@ def render_table(ordered: list[Forecast], chosen: Forecast | None, device_limit:
 
 def write_chart(forecasts: list[Forecast], out_dir: str | Path, device_limit: float | None = None,
                 name: str = "memory_plan.png") -> Path:
-    """Writes a stacked bar chart (one bar per candidate, one colour per term, GiB per device) to
+    """Writes a stacked bar chart (one bar per candidate, one colour per term, per device) to
     `out_dir/name` and returns the path. A dashed line marks `device_limit` when given."""
     import matplotlib
 
@@ -59,15 +59,18 @@ def write_chart(forecasts: list[Forecast], out_dir: str | Path, device_limit: fl
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     labels = [f.candidate.name for f in forecasts]
+    largest = max([f.device_total for f in forecasts] + [device_limit or 0])
+    unit, size = next((u, s) for u, s in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("bytes", 1))
+                      if largest >= s or s == 1)
     fig, ax = plt.subplots(figsize=(max(6.0, 0.5 * len(forecasts) + 2), 5))
     bottom = [0.0] * len(forecasts)
     for term in TERMS:
-        values = [getattr(f, term) / 2**30 for f in forecasts]
+        values = [getattr(f, term) / size for f in forecasts]
         ax.bar(labels, values, bottom=bottom, label=term)
         bottom = [b + v for b, v in zip(bottom, values)]
     if device_limit is not None:
-        ax.axhline(device_limit / 2**30, color="black", linestyle="--", label="device limit")
-    ax.set_ylabel("GiB per device")
+        ax.axhline(device_limit / size, color="black", linestyle="--", label="device limit")
+    ax.set_ylabel(f"{unit} per device")
     ax.set_title("Forecast memory per device, by candidate")
     ax.tick_params(axis="x", labelrotation=75, labelsize=7)
     ax.legend(fontsize=7)
