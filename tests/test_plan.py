@@ -27,6 +27,10 @@ HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 TORCH = ["ddp", "ddp_sharded", "fsdp", "fsdp_grad_op"]
 DEEPSPEED = ["deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_3"] if HAS_DEEPSPEED else []
 MICRO_BATCH = 8  # tests/workload.py's batch_size
+# (strategy, precision) runs: every strategy in fp32, and the half-precision layouts (DeepSpeed's bf16 weights
+# and gradient partitions beside fp32 master weights; bf16-true's bf16 states) once each.
+RUNS = [(name, "32-true") for name in TORCH + DEEPSPEED] + [("ddp_sharded", "bf16-true")] + (
+    [("deepspeed_stage_3", "bf16-mixed")] if HAS_DEEPSPEED else [])
 
 
 def gpt():
@@ -59,18 +63,19 @@ def measured(tmp_path_factory, facts):
     picked, _ = auto_strategy(gpt(), 2, "32-true", 1, "cpu", memory_budget=_budget_ruling_out_ddp(facts),
                               batch=sample_batch(), show=False)
     out = {"auto_pick": picked}
-    for name in TORCH + DEEPSPEED:
+    for name, precision in RUNS:
         result = run_workload(tmp_path_factory.mktemp(name), strategy=name, devices=2, max_steps=3, memory=True,
-                              timeout=600)
+                              precision=precision, timeout=600)
         result["bytes"] = {c: max(rank[c] for rank in result["memory"]) for c in CATEGORIES}
-        out[name] = result
+        out[name, precision] = result
     return out
 
 
-@pytest.mark.parametrize("name", TORCH + DEEPSPEED)
-def test_model_states_match_measured_within_5_percent(measured, facts, name):
-    got = measured[name]["bytes"]
-    [want] = [f for f in forecast(gpt(), 2, micro_batch=MICRO_BATCH, facts=facts) if f.candidate.name == name]
+@pytest.mark.parametrize("name,precision", RUNS)
+def test_model_states_match_measured_within_5_percent(measured, facts, name, precision):
+    got = measured[name, precision]["bytes"]
+    rows = forecast(gpt(), 2, precision, micro_batch=MICRO_BATCH, facts=facts)
+    [want] = [f for f in rows if f.candidate.name == name]
     for term in CATEGORIES:
         expected = getattr(want, term)
         assert expected == pytest.approx(got[term], rel=0.05, abs=0), f"{name} {term}: forecast {expected}, " \
@@ -98,7 +103,7 @@ def test_auto_picks_ddp_with_room_and_a_sharded_strategy_that_trains_under_a_bud
     assert name == "ddp" and table.row_count > 1
     picked = measured["auto_pick"]
     assert picked in TORCH[1:] + DEEPSPEED, picked  # sharded: DDP was ruled out by the budget
-    run = measured[picked]  # trained by the fixture for 3 steps on 2 ranks with exactly that strategy name
+    run = measured[picked, "32-true"]  # trained by the fixture for 3 steps on 2 ranks with exactly that strategy name
     assert run["strategy"] == picked and run["global_step"] == 3
     assert all(math.isfinite(x) for x in run["losses"]) and run["losses"][-1] < run["losses"][0]
 
@@ -135,7 +140,8 @@ def test_choice_is_the_fastest_that_fits_and_the_table_marks_it(facts, capsys):
 
 def test_micro_batch_finder_is_the_largest_that_fits(facts):
     rows = {f.candidate.name: f for f in forecast(gpt(), 2, micro_batch=1, facts=facts)}
-    fixed = rows["ddp"].device_total - rows["ddp"].activations
+    ddp = rows["ddp"]
+    fixed = ddp.params + ddp.optim + ddp.master + ddp.buffers  # gradients are freed before the next forward
     budget = (fixed + facts.activations.base + 20.5 * facts.activations.per_sample) / 0.9
     found = find_micro_batch(gpt(), sample_batch(), 2, "ddp", budget)
     assert found.size == 20 and "forecast only" in found.note
@@ -189,3 +195,11 @@ def test_mixed_precision_terms_follow_each_backend_dtypes(facts):
     if HAS_DEEPSPEED:
         assert mixed["deepspeed_stage_2"].params == full["deepspeed_stage_2"].params // 2
         assert mixed["deepspeed_stage_2"].master == full["deepspeed_stage_2"].master
+
+
+def test_accumulation_keeps_gradients_beside_activations(facts):
+    once = {f.candidate.name: f for f in forecast(gpt(), 2, micro_batch=4, facts=facts)}
+    accumulating = {f.candidate.name: f for f in forecast(gpt(), 2, micro_batch=4, facts=facts, accumulate=4)}
+    f = once["ddp"]
+    assert f.device_total == f.params + f.optim + f.buffers + max(f.grads, f.activations)
+    assert accumulating["ddp"].device_total == f.params + f.optim + f.buffers + f.grads + f.activations

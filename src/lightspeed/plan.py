@@ -322,6 +322,7 @@ class Forecast:
     activations: int
     buffers: int
     host: int = 0
+    is_accumulating: bool = False  # gradient accumulation: gradients live through the next forward
 
     @property
     def model_states(self) -> int:
@@ -329,12 +330,16 @@ class Forecast:
 
     @property
     def device_total(self) -> int:
-        return self.model_states + self.activations + self.buffers
+        """The forecast peak. The step frees gradients (zero_grad(set_to_none=True)), so a forward's activations
+        and the gradients grow and shrink in turn: the larger of the two counts, unless accumulation keeps the
+        gradients through the next forward."""
+        transient = self.grads + self.activations if self.is_accumulating else max(self.grads, self.activations)
+        return self.params + self.optim + self.master + self.buffers + transient
 
 
 def forecast(module: torch.nn.Module, devices: int, precision: str = "32-true", micro_batch: int = 1,
              batch: Any = None, candidates: list[Candidate] | None = None,
-             facts: ModelFacts | None = None) -> list[Forecast]:
+             facts: ModelFacts | None = None, accumulate: int = 1) -> list[Forecast]:
     """Forecasts every candidate (default: `build_candidates(devices)`) for `module` on `devices` ranks.
 
     Args:
@@ -342,13 +347,15 @@ def forecast(module: torch.nn.Module, devices: int, precision: str = "32-true", 
         devices: the world size. precision: a Trainer precision string. micro_batch: per device.
         batch: a sample training batch for the activation probe; without one, activations are 0 (not probed).
         facts: reuse an earlier `inspect_model` result (the probe then runs once).
+        accumulate: the Trainer's accumulate_grad_batches (above 1, gradients and activations coexist).
     Raises:
         ConfigError: bad devices, precision or micro_batch, or a module without parameters.
     """
     precision = _check(devices, precision, micro_batch)
     facts = facts or inspect_model(module, batch, precision)
     candidates = candidates or build_candidates(devices, deepspeed=_has_deepspeed())
-    return [forecast_candidate(c, facts, devices, precision, micro_batch) for c in candidates]
+    rows = [forecast_candidate(c, facts, devices, precision, micro_batch) for c in candidates]
+    return [replace(f, is_accumulating=accumulate > 1) for f in rows]
 
 
 def forecast_candidate(c: Candidate, facts: ModelFacts, devices: int, precision: str, micro_batch: int) -> Forecast:
@@ -562,13 +569,13 @@ def find_micro_batch(module: torch.nn.Module, batch: Any, devices: int, strategy
     candidate, facts = by_name[strategy], inspect_model(module, batch, precision)
     limit = device_bytes * (1 - headroom)
     fixed = forecast_candidate(candidate, facts, devices, precision, 1)
-    fixed_bytes = fixed.device_total - fixed.activations
     act = facts.activations
     per_sample = act.ac_per_sample if candidate.activation_checkpointing else act.per_sample
     base = act.ac_base if candidate.activation_checkpointing else act.base
-    room = limit - fixed_bytes - base
-    size = max_micro_batch if per_sample <= 0 else min(max_micro_batch, int(room // per_sample))
-    if room <= 0 or size < 1:
+    # device_total(b) = states without grads + buffers + max(grads, base + per_sample × b): solve for b.
+    room = limit - (fixed.params + fixed.optim + fixed.master + fixed.buffers)
+    size = max_micro_batch if per_sample <= 0 else min(max_micro_batch, int((room - base) // per_sample))
+    if room < fixed.grads or size < 1:
         from .plan_chart import gib
 
         raise ConfigError(f"micro_batch: not even 1 fits under {strategy}: it needs {gib(fixed.device_total)} per "
