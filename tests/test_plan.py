@@ -12,7 +12,6 @@ import importlib.util
 import math
 
 import pytest
-import torch
 from helpers import run_workload
 from torch.utils.data import DataLoader
 
