@@ -305,7 +305,7 @@ def choose(forecasts: list[Forecast], device_bytes: float, host_bytes: float, he
     if faster:
         reason += f"; {faster[0].candidate.name} needs {gib(faster[0].device_total)}"
         reason += f" and {gib(faster[0].host)} host" if faster[0].host > host_limit else ""
-    table = render_table(ordered, best, dev_limit, title=f"Memory plan per device (fits: ≤ {gib(dev_limit)})")
+    table = render_table(ordered, best, dev_limit, f"Memory plan per device (fits: ≤ {gib(dev_limit)})", host_limit)
     if show:
         from rich.console import Console
 

@@ -26,9 +26,9 @@ def gib(n: float) -> str:
 
 
 def render_table(ordered: list[Forecast], chosen: Forecast | None, device_limit: float | None,
-                 title: str = "Memory plan per device") -> Any:
+                 title: str = "Memory plan per device", host_limit: float | None = None) -> Any:
     """A rich Table: one row per candidate in the given (speed) order, each term per device, the total, host
-    bytes, whether it fits `device_limit`, and a ◀ on the chosen row."""
+    bytes, whether it fits `device_limit` (and `host_limit` when given), and a ◀ on the chosen row."""
     from rich.table import Table
 
     table = Table(title=title)
@@ -40,7 +40,8 @@ def render_table(ordered: list[Forecast], chosen: Forecast | None, device_limit:
     table.add_column("fits")
     for f in ordered:
         is_chosen = chosen is not None and f is chosen
-        fits = "" if device_limit is None else ("yes" if f.device_total <= device_limit else "no")
+        is_fit = f.device_total <= (device_limit or 0) and (host_limit is None or f.host <= host_limit)
+        fits = "" if device_limit is None else ("yes" if is_fit else "no")
         table.add_row("◀" if is_chosen else "", f.candidate.name, f"{f.candidate.speed:.2f}",
                       *(gib(getattr(f, t)) for t in TERMS), gib(f.device_total), gib(f.host), fits,
                       style="bold green" if is_chosen else None)
