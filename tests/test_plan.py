@@ -116,6 +116,15 @@ def test_activation_probe_is_measured_and_scales(facts):
     assert act.at(MICRO_BATCH) == pytest.approx(saved_activation_bytes(gpt(), sample_batch()), rel=0.02)
 
 
+def test_activation_probe_under_autocast_leaves_weight_copies_out():
+    """Autocast's bf16 copies of the weights are saved for backward too; they are the weight cache (a buffer),
+    not activations: the probe's line then starts near 0 instead of at 2 bytes per parameter."""
+    facts = inspect_model(gpt(), sample_batch(), "bf16-mixed")
+    assert facts.activations.base < 0.2 * 2 * facts.numel  # with the copies it would exceed 2 bytes per parameter
+    direct = saved_activation_bytes(gpt(), sample_batch(), "bf16-mixed")
+    assert facts.activations.at(MICRO_BATCH) == pytest.approx(direct, rel=0.02)
+
+
 def test_nothing_fits_names_the_smallest_requirement_and_the_memory(facts):
     rows = forecast(gpt(), 2, micro_batch=1, facts=facts)
     smallest = min(f.device_total for f in rows)

@@ -164,11 +164,31 @@ def _probe_copy(module: torch.nn.Module, precision: str) -> torch.nn.Module:
     return twin.train()
 
 
+# Autograd nodes that cast, transpose or reshape without computing: walking back through them from a saved
+# tensor reaches a parameter's AccumulateGrad when the tensor is only a weight in another dtype or layout.
+_RELAYOUT = {"ToCopyBackward0", "TBackward0", "TransposeBackward0", "ViewBackward0", "UnsafeViewBackward0",
+             "PermuteBackward0", "ExpandBackward0", "ReshapeAliasBackward0", "AliasBackward0"}
+
+
+def is_weight_derived(t: torch.Tensor) -> bool:
+    """True when `t` is a parameter cast or re-laid out (autocast's half-precision copy of a weight, its
+    transpose): memory the weight cache accounts for, not an activation."""
+    fn = t.grad_fn
+    for _ in range(8):
+        if fn is None:
+            return False
+        if type(fn).__name__ == "AccumulateGrad":
+            return True
+        if type(fn).__name__ not in _RELAYOUT or not fn.next_functions:
+            return False
+        fn = fn.next_functions[0][0]
+    return False
+
+
 def _saved_bytes(module: torch.nn.Module, batch: Any, precision: str) -> tuple[int, int, int, int]:
     """One step's saved tensors: (all bytes, bytes saved inside blocks, bytes of block inputs, largest block)."""
     weights = {p.untyped_storage()._cdata for p in module.parameters()}
     half = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
-    weight_shapes = {tuple(p.shape) for p in module.parameters()}
     blocks = repeated_blocks(module)
     seen: set[int] = set()
     inside = [0] * len(blocks)
@@ -177,8 +197,7 @@ def _saved_bytes(module: torch.nn.Module, batch: Any, precision: str) -> tuple[i
     def pack(t: torch.Tensor) -> torch.Tensor:
         storage = t.untyped_storage()
         key = storage._cdata  # one entry per storage: views and repeated saves of one tensor count once
-        is_weight_cast = half is not None and t.dtype == half and tuple(t.shape) in weight_shapes
-        if key in seen or key in weights or is_weight_cast:
+        if key in seen or key in weights or is_weight_derived(t):
             return t
         seen.add(key)
         state["total"] += storage.nbytes()
