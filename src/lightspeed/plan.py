@@ -133,6 +133,7 @@ class Forecast:
     activations: int
     buffers: int
     host: int = 0
+    step_buffers: int = 0  # transient bytes of the optimizer step (activations are freed by then)
     is_accumulating: bool = False  # gradient accumulation: gradients live through the next forward
 
     @property
@@ -141,11 +142,12 @@ class Forecast:
 
     @property
     def device_total(self) -> int:
-        """The forecast peak. The step frees gradients (zero_grad(set_to_none=True)), so a forward's activations
-        and the gradients grow and shrink in turn: the larger of the two counts, unless accumulation keeps the
-        gradients through the next forward."""
+        """The forecast peak: the larger of the forward/backward peak and the optimizer step's. The step frees
+        gradients (zero_grad(set_to_none=True)), so a forward's activations and the gradients grow and shrink in
+        turn: the larger of the two counts, unless accumulation keeps the gradients through the next forward."""
         transient = self.grads + self.activations if self.is_accumulating else max(self.grads, self.activations)
-        return self.params + self.optim + self.master + self.buffers + transient
+        backward = self.params + self.optim + self.master + self.buffers + transient
+        return max(backward, self.model_states + self.step_buffers)
 
 
 def forecast(module: torch.nn.Module, devices: int, precision: str = "32-true", micro_batch: int = 1,
@@ -210,7 +212,9 @@ def _deepspeed(c: Candidate, facts: ModelFacts, devices: int, precision: str, ac
     buffers = bucket + {1: (total - part) * wd, 2: 0, 3: 2 * facts.unit_numel * wd}[stage]
     grads, optim, master = part * wd, states * part * 4 + steps * len(facts.groups), part * 4
     if not c.offload_optimizer:
-        return Forecast(c, params, grads, optim, master, act, buffers)
+        # Under bf16/fp16 the step first copies the half-precision gradient partition to fp32 for the optimizer.
+        step = part * 4 if wd == 2 else 0
+        return Forecast(c, params, grads, optim, master, act, buffers, step_buffers=step)
     host = offloaded_bytes_per_param(stage, "cpu", "cpu" if c.offload_params else None) * part
     return Forecast(c, 0 if c.offload_params else params, 0, 0, 0, act, buffers, host)
 
@@ -386,7 +390,7 @@ def find_micro_batch(module: torch.nn.Module, batch: Any, devices: int, strategy
     # device_total(b) = states without grads + buffers + max(grads, base + per_sample × b): solve for b.
     room = limit - (fixed.params + fixed.optim + fixed.master + fixed.buffers)
     size = max_micro_batch if per_sample <= 0 else min(max_micro_batch, int((room - base) // per_sample))
-    if room < fixed.grads or size < 1:
+    if room < fixed.grads or fixed.model_states + fixed.step_buffers > limit or size < 1:
         from .plan_chart import gib
 
         raise ConfigError(f"micro_batch: not even 1 fits under {strategy}: it needs {gib(fixed.device_total)} per "

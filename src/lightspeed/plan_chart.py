@@ -27,7 +27,8 @@ def gib(n: float) -> str:
 
 def render_table(ordered: list[Forecast], chosen: Forecast | None, device_limit: float | None,
                  title: str = "Memory plan per device", host_limit: float | None = None) -> Any:
-    """A rich Table: one row per candidate in the given (speed) order, each term per device, the total, host
+    """A rich Table: one row per candidate in the given (speed) order, each term per device, the optimizer
+    step's extra (DeepSpeed's fp32 gradient copy), the peak (`Forecast.device_total`), host
     bytes, whether it fits `device_limit` (and `host_limit` when given), and a ◀ on the chosen row."""
     from rich.table import Table
 
@@ -35,7 +36,7 @@ def render_table(ordered: list[Forecast], chosen: Forecast | None, device_limit:
     table.add_column("", width=1)
     table.add_column("candidate")
     table.add_column("speed", justify="right")
-    for term in (*TERMS, "device total", "host"):
+    for term in (*TERMS, "step extra", "device total", "host"):
         table.add_column(term, justify="right")
     table.add_column("fits")
     for f in ordered:
@@ -43,7 +44,8 @@ def render_table(ordered: list[Forecast], chosen: Forecast | None, device_limit:
         is_fit = f.device_total <= (device_limit or 0) and (host_limit is None or f.host <= host_limit)
         fits = "" if device_limit is None else ("yes" if is_fit else "no")
         table.add_row("◀" if is_chosen else "", f.candidate.name, f"{f.candidate.speed:.2f}",
-                      *(gib(getattr(f, t)) for t in TERMS), gib(f.device_total), gib(f.host), fits,
+                      *(gib(getattr(f, t)) for t in TERMS), gib(f.step_buffers), gib(f.device_total), gib(f.host),
+                      fits,
                       style="bold green" if is_chosen else None)
     return table
 
