@@ -12,14 +12,15 @@ import importlib.util
 import math
 
 import pytest
+import torch
 from helpers import run_workload
 from torch.utils.data import DataLoader
 
 import lightspeed as ls
 from lightspeed.examples.gpt import SIZES, ByteWindows, stdlib_corpus
 from lightspeed.memory import CATEGORIES, measure
-from lightspeed.plan import (auto_strategy, build_candidates, choose, find_micro_batch, forecast, inspect_model,
-                             plan_cli, saved_activation_bytes)
+from lightspeed.plan import (auto_strategy, build_candidates, choose, confirm_micro_batch, find_micro_batch,
+                             forecast, inspect_model, plan_cli, saved_activation_bytes)
 from lightspeed.plan_chart import write_chart
 
 HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
@@ -155,6 +156,20 @@ def test_micro_batch_finder_is_the_largest_that_fits(facts):
     assert found.size == 20 and "forecast only" in found.note
     with pytest.raises(ls.ConfigError, match="not even 1 fits"):
         find_micro_batch(gpt(), sample_batch(), 2, "ddp", fixed / 2)
+
+
+def test_confirming_halves_after_out_of_memory_until_a_step_runs():
+    """The recovery loop on its own (no GPU here): a step that runs out of memory above 5 samples."""
+    tried = []
+
+    def step(n):
+        tried.append(n)
+        if n > 5:
+            raise torch.cuda.OutOfMemoryError(f"{n} samples do not fit")
+
+    assert confirm_micro_batch(step, 32) == 4 and tried == [32, 16, 8, 4]
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        confirm_micro_batch(lambda n: step(n + 10), 2)
 
 
 def test_chart_is_a_png_with_one_bar_per_candidate(facts, tmp_path):

@@ -26,14 +26,24 @@ extrapolated linearly: a measured slope per sample, not a constant.
 
 from __future__ import annotations
 
+import argparse
+import gc
+import importlib
+import importlib.util
 import math
+import runpy
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
+from rich.console import Console
 
 from .config import PRECISION_ALIASES
 from .errors import ConfigError
+from .memory import cuda_free
+from .plan_chart import gib, render_table, write_chart
 from .plan_probe import (Activations, ModelFacts, batch_of, inspect_model, plain_cuda_step, probe_activations,
                          saved_activation_bytes)
 from .strategies.host_memory import offloaded_bytes_per_param
@@ -243,8 +253,6 @@ def _round_up(n: int, k: int) -> int:
 
 
 def _has_deepspeed() -> bool:
-    import importlib.util
-
     return importlib.util.find_spec("deepspeed") is not None
 
 
@@ -288,8 +296,6 @@ def choose(forecasts: list[Forecast], device_bytes: float, host_bytes: float, he
     Raises:
         ConfigError: if no candidate fits, naming the smallest requirement and the memory available.
     """
-    from .plan_chart import gib, render_table
-
     if not 0 <= headroom < 1:
         raise ConfigError(f"headroom={headroom!r} is not valid: expected a fraction in [0, 1).")
     dev_limit, host_limit = device_bytes * (1 - headroom), host_bytes * (1 - headroom)
@@ -311,8 +317,6 @@ def choose(forecasts: list[Forecast], device_bytes: float, host_bytes: float, he
         reason += f" and {gib(faster[0].host)} host" if faster[0].host > host_limit else ""
     table = render_table(ordered, best, dev_limit, f"Memory plan per device (fits: ≤ {gib(dev_limit)})", host_limit)
     if show:
-        from rich.console import Console
-
         console = Console(width=160)
         console.print(table)
         console.print(f"[bold]chosen:[/bold] {reason}")
@@ -323,14 +327,10 @@ def device_memory(device_type: str, world_size: int, memory_budget: float | None
     """(bytes per device, host bytes per rank). CUDA: free memory of the current device, honouring
     set_per_process_memory_fraction; CPU: `memory_budget`, else available host memory / world size. A given
     `memory_budget` wins on either."""
-    import psutil
-
     host = psutil.virtual_memory().available / world_size
     if memory_budget is not None:
         return float(memory_budget), host
     if device_type == "cuda":
-        from .memory import cuda_free
-
         return cuda_free(torch.device("cuda", torch.cuda.current_device())), host
     return host, host
 
@@ -391,8 +391,6 @@ def find_micro_batch(module: torch.nn.Module, batch: Any, devices: int, strategy
     room = limit - (fixed.params + fixed.optim + fixed.master + fixed.buffers)
     size = max_micro_batch if per_sample <= 0 else min(max_micro_batch, int((room - base) // per_sample))
     if room < fixed.grads or fixed.model_states + fixed.step_buffers > limit or size < 1:
-        from .plan_chart import gib
-
         raise ConfigError(f"micro_batch: not even 1 fits under {strategy}: it needs {gib(fixed.device_total)} per "
                           f"device and {gib(limit)} is available ({headroom:.0%} kept free).")
     if device_type != "cuda":
@@ -405,8 +403,6 @@ def find_micro_batch(module: torch.nn.Module, batch: Any, devices: int, strategy
 def confirm_micro_batch(step_fn, size: int) -> int:
     """Runs `step_fn(size)`, halving `size` after each torch.cuda.OutOfMemoryError (memory freed in between);
     returns the first size that ran. Raises the last OutOfMemoryError if even 1 does not fit."""
-    import gc
-
     while True:
         try:
             step_fn(size)
@@ -430,12 +426,6 @@ def plan_cli(argv: list[str]) -> int:
     importable module; `--batch` names a sample batch (or a function returning one) beside it for the activation
     probe. Prints the plan table, marks the choice when --device-memory is given, writes the bar chart to --out.
     Returns 0, or 2 after printing a ConfigError's message."""
-    import argparse
-
-    from rich.console import Console
-
-    from .plan_chart import render_table, write_chart
-
     p = argparse.ArgumentParser(prog="lightspeed plan", description="Forecast memory per device for each strategy.")
     p.add_argument("target", help="SCRIPT_OR_MODULE:NAME of the Module class, factory or instance")
     p.add_argument("--batch", help="NAME of a sample batch (or a function returning one) in the same file/module")
@@ -470,10 +460,6 @@ def plan_cli(argv: list[str]) -> int:
 def load_target(target: str, batch_name: str | None = None) -> tuple[torch.nn.Module, Any]:
     """Resolves `SCRIPT_OR_MODULE:NAME` (and an optional batch NAME beside it) to (module, batch).
     Raises ConfigError naming what is missing."""
-    import importlib
-    import runpy
-    from pathlib import Path
-
     source, sep, name = target.rpartition(":")
     if not sep or not source or not name:
         raise ConfigError(f"target={target!r} is not valid: expected SCRIPT_OR_MODULE:NAME, e.g. train.py:Model.")

@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rich.table import Table
+
 if TYPE_CHECKING:
     from .plan import Forecast
 
@@ -30,8 +32,6 @@ def render_table(ordered: list[Forecast], chosen: Forecast | None, device_limit:
     """A rich Table: one row per candidate in the given (speed) order, each term per device, the optimizer
     step's extra (DeepSpeed's fp32 gradient copy), the peak (`Forecast.device_total`), host
     bytes, whether it fits `device_limit` (and `host_limit` when given), and a ◀ on the chosen row."""
-    from rich.table import Table
-
     table = Table(title=title)
     table.add_column("", width=1)
     table.add_column("candidate")
