@@ -62,7 +62,9 @@ def measured(tmp_path_factory, facts):
     """Per strategy, rank 0's result of a 2-rank fit with memory=True (busiest rank's bytes in 'bytes')."""
     picked, _ = auto_strategy(gpt(), 2, "32-true", 1, "cpu", memory_budget=_budget_ruling_out_ddp(facts),
                               batch=sample_batch(), show=False)
-    out = {"auto_pick": picked}
+    # The same budget through the Trainer: strategy="auto" plans before the ranks start, then trains.
+    out = {"auto_pick": picked, "auto_run": run_workload(tmp_path_factory.mktemp("auto"), strategy="auto", devices=2,
+                                                         max_steps=3, memory_budget=_budget_ruling_out_ddp(facts))}
     for name, precision in RUNS:
         result = run_workload(tmp_path_factory.mktemp(name), strategy=name, devices=2, max_steps=3, memory=True,
                               precision=precision, timeout=600)
@@ -103,7 +105,7 @@ def test_auto_picks_ddp_with_room_and_a_sharded_strategy_that_trains_under_a_bud
     assert name == "ddp" and table.row_count > 1
     picked = measured["auto_pick"]
     assert picked in TORCH[1:] + DEEPSPEED, picked  # sharded: DDP was ruled out by the budget
-    run = measured[picked, "32-true"]  # trained by the fixture for 3 steps on 2 ranks with exactly that strategy name
+    run = measured["auto_run"]  # Trainer(strategy="auto", memory_budget=...) on 2 ranks, 3 steps
     assert run["strategy"] == picked and run["global_step"] == 3
     assert all(math.isfinite(x) for x in run["losses"]) and run["losses"][-1] < run["losses"][0]
 

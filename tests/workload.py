@@ -13,7 +13,7 @@ FSDP / ZeRO-1 options: fsdp (FSDP(**fsdp) as the strategy; shard_classes and act
 names from lightspeed.examples.gpt or torch.nn; result["fsdp_offload_policy"] names the policy applied), init_weights (a path: rank 0 saves the full weights at fit start),
 build_in_init (the GPT is built in __init__, not configure_model), manual (automatic_optimization=False),
 duck_optimizer (configure_optimizers returns an object that is not a torch optimizer), memory (result["memory"]:
-each rank's lightspeed.memory.measure after fit).
+each rank's lightspeed.memory.measure after fit), memory_budget (bytes per device for strategy "auto").
 DDP option: ddp_comm_hook ("fp16", "bf16", "powersgd": DDP(comm_hook=...); "count": a plain all-reduce hook in the
 `(state, hook)` form that records, per call, how many micro-batches had run: result["comm_hook_calls"]).
 """
@@ -176,6 +176,7 @@ def main(opts: dict) -> None:
         limit_predict_batches=opts.get("limit_predict_batches"), seed=opts.get("seed", 0),
         enable_progress_bar=bool(opts.get("progress")), enable_checkpointing=bool(opts.get("ckpt_every") or opts.get("checkpointing")),
         callbacks=callbacks, logger=False, accelerator=opts.get("accelerator", "cpu"),
+        memory_budget=opts.get("memory_budget"),
     )
     result: dict = {"world_size": trainer.world_size}
     if opts.get("fit", True):
@@ -203,8 +204,7 @@ def main(opts: dict) -> None:
 
         # One more forward/backward, no step: gradients exist only between backward and the step's zero_grad.
         module.train()
-        trainer.strategy.set_grad_sync(True)
-        trainer.strategy.backward(trainer.strategy.forward(module.training_step, next(iter(train)), 0))
+        trainer.strategy.backward(trainer.strategy.forward(module.training_step, next(iter(train)), 0, sync_grads=True))
         per_rank = [None] * dist.get_world_size()
         dist.all_gather_object(per_rank, measure(trainer.strategy))
         result["memory"] = per_rank

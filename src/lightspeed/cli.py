@@ -317,11 +317,18 @@ def build_parser() -> argparse.ArgumentParser:
                        description="What a bug report needs: versions of python, torch, CUDA and DeepSpeed, the "
                        "devices, and which DeepSpeed ops are installed or can be compiled here.")
     e.set_defaults(run=env, parser=e)
+    sub.add_parser("plan", add_help=False, help="forecast memory per device for each strategy and pick the fastest "
+                   "that fits (lightspeed plan --help)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of `lightspeed`. Exits 2 with one line on a user error (bad flag, missing checkpoint)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["plan"]:  # the planner parses its own flags (lightspeed.plan.plan_cli)
+        from .plan import plan_cli
+
+        sys.exit(plan_cli(argv[1:]))
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -55,6 +55,7 @@ class TrainerConfig:
     log_every_n_steps: int = 50
     default_root_dir: str = "."
     seed: int | None = None
+    memory_budget: float | None = None  # bytes per device that strategy="auto" plans for (default: what is free)
     deterministic: bool = False
     enable_progress_bar: bool = True
     enable_checkpointing: bool = True
@@ -101,6 +102,11 @@ class TrainerConfig:
                               "Adam/AdamW/SGD, DeepSpeed's FusedAdam) or 'as_written'.")
         if not isinstance(self.compile, bool):
             raise ConfigError(f"compile={self.compile!r} is not valid: expected True or False.")
+        if self.memory_budget is not None and (isinstance(self.memory_budget, bool) or
+                                               not isinstance(self.memory_budget, (int, float)) or
+                                               self.memory_budget <= 0):
+            raise ConfigError(f"memory_budget={self.memory_budget!r} is not valid: expected bytes per device (> 0) "
+                              "or None.")
         if self.seed is not None and not isinstance(self.seed, int):
             raise ConfigError(f"seed={self.seed!r} is not valid: expected an integer or None.")
 

@@ -7,12 +7,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.table import Table
 
-if TYPE_CHECKING:
-    from .plan import Forecast
+Forecast = Any  # plan.Forecast (plan imports this module, not the reverse)
 
 TERMS = ("params", "grads", "optim", "master", "activations", "buffers")
 

@@ -85,7 +85,7 @@ def count_parameters(module: torch.nn.Module) -> int:
 def strategy_settings(strategy: Any) -> dict[str, Any]:
     """The strategy's options (its dataclass fields, minus the loop's lists), and for DeepSpeed the effective
     config the engine was built with."""
-    skip = {"optimizers", "schedulers", "is_manual_optimization_supported", "clip_algorithms", "config"}
+    skip = {"optimizers", "schedulers", "config"}
     out: dict[str, Any] = {}
     if dataclasses.is_dataclass(strategy):
         out = {f.name: getattr(strategy, f.name) for f in dataclasses.fields(strategy) if f.name not in skip}

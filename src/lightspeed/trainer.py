@@ -36,6 +36,7 @@ from .loggers import CSVLogger, Logger, TensorBoardLogger
 from .metrics import MetricStore
 from .module import Module
 from .optim import parse_optimizers
+from .plan import plan_auto
 from .progress import ProgressBar, metrics_table, print_table
 from .rng import rng_state, seed_everything, set_rng_state
 from .run_metrics import RunMetrics
@@ -71,6 +72,8 @@ class Trainer:
                 raise ConfigError(f"devices={cfg.devices} × num_nodes={cfg.num_nodes} does not match the "
                                   f"{self._env.launcher} world size {self._world_size}.")
         self.strategy = build_strategy(strategy, self._world_size)
+        # "auto" plans from a memory forecast at fit (plan.py) on GPUs, or on CPU given a memory budget.
+        self._plans = strategy in ("auto", None) and (cfg.device_type == "cuda" or cfg.memory_budget is not None)
         self.callbacks = list(callbacks or [])
         if cfg.enable_checkpointing and not any(isinstance(c, ModelCheckpoint) for c in self.callbacks):
             self.callbacks.append(ModelCheckpoint())
@@ -182,6 +185,9 @@ class Trainer:
         path = resolve(ckpt_path, self.checkpoint_dir, best, verify=self._env.rank == 0) if ckpt_path else None
         self._launch(spec)
         path = broadcast_from_rank0(path) if ckpt_path else None  # every rank loads what rank 0 resolved
+        if self._plans and broadcast_from_rank0(self.strategy.name) != self.strategy.name:
+            raise ConfigError(f"strategy='auto' planned {self.strategy.name!r} on rank {self.global_rank} but "
+                              "another on rank 0 (their free memory differs): pass the strategy or memory_budget.")
         module.trainer = self
         for cb in self.callbacks:
             cb.setup(self, module, stage)
@@ -238,6 +244,10 @@ class Trainer:
                               f"{type(model).__name__}.")
         val = val_dataloaders if val_dataloaders is not None else model.val_dataloader()
         with self._entry(model):
+            if self._plans and self.dist is None:
+                self.strategy = build_strategy(plan_auto(model, train, self.world_size, self.cfg.precision,
+                                                         self.cfg.device_type, self.cfg.memory_budget,
+                                                         show=self._env.rank == 0), self.world_size)
             resume = self._prepare("fit", model, ckpt_path, getattr(train, "batch_size", None))
             train, val = self._distribute(train), self._distribute(val)
             n = num_batches(train, self.cfg.limit_train_batches)
