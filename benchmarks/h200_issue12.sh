@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The GPU measurements of issue 12 (fused kernels by default, compile, ZeRO-3, scaling), on the 2xH200 machine,
+# with .wheels carried (see ../shared/device/README.md). Each part fits one 10-minute device command:
+#
+#     bash benchmarks/h200_issue12.sh single    # GPU 0: plain loop vs the user's AdamW (fused by default / as
+#                                               # written) and compile; GPU 1 at the same time: the hand-written
+#                                               # DeepSpeed ZeRO-2/ZeRO-3 loops vs lightspeed's stages 2/3
+#     bash benchmarks/h200_issue12.sh scaling   # tokens/s per GPU on 1 and 2 GPUs
+#
+# Everything lands in $OUT (default ./out): per part a table (.txt), the runs' JSON lines (.err) and JSON.
+set -u
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-deps .wheels/*.whl 2>&1 | tail -n 2
+export PYTHONPATH=src PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0 \
+       NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
+       TORCH_EXTENSIONS_DIR="$PWD/.torch_extensions"
+
+case "${1:-}" in
+single)
+    { nvidia-smi --query-gpu=name,memory.total --format=csv; nproc; free -g; python3 -c "import torch; print(torch.__version__)"; } > "$OUT/machine.txt" 2>&1
+    python3 -c "from deepspeed.accelerator import get_accelerator as a; \
+[a().create_op_builder(n).load() for n in ('FusedAdamBuilder',)]; print('ops ready')" > "$OUT/ops.log" 2>&1
+    A=plain_pytorch,single+user,single+user+as_written,single+user+compile
+    B=plain_deepspeed_zero2,deepspeed_stage_2+user,plain_deepspeed_zero3,deepspeed_stage_3+user
+    CUDA_VISIBLE_DEVICES=0 timeout 540 python3 benchmarks/gpu_suite.py --only $A --repeats 3 --steps 15 \
+        --json "$OUT/single_a.json" > "$OUT/single_a.txt" 2> "$OUT/single_a.err" &
+    CUDA_VISIBLE_DEVICES=1 timeout 540 python3 benchmarks/gpu_suite.py --only $B --repeats 3 --steps 15 \
+        --json "$OUT/single_b.json" > "$OUT/single_b.txt" 2> "$OUT/single_b.err"
+    wait
+    ;;
+scaling)
+    timeout 560 python3 benchmarks/multi_gpu.py --devices 2 --sections scaling --repeats 1 --steps 20 \
+        --strategies ddp,fsdp,deepspeed_stage_2,deepspeed_stage_3,plain_deepspeed_zero3 \
+        --json "$OUT/scaling.json" > "$OUT/scaling.txt" 2> "$OUT/scaling.err"
+    ;;
+*)
+    echo "usage: $0 single|scaling" >&2; exit 2 ;;
+esac
