@@ -68,11 +68,13 @@ def apply_fused_optimizers(optimizers: list, schedulers: list, *, backend: Liter
 
 
 def build_optimizers_fast(build: Any, spec: Any, *, backend: Literal["torch", "deepspeed"], device_type: str,
-                          offload: bool = False, is_global_zero: bool = True) -> tuple[list, list]:
-    """Runs the user's `configure_optimizers` (`build()`) and, unless `spec.optimizer_kernels` is "as_written",
-    swaps in fused kernels (`apply_fused_optimizers`), saying so once on rank 0. What every strategy's setup calls."""
+                          offload: bool = False, is_global_zero: bool = True,
+                          fusable: bool = True) -> tuple[list, list]:
+    """Runs the user's `configure_optimizers` (`build()`) and, unless `spec.optimizer_kernels` is "as_written" or
+    the strategy says the kernels do not fit (`fusable` False), swaps in fused kernels (`apply_fused_optimizers`),
+    saying so once on rank 0. What every strategy's setup calls."""
     optimizers, schedulers = build()
-    if spec.optimizer_kernels == "fused":
+    if spec.optimizer_kernels == "fused" and fusable:
         optimizers, note = apply_fused_optimizers(optimizers, schedulers, backend=backend, device_type=device_type,
                                                   offload=offload)
         if note and is_global_zero:

@@ -135,7 +135,9 @@ class FSDP:
                     m.reshard()
             self.optimizers, self.schedulers = build_optimizers_fast(
                 build_optimizers, self.spec, backend="torch", device_type=self.device.type,
-                is_global_zero=dist.get_rank() == 0)
+                is_global_zero=dist.get_rank() == 0,
+                # torch's fused Adam rejects the sharded fp16 scaler's found_inf (shape [1], not []): as written.
+                fusable=self.spec.precision != "16-mixed")
 
     def _shard(self, module: nn.Module) -> None:
         self.precision.convert_module(module)  # bf16-true: bf16 weights and optimizer states
