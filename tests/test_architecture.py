@@ -16,9 +16,9 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "lightspeed"
 LAYERS: dict[int, set[str]] = {
     0: {"errors", "specs", "launch", "rng"},  # plain data types, the launch environment, RNG
     1: {"distributed", "config", "data", "metrics", "memory", "checkpoint_io", "precision", "optim", "progress",
-        "loggers", "report", "utilities", "summary", "hparams"},  # process-group helpers and small utilities
+        "loggers", "report", "utilities", "summary", "datamodule"},  # process-group helpers and small utilities
     2: {"strategies"},  # every backend (strategies.*)
-    3: {"checkpoint", "conversion", "module", "callbacks", "run_metrics"},  # the schema owner, the
+    3: {"checkpoint", "conversion", "module", "callbacks", "run_metrics", "hparams", "hooks", "eval_loaders"},  # the schema owner, the
     # user-facing Module, callbacks and what they draw
     4: {"trainer"},  # the loop
     5: {"__init__", "cli", "examples"},  # the package's face
