@@ -316,3 +316,41 @@ def test_several_loaders_and_dataloader_idx(tmp_path):
     assert "plain" in metrics
     assert trainer.predict(model, [regression_data(8), regression_data(4)]) == [[0, 0], [1]]
     assert trainer.predict(model, regression_data(8)) == [0, 0]
+
+
+class DictHParams(Regress):
+    def __init__(self, config: dict):
+        super().__init__()
+        self.save_hyperparameters(config, logger=False)
+        self.layer = torch.nn.Linear(config["hidden"], 1)
+
+
+def test_hparams_given_as_one_dict(tmp_path):
+    model = DictHParams({"hidden": 4, "lr": 0.3})
+    assert model.hparams == {"hidden": 4, "lr": 0.3}
+    logger = ls.CSVLogger(tmp_path)
+    make_trainer(tmp_path, max_steps=1, enable_checkpointing=True, logger=logger).fit(model, regression_data())
+    loaded = DictHParams.load_from_checkpoint(tmp_path / "checkpoints")
+    assert loaded.hparams == {"hidden": 4, "lr": 0.3}
+    torch.testing.assert_close(loaded.layer.weight, model.layer.weight)
+    hparams_file = tmp_path / "lightspeed_logs" / "version_0" / "hparams.yaml"
+    assert "lr" not in (yaml.safe_load(hparams_file.read_text()) or {})  # logger=False: not sent
+
+
+@pytest.mark.parametrize("flags, pattern", [
+    (dict(fast_dev_run=-1), r"fast_dev_run=-1 is not valid: expected True/False or a batch count"),
+    (dict(overfit_batches=1.5), r"overfit_batches=1.5 is not valid: expected a fraction"),
+    (dict(num_sanity_val_steps="all"), r"num_sanity_val_steps='all' is not valid"),
+])
+def test_bad_lightning_flags(tmp_path, flags, pattern):
+    with pytest.raises(ls.ConfigError, match=pattern):
+        make_trainer(tmp_path, **flags)
+
+
+def test_log_bad_batch_size(tmp_path):
+    class Bad(Regress):
+        def training_step(self, batch, batch_idx):
+            self.log("x", 1.0, batch_size=0)
+
+    with pytest.raises(ls.ConfigError, match=r"self.log\('x', batch_size=0\) is not valid"):
+        make_trainer(tmp_path, max_steps=1).fit(Bad(), regression_data())

@@ -56,7 +56,8 @@ def fit_start(trainer: Any, module: Module) -> Callable[[Any, int], tuple]:
     warn_unknown_hooks(module, trainer.callbacks)
     if trainer.is_global_zero and trainer.cfg.enable_model_summary:
         print_table(summary_table(module))
-    for lg in trainer.loggers if trainer.is_global_zero and module.hparams else []:
+    send = module.hparams and module.__dict__.get("_log_hyperparams", True)  # save_hyperparameters(logger=)
+    for lg in trainer.loggers if trainer.is_global_zero and send else []:
         lg.log_hyperparams(dict(module.hparams))
     if accepts(module.training_step, 2, "batch_idx"):
         return lambda batch, batch_idx: (batch, batch_idx)

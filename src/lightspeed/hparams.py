@@ -26,6 +26,7 @@ from .checkpoint import META, TRAINER_STATE, read_meta
 from .errors import ConfigError
 
 HPARAMS_KEY = "hyper_parameters"
+HPARAMS_NAME = "hparams_name"  # set when __init__ took one dict/Namespace of hyper-parameters: its parameter name
 
 
 class AttributeDict(dict):
@@ -59,7 +60,10 @@ def init_arguments(frame: FrameType, obj: Any) -> dict[str, Any]:
 
 
 def select(args: dict[str, Any], names: tuple, ignore: str | list[str] | None) -> dict[str, Any]:
-    """`args` restricted to `names` (all when empty), without `ignore`. An unknown name is a ConfigError."""
+    """`args` restricted to `names` (all when empty), without `ignore`. An unknown name is a ConfigError.
+    One dict or argparse.Namespace instead of names (`save_hyperparameters(hparams)`) gives its items."""
+    if len(names) == 1 and (isinstance(names[0], dict) or hasattr(names[0], "__dict__")):
+        return dict(names[0] if isinstance(names[0], dict) else vars(names[0]))
     ignore = [ignore] if isinstance(ignore, str) else list(ignore or [])
     if len(names) == 1 and isinstance(names[0], (list, tuple)):
         names = tuple(names[0])
@@ -94,7 +98,7 @@ def load_from_checkpoint(cls: type, path: str | os.PathLike, map_location: Any =
 
     path = checkpoint_dir(path)
     state = torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=False)
-    module = cls(**{**state.get(HPARAMS_KEY, {}), **overrides})
+    module = cls(**_init_kwargs(cls, {**state.get(HPARAMS_KEY, {}), **overrides}, state.get(HPARAMS_NAME)))
     module.configure_model()
     weights = full_state_dict(path)
     current = module.state_dict()
@@ -105,3 +109,19 @@ def load_from_checkpoint(cls: type, path: str | os.PathLike, map_location: Any =
     if map_location is not None:
         module.to(torch.device(map_location) if isinstance(map_location, str) else map_location)
     return module.eval()
+
+
+def dict_argument(args: dict[str, Any], value: Any) -> str | None:
+    """The name of the `__init__` parameter that holds `value` (a dict of hyper-parameters passed whole)."""
+    return next((name for name, v in args.items() if v is value), None)
+
+
+def _init_kwargs(cls: type, hparams: dict[str, Any], dict_name: str | None) -> dict[str, Any]:
+    """What to pass to `cls(...)`: the hparams under the one parameter that took them whole, else the hparams
+    that `__init__` accepts (all of them with **kwargs)."""
+    if dict_name:
+        return {dict_name: hparams}
+    params = inspect.signature(cls.__init__).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return hparams
+    return {k: v for k, v in hparams.items() if k in params}

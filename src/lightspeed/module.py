@@ -168,6 +168,9 @@ class Module(torch.nn.Module):
 
         args = _hparams.init_arguments(frame or inspect.currentframe().f_back, self)
         self.hparams.update(_hparams.select(args, names, ignore))
+        if len(names) == 1 and isinstance(names[0], dict):  # the dict passed whole: load_from_checkpoint does too
+            self.__dict__["_hparams_name"] = _hparams.dict_argument(args, names[0])
+        self.__dict__["_log_hyperparams"] = logger
 
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path: Any, map_location: Any = None, strict: bool = True,

@@ -32,7 +32,7 @@ from .data import accumulation_windows, move_to_device, num_batches, resumed_ite
 from .distributed import broadcast_from_rank0
 from .errors import ConfigError
 from .eval_loaders import eval_loaders, fit_loaders, run_batches, sanity_check
-from .hparams import HPARAMS_KEY
+from .hparams import HPARAMS_KEY, HPARAMS_NAME
 from .launch import DistInfo, end_with_os_exit, export_env, read_dist_info, start_local_ranks, watch_parent
 from .loggers import Logger, build_loggers
 from .metrics import MetricStore, infer_batch_size
@@ -474,6 +474,7 @@ class Trainer:
 
         def on_save(state: dict) -> None:
             state[HPARAMS_KEY] = dict(module.hparams)  # load_from_checkpoint rebuilds the module from these
+            state[HPARAMS_NAME] = module.__dict__.get("_hparams_name")
             state["datamodule"] = self.datamodule.state_dict() if self.datamodule is not None else {}
             module.on_save_checkpoint(state)
             for cb in self.callbacks:
