@@ -105,10 +105,12 @@ def test_unknown_hooks_are_warned_about(tmp_path):
 def test_fast_dev_run(tmp_path):
     model = Regress()
     trainer = ls.Trainer(accelerator="cpu", devices=1, default_root_dir=str(tmp_path), enable_progress_bar=False,
-                         fast_dev_run=True, callbacks=[ls.ModelCheckpoint(dirpath=tmp_path / "ck")])
+                         fast_dev_run=True, callbacks=[ls.ModelCheckpoint(dirpath=tmp_path / "ck"), rec := Recorder(),
+                                                       ls.EarlyStopping(monitor="nothing"), ls.LearningRateMonitor()])
     trainer.fit(model, regression_data(), regression_data())
     assert model.calls.count("training_step") == 1 and model.calls.count("validation_step") == 1
     assert trainer.global_step == 1 and trainer.loggers == [] and trainer.checkpoint_callback is None
+    assert rec.calls["on_train_batch_start"] == 1 and not any(isinstance(c, ls.EarlyStopping) for c in trainer.callbacks)
     assert not (tmp_path / "ck").exists() and not (tmp_path / "lightspeed_logs").exists()
     trainer = make_trainer(tmp_path, fast_dev_run=3, max_epochs=10)
     trainer.fit(model := Regress(), regression_data())

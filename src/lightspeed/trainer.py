@@ -25,7 +25,7 @@ from typing import Any, Callable
 import torch
 
 from . import hooks
-from .callbacks import Callback, ModelCheckpoint
+from .callbacks import Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint
 from .checkpoint import Checkpointer, resolve
 from .config import TrainerConfig
 from .data import accumulation_windows, move_to_device, num_batches, resumed_iterator, set_epoch, with_distributed_sampler
@@ -73,8 +73,9 @@ class Trainer:
                 raise ConfigError(f"devices={cfg.devices} × num_nodes={cfg.num_nodes} does not match the "
                                   f"{self._env.launcher} world size {self._world_size}.")
         self.strategy = build_strategy(strategy, self._world_size)
-        # fast_dev_run saves nothing and logs nothing (as in Lightning)
-        self.callbacks = [c for c in callbacks or [] if not (cfg.fast_dev_run and isinstance(c, ModelCheckpoint))]
+        # fast_dev_run saves, stops early and logs nothing: Lightning's list of what it turns off
+        off = (ModelCheckpoint, EarlyStopping, LearningRateMonitor) if cfg.fast_dev_run else ()
+        self.callbacks = [c for c in callbacks or [] if not isinstance(c, off)]
         if cfg.enable_checkpointing and not any(isinstance(c, ModelCheckpoint) for c in self.callbacks):
             self.callbacks.append(ModelCheckpoint())
         if not any(isinstance(c, RunMetrics) for c in self.callbacks):  # lr, throughput, memory; the report
