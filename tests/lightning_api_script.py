@@ -13,7 +13,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightspeed import LightningDataModule, LightningModule, Trainer
+from lightspeed import Callback, LightningDataModule, LightningModule, Trainer
+from lightspeed.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy
 from lightspeed.summary import summarize
 from lightspeed.utilities import rank_zero_only
 
@@ -77,18 +78,40 @@ class Net(LightningModule):
         return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
 
 
+class Steps(Callback):
+    def __init__(self):
+        self.counts = {"before_optimizer_step": 0, "before_zero_grad": 0, "after_backward": 0}
+
+    def on_before_optimizer_step(self, trainer, module, optimizer):
+        self.counts["before_optimizer_step"] += 1
+
+    def on_before_zero_grad(self, trainer, module, optimizer):
+        self.counts["before_zero_grad"] += 1
+
+    def on_after_backward(self, trainer, module):
+        self.counts["after_backward"] += 1
+
+
+# Lightning's strategy classes, as a Lightning script builds them
+STRATEGIES = {"ddp": lambda: DDPStrategy(find_unused_parameters=False),
+              "deepspeed_stage_3": lambda: DeepSpeedStrategy(stage=3, logging_batch_size_per_gpu=4),
+              "fsdp": lambda: FSDPStrategy(sharding_strategy="FULL_SHARD")}
+
+
 @rank_zero_only
 def on_rank_zero():
     return "ran"
 
 
 if __name__ == "__main__":
-    dm, model = Data(), Net()
-    trainer = Trainer(accelerator="cpu", devices=2, strategy=sys.argv[2], max_epochs=1, default_root_dir=str(OUT),
-                      enable_progress_bar=False, logger=False, seed=0, num_sanity_val_steps=1)
+    dm, model, steps = Data(), Net(), Steps()
+    trainer = Trainer(accelerator="cpu", devices=2, strategy=STRATEGIES[sys.argv[2]](), max_epochs=1,
+                      default_root_dir=str(OUT), enable_progress_bar=False, logger=False, seed=0,
+                      num_sanity_val_steps=1, callbacks=[steps])
     trainer.fit(model, datamodule=dm)
     summary = summarize(model)
     preds = trainer.predict(datamodule=dm)
     result = dict(rank=trainer.global_rank, zero_only=on_rank_zero(), stages=dm.stages, summary=summary,
-                  metrics=sorted(trainer.callback_metrics), preds=preds, step=trainer.global_step)
+                  metrics=sorted(trainer.callback_metrics), preds=preds, step=trainer.global_step,
+                  hooks=steps.counts, strategy=trainer.strategy.name)
     (OUT / f"rank{trainer.global_rank}.json").write_text(json.dumps(result))

@@ -31,6 +31,8 @@ def test_lightning_surface_on_two_ranks(tmp_path, strategy):
     assert r0["summary"] == r1["summary"] == [["body", "Sequential", 144, 144], ["head", "Linear", 17, 17]]
     assert r0["metrics"] == ["val_loss/dataloader_idx_0", "val_loss/dataloader_idx_1"] == r1["metrics"]
     assert r0["step"] == 4  # 32 samples, batch 4, 2 ranks
+    assert r0["strategy"] == strategy  # built by DDPStrategy / DeepSpeedStrategy / FSDPStrategy
+    assert r0["hooks"] == r1["hooks"] == {"before_optimizer_step": 4, "before_zero_grad": 4, "after_backward": 4}
     # The trained weights, read from the strategy's own checkpoint layout: the same predictions as the ranks'.
     model = Net.load_from_checkpoint(tmp_path / "checkpoints")
     x = predict_inputs()
