@@ -6,12 +6,10 @@ load_from_checkpoint, self.log keywords, several evaluation loaders, hooks.
 
 from __future__ import annotations
 
-import warnings
 
 import pytest
 import torch
 import yaml
-from torch.utils.data import DataLoader, TensorDataset
 
 import lightspeed as ls
 from lightspeed.callbacks import Callback

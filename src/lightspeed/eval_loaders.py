@@ -17,7 +17,6 @@ from torch.utils.data import DataLoader, SequentialSampler
 from . import hooks
 from .data import move_to_device, num_batches
 from .errors import ConfigError
-from .hooks import is_overridden
 from .metrics import infer_batch_size
 from .module import Module
 from .rng import rng_state, set_rng_state
@@ -52,7 +51,7 @@ def fit_loaders(module: Module, datamodule: Any, train: Any, val: Any, overfit: 
         raise ConfigError(f"fit needs training data: pass train_dataloaders= or define train_dataloader() on "
                           f"{type(source).__name__}.")
     val = as_list(val if val is not None else source.val_dataloader())
-    if not is_overridden(module, "validation_step"):
+    if not hooks.is_overridden(module, "validation_step"):
         return (without_shuffle(train) if overfit else train), []
     if overfit:
         train = without_shuffle(train)
