@@ -316,6 +316,15 @@ def test_several_loaders_and_dataloader_idx(tmp_path):
     assert "plain" in metrics
     assert trainer.predict(model, [regression_data(8), regression_data(4)]) == [[0, 0], [1]]
     assert trainer.predict(model, regression_data(8)) == [0, 0]
+    assert trainer.predict(model, regression_data(8), return_predictions=False) is None
+
+
+def test_evaluation_verbose_false_prints_nothing(tmp_path, capsys):
+    trainer = make_trainer(tmp_path, enable_model_summary=False)
+    assert set(trainer.test(Regress(), regression_data(8), verbose=False)[0]) == {"test_loss", "test_const"}
+    assert "test results" not in capsys.readouterr().out
+    trainer.validate(Regress(), regression_data(8))
+    assert "validate results" in capsys.readouterr().out
 
 
 class DictHParams(Regress):

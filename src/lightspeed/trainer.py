@@ -380,7 +380,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ evaluation
     def validate(self, model: Module | None = None, dataloaders: Any = None, ckpt_path: str | Path | None = None,
-                 datamodule: Any = None) -> list[dict]:
+                 verbose: bool = True, datamodule: Any = None) -> list[dict]:
         """Runs `validation_step` over the data (one loader or several); returns [epoch metrics] and prints them.
         Without `model`, the fitted one."""
         model = self._model_for("validate", model, datamodule)
@@ -388,10 +388,10 @@ class Trainer:
             loaders = self._prepare_eval("validate", model, dataloaders, ckpt_path)
             results = self._validation_epoch(model, loaders)
             hooks.teardown(self, model, self.datamodule, "validate")
-        return self._report("validate", results)
+        return self._report("validate", results, verbose)
 
     def test(self, model: Module | None = None, dataloaders: Any = None, ckpt_path: str | Path | None = None,
-             datamodule: Any = None) -> list[dict]:
+             verbose: bool = True, datamodule: Any = None) -> list[dict]:
         """Runs `test_step` over the data (one loader or several); returns [epoch metrics] and prints them.
         Without `model`, the fitted one."""
         model = self._model_for("test", model, datamodule)
@@ -405,19 +405,20 @@ class Trainer:
             for cb in self.callbacks:
                 cb.on_test_epoch_end(self, model)
             hooks.teardown(self, model, self.datamodule, "test")
-        return self._report("test", results)
+        return self._report("test", results, verbose)
 
-    def predict(self, model: Module | None = None, dataloaders: Any = None, ckpt_path: str | Path | None = None,
-                datamodule: Any = None) -> list:
+    def predict(self, model: Module | None = None, dataloaders: Any = None, datamodule: Any = None,
+                return_predictions: bool | None = None, ckpt_path: str | Path | None = None) -> list | None:
         """Returns this rank's `predict_step` outputs in the order of its batches: a list, or one list per loader
         when there are several. Without `model`, the fitted one."""
         model = self._model_for("predict", model, datamodule)
         with self._entry(model):
             loaders = self._prepare_eval("predict", model, dataloaders, ckpt_path)
             self._eval_stage("predict", model)
-            outputs = run_batches(self, model, loaders, self.cfg.limit_predict_batches, "predict", keep=True)
+            outputs = run_batches(self, model, loaders, self.cfg.limit_predict_batches, "predict",
+                                  keep=return_predictions is not False)
             hooks.teardown(self, model, self.datamodule, "predict")
-            return outputs if len(loaders) > 1 else outputs[0]
+            return None if return_predictions is False else outputs if len(loaders) > 1 else outputs[0]
 
     def _model_for(self, stage: str, model: Module | None, datamodule: Any) -> Module:
         if datamodule is not None:
@@ -455,8 +456,8 @@ class Trainer:
         self.log_metrics(results)
         return results
 
-    def _report(self, stage: str, results: dict[str, float]) -> list[dict]:
-        if self.is_global_zero and results:
+    def _report(self, stage: str, results: dict[str, float], verbose: bool) -> list[dict]:
+        if self.is_global_zero and results and verbose:
             print_table(metrics_table(f"{stage} results", results))
         return [results]
 
