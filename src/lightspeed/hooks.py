@@ -3,7 +3,8 @@
 Every hook is called explicitly here (no dispatch by name): the Module's first, then each callback's, as in
 Lightning. Under DeepSpeed the optimizer step and `zero_grad` happen inside `engine.step()`, so
 `on_before_optimizer_step` and `on_before_zero_grad` run just before `strategy.step()` for every strategy: after the
-window's backward passes and before clipping, the step and zeroing (also where torch strategies clip).
+window's backward passes and before clipping, the step and zeroing (also where torch strategies clip). With
+precision "16-mixed" the gradients these hooks see are still loss-scaled (Lightning unscales them first).
 """
 
 from __future__ import annotations
