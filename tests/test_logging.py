@@ -76,7 +76,8 @@ def test_logger_false_and_custom_name(tmp_path):
 
 
 def test_progress_plain_when_not_a_terminal(tmp_path, capsys):
-    make_trainer(tmp_path, max_steps=6, enable_progress_bar=True).fit(Logged(), regression_data())
+    make_trainer(tmp_path, max_steps=6, enable_progress_bar=True, enable_model_summary=False).fit(
+        Logged(), regression_data())
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\r" not in out
     lines = [line for line in out.splitlines() if line.strip()]

@@ -173,7 +173,8 @@ def test_hook_order_and_loop_counts(tmp_path):
     trainer.fit(model, regression_data(), regression_data())
     epoch = ["on_train_epoch_start", *["training_step"] * 3, "on_validation_epoch_start",
              *["validation_step"] * 2, "on_validation_epoch_end", "on_train_epoch_end"]
-    assert model.calls == ["on_fit_start", *epoch, *epoch, "on_fit_end"]
+    # The sanity check (num_sanity_val_steps=2, as in Lightning): two validation steps, no epoch hooks.
+    assert model.calls == ["on_fit_start", "validation_step", "validation_step", *epoch, *epoch, "on_fit_end"]
     assert (trainer.global_step, trainer.current_epoch) == (6, 2)
     assert "val_loss" in trainer.callback_metrics and "train_loss_epoch" in trainer.callback_metrics
 

@@ -1,6 +1,7 @@
 """lightspeed: Lightning-style training on one device, DDP, DeepSpeed ZeRO 1/2/3, ZeRO-1 or FSDP2 with one flag."""
 
 from .callbacks import Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint
+from .datamodule import LightningDataModule
 from .errors import ConfigError
 from .launch import DistInfo
 from .loggers import CSVLogger, MLflowLogger, TensorBoardLogger, WandbLogger
@@ -31,7 +32,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "Trainer", "Module", "LightningModule", "Callback", "ModelCheckpoint", "EarlyStopping", "LearningRateMonitor",
+    "Trainer", "Module", "LightningModule", "LightningDataModule", "Callback", "ModelCheckpoint", "EarlyStopping", "LearningRateMonitor",
     "CSVLogger", "TensorBoardLogger", "MLflowLogger", "WandbLogger", "RunMetrics", "ConfigError", "DistInfo", "Strategy", "SingleDevice", "DDP", "DeepSpeed",
     "FSDP", "ZeRO1", "build_strategy", "seed_everything", "consolidate",
 ]

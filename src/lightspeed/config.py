@@ -63,6 +63,10 @@ class TrainerConfig:
     # "fused": a plain torch Adam/AdamW/SGD without fused/foreach runs its fused kernel (lightspeed.kernels);
     # "as_written": the optimizer exactly as configure_optimizers built it.
     optimizer_kernels: Literal["fused", "as_written"] = "fused"
+    fast_dev_run: bool | int = False  # n batches of train/val/test/predict, 1 epoch, no checkpoints or loggers
+    overfit_batches: int | float = 0.0  # the same first batches (unshuffled) for training and validation
+    num_sanity_val_steps: int = 2  # validation batches run before training (-1: all), nothing logged
+    enable_model_summary: bool = True  # parameters per top-level child, printed at fit start
 
     def __post_init__(self) -> None:
         if self.accelerator not in ("auto", "cpu", "gpu", "cuda"):
@@ -109,6 +113,29 @@ class TrainerConfig:
                               "or None.")
         if self.seed is not None and not isinstance(self.seed, int):
             raise ConfigError(f"seed={self.seed!r} is not valid: expected an integer or None.")
+        if not isinstance(self.num_sanity_val_steps, int) or isinstance(self.num_sanity_val_steps, bool) or (
+                self.num_sanity_val_steps < -1):
+            raise ConfigError(f"num_sanity_val_steps={self.num_sanity_val_steps!r} is not valid: expected an "
+                              "integer ≥ 0, or -1 for every validation batch.")
+        _limit("overfit_batches", self.overfit_batches)
+        if self.overfit_batches:  # Lightning's meaning: that many batches (or that fraction) for train and val
+            object.__setattr__(self, "limit_train_batches", self.overfit_batches)
+            object.__setattr__(self, "limit_val_batches", self.overfit_batches)
+        self._apply_fast_dev_run()
+
+    def _apply_fast_dev_run(self) -> None:
+        n = self.fast_dev_run
+        if not isinstance(n, int) or n < 0:
+            raise ConfigError(f"fast_dev_run={n!r} is not valid: expected True/False or a batch count (int ≥ 0).")
+        if n is False or n == 0:
+            return
+        n = 1 if n is True else n
+        # As in Lightning: n batches of each loop, one epoch, validation at its end, nothing saved or logged.
+        for name, value in (("limit_train_batches", n), ("limit_val_batches", n), ("limit_test_batches", n),
+                            ("limit_predict_batches", n), ("max_steps", n), ("max_epochs", 1),
+                            ("val_check_interval", None), ("check_val_every_n_epoch", 1),
+                            ("num_sanity_val_steps", 0), ("enable_checkpointing", False), ("log_every_n_steps", 1)):
+            object.__setattr__(self, name, value)
 
     @property
     def device_type(self) -> str:

@@ -317,3 +317,14 @@ class WandbLogger:
         if self._run is not None:
             self._run.finish(exit_code={"success": 0, "failed": 1, "interrupted": 130}[status])
             self._run = None
+
+
+def build_loggers(logger: Any, root: str) -> list:
+    """The loggers of `Trainer(logger=...)`: True gives a CSVLogger and a TensorBoardLogger (same version) under
+    `root`, False/None none, a logger or a list of them themselves."""
+    if logger is True:
+        csv_logger = CSVLogger(root)
+        return [csv_logger, TensorBoardLogger(root, version=csv_logger.version)]
+    if not logger:
+        return []
+    return list(logger) if isinstance(logger, (list, tuple)) else [logger]

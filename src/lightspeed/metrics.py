@@ -24,9 +24,13 @@ class _EpochAccumulator:
     plain_name: str  # `loss` for `loss_epoch`: after the epoch, `loss` means the epoch value (as in Lightning)
     total: torch.Tensor | None = None
     count: int = 0
+    weight: float = 0.0  # the batch sizes seen, for a mean weighted by batch size (as Lightning's on_epoch)
 
-    def add(self, value: torch.Tensor) -> None:
+    def add(self, value: torch.Tensor, batch_size: int = 1) -> None:
         value = value.detach().float()
+        if self.reduce_fx == "mean":
+            value = value * batch_size
+            self.weight += batch_size
         if self.total is None:
             self.total = value.clone()
         elif self.reduce_fx in ("mean", "sum"):
@@ -39,7 +43,7 @@ class _EpochAccumulator:
 
     def compute(self) -> torch.Tensor:
         assert self.total is not None
-        return self.total / self.count if self.reduce_fx == "mean" else self.total
+        return self.total / self.weight if self.reduce_fx == "mean" else self.total
 
 
 @dataclass
@@ -53,17 +57,28 @@ class MetricStore:
     latest: dict[str, torch.Tensor] = field(default_factory=dict)
     prog_bar: set[str] = field(default_factory=set)
     hidden_from_logger: set[str] = field(default_factory=set)
+    logged: dict[str, torch.Tensor] = field(default_factory=dict)  # the last values sent to the loggers
+    batch_size: int = 1  # the current batch's size (set by the loop), the default weight of an epoch mean
+    dataloader_idx: int | None = None  # set by the evaluation loop when there are several loaders
 
     def log(self, name, value, prog_bar=False, on_step=None, on_epoch=None, sync_dist=False,
-            reduce_fx: str | Callable = "mean", logger=True) -> None:
+            reduce_fx: str | Callable = "mean", logger=True, batch_size: int | None = None,
+            rank_zero_only: bool = False, add_dataloader_idx: bool = True) -> None:
+        """Records one value (Lightning's `self.log`). `batch_size` weights the epoch mean (default: the current
+        batch's size); `rank_zero_only` means only rank 0 logs it, so it is never synchronised; with several
+        evaluation loaders the name gets `/dataloader_idx_N` unless `add_dataloader_idx=False`."""
         fx = reduce_fx if isinstance(reduce_fx, str) else getattr(reduce_fx, "__name__", "mean")
         if fx not in _REDUCE:
             raise ConfigError(f"reduce_fx={reduce_fx!r} is not valid for {name!r}: use one of {sorted(_REDUCE)}.")
+        if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
+            raise ConfigError(f"self.log({name!r}, batch_size={batch_size!r}) is not valid: expected an int ≥ 1.")
+        if add_dataloader_idx and self.dataloader_idx is not None:
+            name = f"{name}/dataloader_idx_{self.dataloader_idx}"
         training = self.stage == "train"
         on_step = training if on_step is None else on_step
         on_epoch = (not training) if on_epoch is None else on_epoch
         tensor = _as_tensor(name, value, self.device)
-        if sync_dist and dist.is_initialized() and dist.get_world_size() > 1:
+        if sync_dist and not rank_zero_only and dist.is_initialized() and dist.get_world_size() > 1:
             tensor = _all_reduce(tensor, fx)
         # Lightning's naming: a metric logged both per step and per epoch appears as name_step and name_epoch.
         step_name = f"{name}_step" if on_step and on_epoch else name
@@ -75,7 +90,7 @@ class MetricStore:
                 self.latest[name] = tensor
         if on_epoch:
             acc = self.epoch_metrics.setdefault(epoch_name, _EpochAccumulator(fx, self.stage, name))
-            acc.add(tensor)
+            acc.add(tensor, batch_size or self.batch_size)
         names = {step_name, epoch_name, name}
         if prog_bar:
             self.prog_bar |= names
@@ -85,7 +100,9 @@ class MetricStore:
     def pop_step(self) -> dict[str, torch.Tensor]:
         """The values logged during this step (for loggers); clears them."""
         out, self.step_metrics = self.step_metrics, {}
-        return {k: v for k, v in out.items() if k not in self.hidden_from_logger}
+        out = {k: v for k, v in out.items() if k not in self.hidden_from_logger}
+        self.logged.update(out)
+        return out
 
     def pop_epoch(self) -> dict[str, torch.Tensor]:
         """This stage's epoch aggregates (for loggers and callbacks); clears their accumulators. Another stage's
@@ -95,10 +112,29 @@ class MetricStore:
         self.epoch_metrics = {k: v for k, v in self.epoch_metrics.items() if k not in mine}
         self.latest.update(out)
         self.latest.update({mine[name].plain_name: value for name, value in out.items()})
-        return {k: v for k, v in out.items() if k not in self.hidden_from_logger}
+        out = {k: v for k, v in out.items() if k not in self.hidden_from_logger}
+        self.logged.update(out)
+        return out
+
+    def discard(self, stage: str, latest: dict[str, torch.Tensor]) -> None:
+        """Forgets what `stage` logged since `latest` was copied (the sanity check's values are never used)."""
+        self.epoch_metrics = {k: v for k, v in self.epoch_metrics.items() if v.stage != stage}
+        self.step_metrics = {}
+        self.latest = latest
 
     def prog_bar_values(self) -> dict[str, float]:
         return {k: float(v) for k, v in self.latest.items() if k in self.prog_bar}
+
+
+def infer_batch_size(batch: Any) -> int:
+    """The length of the first tensor found in a batch (tensors, lists, tuples, dicts), else 1."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    items = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
+    for item in items:
+        if isinstance(item, (torch.Tensor, list, tuple, dict)):
+            return infer_batch_size(item)
+    return 1
 
 
 def _as_tensor(name: str, value: Any, device: torch.device) -> torch.Tensor:

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from . import hparams as _hparams
 from .specs import TrainerView
 
 
@@ -55,8 +56,34 @@ class Module(torch.nn.Module):
     def predict_dataloader(self) -> Any: return None
 
     # ----------------------------------------------------------------- hooks (override as needed)
+    # Each has one call site (trainer.py or hooks.py); the Module's runs before the callbacks'.
+    def prepare_data(self) -> None:
+        """Download or write data here: runs once per node (local rank 0), before `setup` on every rank."""
+
+    def setup(self, stage: str) -> None:
+        """Per rank, before `configure_model`, at the start of fit / validate / test / predict."""
+
+    def teardown(self, stage: str) -> None: ...
     def on_fit_start(self) -> None: ...
     def on_fit_end(self) -> None: ...
+    def on_train_start(self) -> None: ...
+    def on_train_end(self) -> None: ...
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None: ...
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None: ...
+    def on_before_backward(self, loss: torch.Tensor) -> None: ...
+    def on_after_backward(self) -> None: ...
+    def on_before_optimizer_step(self, optimizer: Any) -> None:
+        """Before each optimizer step (for DeepSpeed: before `engine.step()`, which steps inside), after backward."""
+
+    def on_before_zero_grad(self, optimizer: Any) -> None:
+        """Before gradients are zeroed, i.e. just before `strategy.step()` (which steps, then zeroes)."""
+
+    def on_validation_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
+    def on_validation_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
+    def on_test_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
+    def on_test_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
+    def on_predict_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
+    def on_predict_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
     def on_train_epoch_start(self) -> None: ...
     def on_train_epoch_end(self) -> None: ...
     def on_validation_epoch_start(self) -> None: ...
@@ -107,23 +134,49 @@ class Module(torch.nn.Module):
         if self.global_rank == 0:
             print(*args, **kwargs)
 
-    def log(
-        self,
-        name: str,
-        value: Any,
-        prog_bar: bool = False,
-        on_step: bool | None = None,
-        on_epoch: bool | None = None,
-        sync_dist: bool = False,
-        reduce_fx: str = "mean",
-        logger: bool = True,
-    ) -> None:
-        """Records a metric. Defaults follow Lightning: per step in training, per epoch in evaluation."""
-        self.trainer.metrics.log(name, value, prog_bar, on_step, on_epoch, sync_dist, reduce_fx, logger)
+    def log(self, name: str, value: Any, prog_bar: bool = False, logger: bool = True, on_step: bool | None = None,
+            on_epoch: bool | None = None, reduce_fx: Any = "mean", sync_dist: bool = False,
+            batch_size: int | None = None, rank_zero_only: bool = False, add_dataloader_idx: bool = True,
+            **ignored: Any) -> None:
+        """Records a metric. Defaults follow Lightning: per step in training, per epoch in evaluation; an epoch
+        value is the mean weighted by `batch_size` (default: the size of the current batch). Lightning's
+        `sync_dist_group`, `metric_attribute` and `enable_graph` are accepted and have no effect."""
+        self.trainer.metrics.log(name, value, prog_bar, on_step, on_epoch, sync_dist, reduce_fx, logger,
+                                 batch_size, rank_zero_only, add_dataloader_idx)
 
     def log_dict(self, metrics: dict[str, Any], **kwargs: Any) -> None:
+        """`self.log` for each item, with the same keywords."""
         for name, value in metrics.items():
             self.log(name, value, **kwargs)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the first floating-point parameter (float32 when there is none)."""
+        p = next((p for p in self.parameters() if p.is_floating_point()), None)
+        return p.dtype if p is not None else torch.float32
+
+    # ----------------------------------------------------------------- hyper-parameters (hparams.py)
+    @property
+    def hparams(self) -> _hparams.AttributeDict:
+        """What `save_hyperparameters` stored; saved in checkpoints and sent to the loggers."""
+        return self.__dict__.setdefault("_hparams", _hparams.AttributeDict())
+
+    def save_hyperparameters(self, *names: Any, ignore: str | list[str] | None = None, frame: Any = None,
+                             logger: bool = True) -> None:
+        """Stores the arguments of the calling `__init__` (all, or `names`, minus `ignore`) in `self.hparams`."""
+        import inspect
+
+        args = _hparams.init_arguments(frame or inspect.currentframe().f_back, self)
+        self.hparams.update(_hparams.select(args, names, ignore))
+        if len(names) == 1 and isinstance(names[0], dict):  # the dict passed whole: load_from_checkpoint does too
+            self.__dict__["_hparams_name"] = _hparams.dict_argument(args, names[0])
+        self.__dict__["_log_hyperparams"] = logger
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: Any, map_location: Any = None, strict: bool = True,
+                             **overrides: Any) -> Module:
+        """Rebuilds the module from a lightspeed checkpoint of any strategy (see hparams.load_from_checkpoint)."""
+        return _hparams.load_from_checkpoint(cls, checkpoint_path, map_location, strict, **overrides)
 
     # ----------------------------------------------------------------- manual optimization
     def optimizers(self) -> Any:
@@ -136,6 +189,20 @@ class Module(torch.nn.Module):
         if not scheds:
             return None
         return scheds[0] if len(scheds) == 1 else scheds
+
+    def toggle_optimizer(self, optimizer: Any) -> None:
+        """Freezes every parameter that `optimizer` does not train (for one of several optimizers);
+        `untoggle_optimizer` restores what was trainable."""
+        mine = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        saved = self.__dict__.setdefault("_toggled", {})
+        for p in self.parameters():
+            saved.setdefault(id(p), (p, p.requires_grad))
+            if id(p) not in mine:
+                p.requires_grad_(False)
+
+    def untoggle_optimizer(self, optimizer: Any) -> None:
+        for p, requires_grad in self.__dict__.pop("_toggled", {}).values():
+            p.requires_grad_(requires_grad)
 
     def manual_backward(self, loss: torch.Tensor) -> None:
         """Use instead of `loss.backward()` so the strategy applies precision and gradient sync."""

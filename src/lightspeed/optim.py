@@ -59,3 +59,19 @@ def parse_optimizers(value: Any) -> tuple[list, list[SchedulerConfig]]:
             return [o for p in pairs for o in p[0]], [s for p in pairs for s in p[1]]
     raise ConfigError(f"configure_optimizers returned {type(value).__name__} {value!r:.200}, which is not a form "
                       f"lightspeed accepts: {_FORMS}.")
+
+
+def step_schedulers(schedulers: list, interval: str, count: int, metrics: dict) -> None:
+    """Steps each scheduler whose `interval` ("step" or "epoch") matches and whose `frequency` divides `count`
+    (the global step, or the number of epochs done); a `monitor` one on that metric's latest value. Raises
+    ConfigError when the monitored metric was not logged."""
+    for cfg in schedulers:
+        if cfg.interval != interval or count % cfg.frequency:
+            continue
+        if cfg.monitor is not None:
+            if cfg.monitor not in metrics:
+                raise ConfigError(f"lr_scheduler monitor={cfg.monitor!r} was not logged: logged metrics are "
+                                  f"{sorted(metrics)}.")
+            cfg.scheduler.step(float(metrics[cfg.monitor]))
+        else:
+            cfg.scheduler.step()

@@ -94,3 +94,18 @@ def metrics_table(title: str, metrics: dict[str, float]) -> Table:
 
 def print_table(table: Table, console: Console | None = None) -> None:
     (console or Console()).print(table)
+
+
+def start_progress(trainer: Any, steps_per_epoch: int | float) -> ProgressBar | None:
+    """The started bar for a fit of `steps_per_epoch` optimizer steps per epoch (on rank 0 with
+    `enable_progress_bar`), else None."""
+    cfg = trainer.cfg
+    if not (cfg.enable_progress_bar and trainer.is_global_zero):
+        return None
+    total = steps_per_epoch * cfg.epochs_limit
+    if cfg.max_steps != -1:
+        total = min(total, cfg.max_steps)
+    total = None if total in (float("inf"), 2**31) else int(total) - trainer.global_step
+    bar = ProgressBar()
+    bar.start(total, f"epoch {trainer.current_epoch}")
+    return bar

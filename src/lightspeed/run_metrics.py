@@ -151,6 +151,9 @@ class RunMetrics(Callback):
             for lg in trainer.loggers:
                 lg.log_hyperparams(settings)
 
+    def on_train_start(self, trainer: Trainer, module: Module) -> None:
+        self._reset(time.perf_counter())  # the sanity check's validation batches do not count as training time
+
     def on_validation_epoch_start(self, trainer: Trainer, module: Module) -> None:
         self._validation_start = time.perf_counter()
 

@@ -24,20 +24,23 @@ from typing import Any, Callable
 
 import torch
 
-from .callbacks import Callback, ModelCheckpoint
+from . import hooks
+from .callbacks import Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint
 from .checkpoint import Checkpointer, resolve
 from .config import TrainerConfig
 from .data import accumulation_windows, move_to_device, num_batches, resumed_iterator, set_epoch, with_distributed_sampler
 from .distributed import broadcast_from_rank0
 from .errors import ConfigError
 from .kernels import compiled_frames, compiled_ran
+from .eval_loaders import eval_loaders, fit_loaders, run_batches, sanity_check
+from .hparams import HPARAMS_KEY, HPARAMS_NAME
 from .launch import DistInfo, end_with_os_exit, export_env, read_dist_info, start_local_ranks, watch_parent
-from .loggers import CSVLogger, Logger, TensorBoardLogger
-from .metrics import MetricStore
+from .loggers import Logger, build_loggers
+from .metrics import MetricStore, infer_batch_size
 from .module import Module
-from .optim import parse_optimizers
+from .optim import parse_optimizers, step_schedulers
 from .plan import plan_auto
-from .progress import ProgressBar, metrics_table, print_table
+from .progress import ProgressBar, metrics_table, print_table, start_progress
 from .rng import rng_state, seed_everything, set_rng_state
 from .run_metrics import RunMetrics
 from .specs import LoopState, RunSpec, StepStats
@@ -74,12 +77,14 @@ class Trainer:
         self.strategy = build_strategy(strategy, self._world_size)
         # "auto" plans from a memory forecast at fit (plan.py) on GPUs, or on CPU given a memory budget.
         self._plans = strategy in ("auto", None) and (cfg.device_type == "cuda" or cfg.memory_budget is not None)
-        self.callbacks = list(callbacks or [])
+        # fast_dev_run saves, stops early and logs nothing: Lightning's list of what it turns off
+        off = (ModelCheckpoint, EarlyStopping, LearningRateMonitor) if cfg.fast_dev_run else ()
+        self.callbacks = [c for c in callbacks or [] if not isinstance(c, off)]
         if cfg.enable_checkpointing and not any(isinstance(c, ModelCheckpoint) for c in self.callbacks):
             self.callbacks.append(ModelCheckpoint())
         if not any(isinstance(c, RunMetrics) for c in self.callbacks):  # lr, throughput, memory; the report
             self.callbacks.append(RunMetrics())
-        self.loggers = self._build_loggers(logger)
+        self.loggers = build_loggers(logger if not cfg.fast_dev_run else False, cfg.default_root_dir)
         self.default_root_dir = cfg.default_root_dir
         self.dist: DistInfo | None = None
         self.device = torch.device("cpu")
@@ -88,20 +93,14 @@ class Trainer:
         self.current_epoch = self.global_step = 0
         self.should_stop = False
         self.fitting = False  # True inside fit, also while it validates (EarlyStopping acts only then)
+        self.sanity_checking = False  # True while the validation batches before training run
+        self.datamodule: Any = None  # the one given to the last entry point that took one
         self.step_stats: StepStats = {}  # what the last optimizer step reported (grad norm)
         self._module: Module | None = None
         self._phase: str | None = None  # what the strategy is set up for: "fit" (serves evaluation too) or "eval"
         self._progress: ProgressBar | None = None
         self._checkpointer: Checkpointer | None = None
         self._batches_done, self._epoch_done = 0, False
-
-    def _build_loggers(self, logger) -> list[Logger]:
-        if logger is True:
-            csv = CSVLogger(self.cfg.default_root_dir)
-            return [csv, TensorBoardLogger(self.cfg.default_root_dir, version=csv.version)]
-        if not logger:
-            return []
-        return list(logger) if isinstance(logger, (list, tuple)) else [logger]
 
     # ------------------------------------------------------------------ what callbacks see (specs.TrainerView)
     @property
@@ -119,6 +118,13 @@ class Trainer:
     @property
     def callback_metrics(self) -> dict[str, torch.Tensor]:
         return self.metrics.latest
+
+    # Lightning's names for what the trainer holds (read-only)
+    local_rank = property(lambda self: self.dist.local_rank if self.dist else 0)
+    logged_metrics = property(lambda self: self.metrics.logged)  # the last values sent to the loggers
+    progress_bar_metrics = property(lambda self: self.metrics.prog_bar_values())
+    optimizers = property(lambda self: self.strategy.optimizers)
+    lr_scheduler_configs = property(lambda self: self.strategy.schedulers)  # specs.SchedulerConfig each
 
     @property
     def checkpoint_callback(self) -> ModelCheckpoint | None:
@@ -171,9 +177,10 @@ class Trainer:
             if status != "success" and self.dist is not None:
                 self.strategy.teardown()
 
-    def _prepare(self, stage: str, module: Module, ckpt_path: Any, micro_batch_size: int | None = None) -> Path | None:
-        """Checks, launches (first call), configures the model (first time) and sets up the strategy for this phase.
-        Returns the checkpoint to load, resolved by rank 0 (and verified there, before any rank starts)."""
+    def _prepare(self, stage: str, module: Module, ckpt_path: Any, data: Callable[[], Any]) -> tuple[Path | None, Any]:
+        """Checks, launches (first call), runs the setup hooks, gets the data (`data()`), configures the model
+        (first time) and sets up the strategy for this phase. Returns (the checkpoint to load, resolved by rank 0
+        and verified there before any rank starts; what `data()` returned)."""
         spec = RunSpec(device_type=self.cfg.device_type, precision=self.cfg.precision,  # type: ignore[arg-type]
                        accumulate_grad_batches=self.cfg.accumulate_grad_batches,
                        gradient_clip_val=self.cfg.gradient_clip_val,
@@ -189,20 +196,20 @@ class Trainer:
             raise ConfigError(f"strategy='auto' planned {self.strategy.name!r} on rank {self.global_rank} but "
                               "another on rank 0 (their free memory differs): pass the strategy or memory_budget.")
         module.trainer = self
-        for cb in self.callbacks:
-            cb.setup(self, module, stage)
+        hooks.setup(self, module, self.datamodule, stage)  # prepare_data, then setup(stage): callbacks, data, module
+        loaders = data()
         if self._module is not module:
             self.strategy.configure_model(module)
             self._module, self._phase = module, None
         phase = "fit" if stage == "fit" else "eval"
         if self._phase not in ("fit", phase):
             factory = (lambda: parse_optimizers(module.configure_optimizers())) if phase == "fit" else None
-            self.strategy.setup(module, factory, micro_batch_size)
+            self.strategy.setup(module, factory, getattr(loaders[0], "batch_size", None) if phase == "fit" else None)
             if phase == "fit" and module.automatic_optimization and not self.strategy.optimizers:
                 raise ConfigError("configure_optimizers returned no optimizer: return one of the forms in "
                                   "lightspeed.optim (an optimizer, a list, a dict with 'optimizer', ...).")
             self._phase = phase
-        return path
+        return path, loaders
 
     def _launch(self, spec: RunSpec) -> None:
         """Once per process: starts the other local ranks (plain `python` with devices > 1) or joins the external
@@ -230,25 +237,29 @@ class Trainer:
         if self.cfg.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
 
-    def _distribute(self, loader: Any) -> Any:
+    def _distribute(self, loaders: Any) -> Any:
+        if isinstance(loaders, list):
+            return [self._distribute(loader) for loader in loaders]
         seed = self.cfg.seed if self.cfg.seed is not None else 0
-        return with_distributed_sampler(loader, self.dist.rank, self.dist.world_size, seed)
+        return with_distributed_sampler(loaders, self.dist.rank, self.dist.world_size, seed)
 
     # ------------------------------------------------------------------ fit
-    def fit(self, model: Module, train_dataloaders: Any = None, val_dataloaders: Any = None,
+    def fit(self, model: Module, train_dataloaders: Any = None, val_dataloaders: Any = None, datamodule: Any = None,
             ckpt_path: str | Path | None = None) -> None:
-        """Trains `model`. `ckpt_path` ("last", "best" or a checkpoint directory) resumes exactly where it was saved."""
-        train = train_dataloaders if train_dataloaders is not None else model.train_dataloader()
-        if train is None:
+        """Trains `model` on the loaders given, else the DataModule's, else the Module's own. `ckpt_path` ("last",
+        "best" or a checkpoint directory) resumes exactly where it was saved. Validation runs only when
+        `validation_step` is overridden (as in Lightning)."""
+        if train_dataloaders is None and datamodule is None and not hooks.is_overridden(model, "train_dataloader"):
             raise ConfigError(f"fit needs training data: pass train_dataloaders= or define train_dataloader() on "
                               f"{type(model).__name__}.")
-        val = val_dataloaders if val_dataloaders is not None else model.val_dataloader()
+        self.datamodule = datamodule
         with self._entry(model):
-            if self._plans and self.dist is None:
-                self.strategy = build_strategy(plan_auto(model, train, self.world_size, self.cfg.precision,
+            if self._plans and self.dist is None and train_dataloaders is not None:
+                self.strategy = build_strategy(plan_auto(model, train_dataloaders, self.world_size, self.cfg.precision,
                                                          self.cfg.device_type, self.cfg.memory_budget,
                                                          show=self._env.rank == 0), self.world_size)
-            resume = self._prepare("fit", model, ckpt_path, getattr(train, "batch_size", None))
+            resume, (train, val) = self._prepare("fit", model, ckpt_path, lambda: fit_loaders(
+                model, datamodule, train_dataloaders, val_dataloaders, bool(self.cfg.overfit_batches)))
             train, val = self._distribute(train), self._distribute(val)
             n = num_batches(train, self.cfg.limit_train_batches)
             if n == 0 and self.cfg.limit_train_batches != 0:
@@ -256,18 +267,28 @@ class Trainer:
                                   f"{self.global_rank}): give it at least one batch per rank.")
             self.stage, self.metrics.stage, self.fitting = "train", "train", True
             skip, rng = self._restore(model, resume) if resume else (0, None)
-            self._start_progress(math.ceil(n / self.cfg.accumulate_grad_batches))
+            self._train_args = hooks.fit_start(self, model)  # unknown hooks warned of, the summary, the hparams
+            self._progress = start_progress(self, math.ceil(n / self.cfg.accumulate_grad_batches))
+            self._last_bar_refresh = 0.0
             self._frames_at_start = compiled_frames() if self.cfg.compile else 0
             model.on_fit_start()
             for cb in self.callbacks:
                 cb.on_fit_start(self, model)
+            sanity_check(self, model, val)
+            model.on_train_start()
+            for cb in self.callbacks:
+                cb.on_train_start(self, model)
             self.should_stop = self.cfg.max_steps != -1 and self.global_step >= self.cfg.max_steps
             while not self.should_stop and self.current_epoch < self.cfg.epochs_limit:
                 self._train_epoch(model, train, val, skip, rng)
                 skip, rng = 0, None
+            model.on_train_end()
+            for cb in self.callbacks:
+                cb.on_train_end(self, model)
             model.on_fit_end()
             for cb in self.callbacks:
                 cb.on_fit_end(self, model)
+            hooks.teardown(self, model, datamodule, "fit")
 
     def _train_epoch(self, module: Module, loader: Any, val_loader: Any, skip: int, rng: dict | None) -> None:
         n = num_batches(loader, self.cfg.limit_train_batches)
@@ -286,7 +307,7 @@ class Trainer:
             last_idx, last_batch = window[-1]
             self._batches_done = last_idx + 1
             self._after_step(module, out, last_batch, last_idx)
-            if val_loader is not None and val_every and self._batches_done < n and any(
+            if val_loader and val_every and self._batches_done < n and any(
                     (i + 1) % val_every == 0 for i, _ in window):
                 self._validate_during_fit(module, val_loader)
             if self.should_stop or (self.cfg.max_steps != -1 and self.global_step >= self.cfg.max_steps):
@@ -300,14 +321,21 @@ class Trainer:
         out = None
         for i, (batch_idx, batch) in enumerate(window):
             batch = move_to_device(batch, self.device)
-            out = self.strategy.forward(module.training_step, batch, batch_idx, sync_grads=i == len(window) - 1)
+            self.metrics.batch_size = infer_batch_size(batch)
+            hooks.on_train_batch_start(self, module, batch, batch_idx)
+            out = self.strategy.forward(module.training_step, *self._train_args(batch, batch_idx),
+                                        sync_grads=i == len(window) - 1)
             if module.automatic_optimization:
-                self.strategy.backward(_loss_of(out) / self.cfg.accumulate_grad_batches)
+                loss = hooks.loss_of(out) / self.cfg.accumulate_grad_batches
+                hooks.on_before_backward(self, module, loss)
+                self.strategy.backward(loss)
+                hooks.on_after_backward(self, module)
         if module.automatic_optimization:  # under manual optimization the user stepped inside training_step
+            hooks.before_step(self, module)  # on_before_optimizer_step, on_before_zero_grad (hooks.py says why)
             self.step_stats = self.strategy.step()
         self.global_step += 1
         if module.automatic_optimization:
-            self._step_schedulers("step")
+            step_schedulers(self.strategy.schedulers, "step", self.global_step, self.metrics.latest)
         return out
 
     def _after_step(self, module: Module, out: Any, batch: Any, batch_idx: int) -> None:
@@ -322,8 +350,7 @@ class Trainer:
             if fresh:
                 self._last_bar_refresh = now
             self._progress.advance(f"epoch {self.current_epoch}", self.metrics.prog_bar_values() if fresh else None)
-        for cb in self.callbacks:
-            cb.on_train_batch_end(self, module, out, batch, batch_idx)
+        hooks.on_train_batch_end(self, module, out, batch, batch_idx)
         if self.cfg.compile and self.global_step == 3 and not compiled_ran(self._frames_at_start):
             self.print0("Warning: compile=True, but nothing compiled ran in 3 steps (see kernels.apply_compile).")
 
@@ -331,14 +358,14 @@ class Trainer:
         # Lightning's order: validation first, so on_train_epoch_end and epoch schedulers (ReduceLROnPlateau
         # on val_loss) see this epoch's validation metrics; then the checkpoint callbacks save the result.
         every = self.cfg.check_val_every_n_epoch
-        if val_loader is not None and every and (self.current_epoch + 1) % every == 0 and epoch_done:
+        if val_loader and every and (self.current_epoch + 1) % every == 0 and epoch_done:
             self._validate_during_fit(module, val_loader)
         module.on_train_epoch_end()
         epoch_metrics = self.metrics.pop_epoch()
         if epoch_metrics:
             self.log_metrics({"epoch": self.current_epoch, **{k: float(v) for k, v in epoch_metrics.items()}})
         if epoch_done and module.automatic_optimization:  # under manual optimization the user steps them
-            self._step_schedulers("epoch")
+            step_schedulers(self.strategy.schedulers, "epoch", self.current_epoch + 1, self.metrics.latest)
         self._epoch_done = epoch_done
         for cb in self.callbacks:
             cb.on_train_epoch_end(self, module)
@@ -353,90 +380,79 @@ class Trainer:
             return max(1, int(n * v)) if n != float("inf") else None
         return v
 
-    def _validate_during_fit(self, module: Module, loader: Any) -> None:
-        if num_batches(loader, self.cfg.limit_val_batches) == 0:
+    def _validate_during_fit(self, module: Module, loaders: list) -> None:
+        if num_batches(loaders[0], self.cfg.limit_val_batches) == 0:
             return  # limit_val_batches=0 turns validation off, hooks included (as in Lightning)
         # Validation must not move the training RNG (its loader draws a seed): training then gives the same
         # losses whatever val_check_interval is, and a checkpoint saved just before a validation resumes exactly.
         rng = rng_state()
-        self._validation_epoch(module, loader)
+        self._validation_epoch(module, loaders)
         set_rng_state(rng)
         self.stage, self.metrics.stage = "train", "train"
         module.train()
 
-    def _step_schedulers(self, interval: str) -> None:
-        count = self.global_step if interval == "step" else self.current_epoch + 1
-        for cfg in self.strategy.schedulers:
-            if cfg.interval != interval or count % cfg.frequency:
-                continue
-            if cfg.monitor is not None:
-                if cfg.monitor not in self.metrics.latest:
-                    raise ConfigError(f"lr_scheduler monitor={cfg.monitor!r} was not logged: logged metrics are "
-                                      f"{sorted(self.metrics.latest)}.")
-                cfg.scheduler.step(float(self.metrics.latest[cfg.monitor]))
-            else:
-                cfg.scheduler.step()
-
-    def _start_progress(self, steps_per_epoch: int | float) -> None:
-        if not (self.cfg.enable_progress_bar and self.is_global_zero):
-            return
-        total = steps_per_epoch * self.cfg.epochs_limit
-        if self.cfg.max_steps != -1:
-            total = min(total, self.cfg.max_steps)
-        total = None if total in (float("inf"), 2**31) else int(total) - self.global_step
-        self._progress = ProgressBar()
-        self._last_bar_refresh = 0.0
-        self._progress.start(total, f"epoch {self.current_epoch}")
-
     # ------------------------------------------------------------------ evaluation
-    def validate(self, model: Module, dataloaders: Any = None, ckpt_path: str | Path | None = None) -> list[dict]:
-        """Runs `validation_step` over the data; returns [epoch metrics] and prints them as a table."""
+    def validate(self, model: Module | None = None, dataloaders: Any = None, ckpt_path: str | Path | None = None,
+                 verbose: bool = True, datamodule: Any = None) -> list[dict]:
+        """Runs `validation_step` over the data (one loader or several); returns [epoch metrics] and prints them.
+        Without `model`, the fitted one."""
+        model = self._model_for("validate", model, datamodule)
         with self._entry(model):
-            loader = self._prepare_eval("validate", model, dataloaders, model.val_dataloader, ckpt_path)
-            results = self._validation_epoch(model, loader)
-        return self._report("validate", results)
+            loaders = self._prepare_eval("validate", model, dataloaders, ckpt_path)
+            results = self._validation_epoch(model, loaders)
+            hooks.teardown(self, model, self.datamodule, "validate")
+        return self._report("validate", results, verbose)
 
-    def test(self, model: Module, dataloaders: Any = None, ckpt_path: str | Path | None = None) -> list[dict]:
-        """Runs `test_step` over the data; returns [epoch metrics] and prints them as a table."""
+    def test(self, model: Module | None = None, dataloaders: Any = None, ckpt_path: str | Path | None = None,
+             verbose: bool = True, datamodule: Any = None) -> list[dict]:
+        """Runs `test_step` over the data (one loader or several); returns [epoch metrics] and prints them.
+        Without `model`, the fitted one."""
+        model = self._model_for("test", model, datamodule)
         with self._entry(model):
-            loader = self._prepare_eval("test", model, dataloaders, model.test_dataloader, ckpt_path)
+            loaders = self._prepare_eval("test", model, dataloaders, ckpt_path)
             self._eval_stage("test", model)
             model.on_test_epoch_start()
-            self._eval_batches(model, loader, self.cfg.limit_test_batches, model.test_step)
+            run_batches(self, model, loaders, self.cfg.limit_test_batches, "test")
             model.on_test_epoch_end()
             results = self._epoch_results()
             for cb in self.callbacks:
                 cb.on_test_epoch_end(self, model)
-        return self._report("test", results)
+            hooks.teardown(self, model, self.datamodule, "test")
+        return self._report("test", results, verbose)
 
-    def predict(self, model: Module, dataloaders: Any = None, ckpt_path: str | Path | None = None) -> list:
-        """Returns this rank's `predict_step` outputs, in the order of this rank's batches."""
+    def predict(self, model: Module | None = None, dataloaders: Any = None, datamodule: Any = None,
+                return_predictions: bool | None = None, ckpt_path: str | Path | None = None) -> list | None:
+        """Returns this rank's `predict_step` outputs in the order of its batches: a list, or one list per loader
+        when there are several. Without `model`, the fitted one."""
+        model = self._model_for("predict", model, datamodule)
         with self._entry(model):
-            loader = self._prepare_eval("predict", model, dataloaders, model.predict_dataloader, ckpt_path)
+            loaders = self._prepare_eval("predict", model, dataloaders, ckpt_path)
             self._eval_stage("predict", model)
-            return self._eval_batches(model, loader, self.cfg.limit_predict_batches, model.predict_step, keep=True)
+            outputs = run_batches(self, model, loaders, self.cfg.limit_predict_batches, "predict",
+                                  keep=return_predictions is not False)
+            hooks.teardown(self, model, self.datamodule, "predict")
+            return None if return_predictions is False else outputs if len(loaders) > 1 else outputs[0]
 
-    def _prepare_eval(self, stage: str, model: Module, given: Any, hook: Callable[[], Any], ckpt_path: Any) -> Any:
-        loader = given if given is not None else hook()
-        if loader is None:
-            raise ConfigError(f"{stage} needs data: pass dataloaders= or define {hook.__name__}() on "
-                              f"{type(model).__name__}.")
-        resume = self._prepare(stage, model, ckpt_path)
+    def _model_for(self, stage: str, model: Module | None, datamodule: Any) -> Module:
+        if datamodule is not None:
+            self.datamodule = datamodule
+        if model is None and self._module is None:
+            raise ConfigError(f"{stage}() got no model and none was fitted: pass the model, {stage}(model, ...).")
+        return model if model is not None else self._module
+
+    def _prepare_eval(self, stage: str, model: Module, given: Any, ckpt_path: Any) -> list:
+        resume, loaders = self._prepare(stage, model, ckpt_path, lambda: eval_loaders(
+            stage, model, self.datamodule, given))
         if resume:
             self.strategy.load(resume, with_optimizer=False)
-        return self._distribute(loader)
+        return self._distribute(loaders)
 
-    def _validation_epoch(self, module: Module, loader: Any) -> dict[str, float]:
+    def _validation_epoch(self, module: Module, loaders: list) -> dict[str, float]:
         self._eval_stage("validate", module)
         module.on_validation_epoch_start()
         for cb in self.callbacks:
             cb.on_validation_epoch_start(self, module)
-
-        def batch_end(out: Any, batch: Any, batch_idx: int) -> None:
-            for cb in self.callbacks:
-                cb.on_validation_batch_end(self, module, out, batch, batch_idx)
-
-        self._eval_batches(module, loader, self.cfg.limit_val_batches, module.validation_step, batch_end)
+        run_batches(self, module, loaders, self.cfg.limit_val_batches, "validate")
         module.on_validation_epoch_end()
         results = self._epoch_results()
         for cb in self.callbacks:
@@ -448,28 +464,13 @@ class Trainer:
         self.stage, self.metrics.stage = stage, stage
         module.eval()
 
-    @torch.no_grad()
-    def _eval_batches(self, module: Module, loader: Any, limit: Any, step: Callable[..., Any],
-                      on_batch_end: Callable[[Any, Any, int], None] | None = None, keep: bool = False) -> list:
-        """The one evaluation batch loop: `step` through the strategy for each batch; the outputs if `keep`."""
-        n, outputs = num_batches(loader, limit), []
-        for batch_idx, batch in enumerate(loader):
-            if batch_idx >= n:
-                break
-            out = self.strategy.forward(step, move_to_device(batch, self.device), batch_idx)
-            if on_batch_end is not None:
-                on_batch_end(out, batch, batch_idx)
-            if keep:
-                outputs.append(out)
-        return outputs
-
     def _epoch_results(self) -> dict[str, float]:
         results = {k: float(v) for k, v in self.metrics.pop_epoch().items()}
         self.log_metrics(results)
         return results
 
-    def _report(self, stage: str, results: dict[str, float]) -> list[dict]:
-        if self.is_global_zero and results:
+    def _report(self, stage: str, results: dict[str, float], verbose: bool) -> list[dict]:
+        if self.is_global_zero and results and verbose:
             print_table(metrics_table(f"{stage} results", results))
         return [results]
 
@@ -487,6 +488,9 @@ class Trainer:
                          self._epoch_done and self.stage == "train")
 
         def on_save(state: dict) -> None:
+            state[HPARAMS_KEY] = dict(module.hparams)  # load_from_checkpoint rebuilds the module from these
+            state[HPARAMS_NAME] = module.__dict__.get("_hparams_name")
+            state["datamodule"] = self.datamodule.state_dict() if self.datamodule is not None else {}
             module.on_save_checkpoint(state)
             for cb in self.callbacks:
                 cb.on_save_checkpoint(self, module, state)
@@ -497,17 +501,9 @@ class Trainer:
         """Loads a checkpoint into the set-up strategy; returns (batches to skip in this epoch, RNG state)."""
         loop, state, rng = self._checkpointer.load(path, with_optimizer=True)
         self.global_step, self.current_epoch = loop.global_step, loop.resume_epoch
+        if self.datamodule is not None and state.get("datamodule"):
+            self.datamodule.load_state_dict(state["datamodule"])
         module.on_load_checkpoint(state)
         self.print0(f"Resumed from {path} at epoch {self.current_epoch}, global step {self.global_step}.")
         return loop.batches_to_skip, rng
 
-
-def _loss_of(out: Any) -> torch.Tensor:
-    loss = out.get("loss") if isinstance(out, dict) else out
-    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-        shape = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else repr(loss)[:80]
-        if isinstance(out, dict) and "loss" not in out:
-            shape = f"a dict without 'loss' (keys {sorted(map(str, out))})"
-        raise ConfigError(f"training_step returned {shape}: under automatic optimization it must return a "
-                          "scalar loss tensor or a dict with a 'loss' scalar.")
-    return loss.reshape(())

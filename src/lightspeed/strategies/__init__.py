@@ -7,6 +7,7 @@ from typing import Any, Callable
 from ..errors import ConfigError
 from .base import Strategy
 from .ddp import DDP, ZeRO1
+from .lightning import DDPStrategy, DeepSpeedStrategy, FSDPStrategy  # Lightning's names, returning the objects here
 from .single import SingleDevice
 
 
@@ -37,6 +38,9 @@ STRATEGIES: dict[str, Callable[[], Any]] = {
     "single": SingleDevice,
     "single_device": SingleDevice,
     "ddp": DDP,
+    "ddp_find_unused_parameters_true": lambda: DDP(find_unused_parameters=True),  # Lightning's names
+    "ddp_find_unused_parameters_false": DDP,
+    "ddp_spawn": DDP,
     "ddp_sharded": ZeRO1,
     "zero1": ZeRO1,
     "fsdp": _fsdp(True),
@@ -76,4 +80,4 @@ def build_strategy(value: Any, world_size: int) -> Strategy:
     )
 
 
-__all__ = ["DDP", "ZeRO1", "SingleDevice", "Strategy", "STRATEGIES", "build_strategy"]
+__all__ = ["DDP", "DDPStrategy", "DeepSpeedStrategy", "FSDPStrategy", "ZeRO1", "SingleDevice", "Strategy", "STRATEGIES", "build_strategy"]

@@ -1,0 +1,172 @@
+"""The hooks' call sites that the loop shares, and what lightspeed checks of the user's hooks at fit start.
+
+Every hook is called explicitly here (no dispatch by name): the Module's first, then each callback's, as in
+Lightning. Under DeepSpeed the optimizer step and `zero_grad` happen inside `engine.step()`, so
+`on_before_optimizer_step` and `on_before_zero_grad` run just before `strategy.step()` for every strategy: after the
+window's backward passes and before clipping, the step and zeroing (also where torch strategies clip). With
+precision "16-mixed" the gradients these hooks see are still loss-scaled (Lightning unscales them first).
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from typing import Any, Callable
+
+import torch
+
+from .callbacks import Callback
+from .datamodule import prepare_data_once
+from .errors import ConfigError
+from .module import Module
+from .progress import print_table
+from .summary import summary_table
+
+
+def is_overridden(module: Module, name: str) -> bool:
+    """Whether `type(module)` defines `name` itself (or in a parent below lightspeed's Module)."""
+    return getattr(type(module), name, None) is not getattr(Module, name, None)
+
+
+def accepts(fn: Callable, n: int, name: str) -> bool:
+    """Whether `fn` takes an n-th positional argument (or has a parameter called `name`, or *args)."""
+    params = list(inspect.signature(fn).parameters.values())
+    if any(p.kind is p.VAR_POSITIONAL for p in params) or any(p.name == name for p in params):
+        return True
+    return len([p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]) >= n
+
+
+def warn_unknown_hooks(module: Module, callbacks: list[Callback]) -> None:
+    """Warns once per fit about each `on_*` / `configure_*` method that a Module or Callback subclass defines and
+    lightspeed never calls (a Lightning hook not implemented here, or a typo): it would be silently ignored."""
+    for obj, base in [(module, Module), *((cb, Callback) for cb in callbacks)]:
+        for cls in type(obj).__mro__:
+            if cls is base or not issubclass(cls, base):
+                continue
+            for name in vars(cls):
+                if name.startswith(("on_", "configure_")) and not hasattr(base, name) and callable(vars(cls)[name]):
+                    warnings.warn(f"{cls.__name__}.{name} is not a hook lightspeed calls: it will never run. "
+                                  f"Known hooks are the on_*/configure_* methods of lightspeed.{base.__name__}.",
+                                  stacklevel=3)
+
+
+def fit_start(trainer: Any, module: Module) -> Callable[[Any, int], tuple]:
+    """Once per fit, before its hooks: warns of unknown hooks, prints the model summary (rank 0, with
+    `enable_model_summary`), sends `module.hparams` to the loggers (rank 0). Returns how to build
+    `training_step`'s arguments from (batch, batch_idx): Lightning accepts `training_step(self, batch)`."""
+    warn_unknown_hooks(module, trainer.callbacks)
+    if trainer.is_global_zero and trainer.cfg.enable_model_summary:
+        print_table(summary_table(module))
+    send = module.hparams and module.__dict__.get("_log_hyperparams", True)  # save_hyperparameters(logger=)
+    for lg in trainer.loggers if trainer.is_global_zero and send else []:
+        lg.log_hyperparams(dict(module.hparams))
+    if accepts(module.training_step, 2, "batch_idx"):
+        return lambda batch, batch_idx: (batch, batch_idx)
+    return lambda batch, batch_idx: (batch,)
+
+
+def loss_of(out: Any) -> torch.Tensor:
+    """The scalar loss of a `training_step` output (a tensor or a dict with 'loss'); ConfigError otherwise."""
+    loss = out.get("loss") if isinstance(out, dict) else out
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        shape = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else repr(loss)[:80]
+        if isinstance(out, dict) and "loss" not in out:
+            shape = f"a dict without 'loss' (keys {sorted(map(str, out))})"
+        raise ConfigError(f"training_step returned {shape}: under automatic optimization it must return a "
+                          "scalar loss tensor or a dict with a 'loss' scalar.")
+    return loss.reshape(())
+
+
+# ------------------------------------------------------------------ training
+def on_train_batch_start(trainer: Any, module: Module, batch: Any, batch_idx: int) -> None:
+    module.on_train_batch_start(batch, batch_idx)
+    for cb in trainer.callbacks:
+        cb.on_train_batch_start(trainer, module, batch, batch_idx)
+
+
+def on_before_backward(trainer: Any, module: Module, loss: torch.Tensor) -> None:
+    module.on_before_backward(loss)
+    for cb in trainer.callbacks:
+        cb.on_before_backward(trainer, module, loss)
+
+
+def on_after_backward(trainer: Any, module: Module) -> None:
+    module.on_after_backward()
+    for cb in trainer.callbacks:
+        cb.on_after_backward(trainer, module)
+
+
+def before_step(trainer: Any, module: Module) -> None:
+    """`on_before_optimizer_step` then `on_before_zero_grad`, per optimizer, just before `strategy.step()`."""
+    for opt in trainer.strategy.optimizers:
+        module.on_before_optimizer_step(opt)
+        for cb in trainer.callbacks:
+            cb.on_before_optimizer_step(trainer, module, opt)
+    for opt in trainer.strategy.optimizers:
+        module.on_before_zero_grad(opt)
+        for cb in trainer.callbacks:
+            cb.on_before_zero_grad(trainer, module, opt)
+
+
+def on_train_batch_end(trainer: Any, module: Module, out: Any, batch: Any, batch_idx: int) -> None:
+    module.on_train_batch_end(out, batch, batch_idx)
+    for cb in trainer.callbacks:
+        cb.on_train_batch_end(trainer, module, out, batch, batch_idx)
+
+
+# ------------------------------------------------------------------ evaluation
+def on_eval_batch_start(trainer: Any, module: Module, stage: str, batch: Any, batch_idx: int, *idx: int) -> None:
+    """`on_{validation,test,predict}_batch_start`; `idx` is `(dataloader_idx,)` with several loaders only."""
+    match stage:
+        case "validate":
+            module.on_validation_batch_start(batch, batch_idx, *idx)
+            for cb in trainer.callbacks:
+                cb.on_validation_batch_start(trainer, module, batch, batch_idx, *idx)
+        case "test":
+            module.on_test_batch_start(batch, batch_idx, *idx)
+            for cb in trainer.callbacks:
+                cb.on_test_batch_start(trainer, module, batch, batch_idx, *idx)
+        case "predict":
+            module.on_predict_batch_start(batch, batch_idx, *idx)
+            for cb in trainer.callbacks:
+                cb.on_predict_batch_start(trainer, module, batch, batch_idx, *idx)
+
+
+def on_eval_batch_end(trainer: Any, module: Module, stage: str, out: Any, batch: Any, batch_idx: int,
+                      *idx: int) -> None:
+    """`on_{validation,test,predict}_batch_end`; `idx` is `(dataloader_idx,)` with several loaders only."""
+    match stage:
+        case "validate":
+            module.on_validation_batch_end(out, batch, batch_idx, *idx)
+            for cb in trainer.callbacks:
+                cb.on_validation_batch_end(trainer, module, out, batch, batch_idx, *idx)
+        case "test":
+            module.on_test_batch_end(out, batch, batch_idx, *idx)
+            for cb in trainer.callbacks:
+                cb.on_test_batch_end(trainer, module, out, batch, batch_idx, *idx)
+        case "predict":
+            module.on_predict_batch_end(out, batch, batch_idx, *idx)
+            for cb in trainer.callbacks:
+                cb.on_predict_batch_end(trainer, module, out, batch, batch_idx, *idx)
+
+
+def setup(trainer: Any, module: Module, datamodule: Any, stage: str) -> None:
+    """Lightning's order once the ranks run: `prepare_data` (once per node), callbacks' `setup`, the
+    DataModule's `setup`, the Module's `setup`. The caller then configures the model."""
+    if datamodule is not None:
+        prepare_data_once(datamodule.prepare_data, trainer.local_rank)
+    prepare_data_once(module.prepare_data, trainer.local_rank)
+    for cb in trainer.callbacks:
+        cb.setup(trainer, module, stage)
+    if datamodule is not None:
+        datamodule.setup(stage)
+    module.setup(stage)
+
+
+def teardown(trainer: Any, module: Module, datamodule: Any, stage: str) -> None:
+    """`teardown(stage)` on callbacks, the DataModule and the Module, at the end of a successful entry point."""
+    for cb in trainer.callbacks:
+        cb.teardown(trainer, module, stage)
+    if datamodule is not None:
+        datamodule.teardown(stage)
+    module.teardown(stage)

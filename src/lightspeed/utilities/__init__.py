@@ -1,0 +1,13 @@
+"""Lightning's utility names, one home each: `from lightspeed.utilities import rank_zero_only`.
+
+    rank_zero_only, rank_zero_info, rank_zero_warn   (utilities.rank_zero)
+    MisconfigurationException                        (utilities.exceptions: lightspeed's ConfigError)
+    seed_everything                                  (lightspeed.rng)
+"""
+
+from ..rng import seed_everything
+from .exceptions import MisconfigurationException
+from .rank_zero import rank_zero_debug, rank_zero_info, rank_zero_only, rank_zero_warn
+
+__all__ = ["MisconfigurationException", "rank_zero_debug", "rank_zero_info", "rank_zero_only", "rank_zero_warn",
+           "seed_everything"]

@@ -1,0 +1,90 @@
+"""Lightning's names, mapped onto lightspeed's own objects: strategies, utilities, exceptions.
+
+    OMP_NUM_THREADS=1 .venv/bin/python -m pytest -q tests/test_lightning_api.py
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import lightspeed as ls
+from lightspeed.strategies import DDP, DDPStrategy, DeepSpeedStrategy, FSDPStrategy, build_strategy
+from lightspeed.utilities import MisconfigurationException, rank_zero_only, seed_everything
+from test_trainer import Regress, make_trainer, regression_data
+
+
+def test_deepspeed_strategy_keywords_map_onto_deepspeed():
+    s = DeepSpeedStrategy(stage=3, offload_optimizer=True, offload_parameters=True, pin_memory=False,
+                          logging_batch_size_per_gpu=4, allgather_bucket_size=5e7, reduce_bucket_size=5e7,
+                          contiguous_gradients=False, sub_group_size=10**9)
+    assert type(s).__name__ == "DeepSpeed"
+    assert (s.stage, s.offload_optimizer, s.offload_params, s.pin_memory) == (3, "cpu", "cpu", False)
+    assert (s.allgather_bucket_size, s.reduce_bucket_size) == (50_000_000, 50_000_000)
+    zero = s.config["zero_optimization"]
+    assert zero["stage"] == 3 and zero["offload_optimizer"]["device"] == "cpu"
+    assert zero["contiguous_gradients"] is False and zero["sub_group_size"] == 10**9
+    assert s.name == "deepspeed_stage_3_offload"
+
+
+def test_deepspeed_strategy_stage_from_config_and_defaults():
+    s = DeepSpeedStrategy(config={"zero_optimization": {"stage": 1}, "train_micro_batch_size_per_gpu": 4})
+    assert s.stage == 1 and s.config["train_micro_batch_size_per_gpu"] == 4
+    assert DeepSpeedStrategy().stage == 2 and DeepSpeedStrategy().offload_optimizer is None
+
+
+def test_fsdp_and_ddp_strategy_keywords():
+    block = torch.nn.Linear
+    f = FSDPStrategy(sharding_strategy="SHARD_GRAD_OP", cpu_offload=True, activation_checkpointing_policy={block},
+                     state_dict_type="full")
+    assert (f.name, f.cpu_offload, f.activation_checkpointing) == ("fsdp_grad_op", True, [block])
+    assert FSDPStrategy(activation_checkpointing=[block]).activation_checkpointing == [block]
+    d = DDPStrategy(find_unused_parameters=True, static_graph=True)
+    assert isinstance(d, DDP) and d.find_unused_parameters and d.static_graph
+    s = build_strategy("ddp_find_unused_parameters_true", 2)
+    assert isinstance(s, DDP) and s.find_unused_parameters
+
+
+@pytest.mark.parametrize("build, pattern", [
+    (lambda: DeepSpeedStrategy(stagee=3), r"DeepSpeedStrategy got unknown keywords \['stagee'\]"),
+    (lambda: FSDPStrategy(sharding_strategy="HYBRID_SHARD"), r"sharding_strategy='HYBRID_SHARD'\) is not valid"),
+    (lambda: FSDPStrategy(auto_wrap_policy=lambda m: True), r"auto_wrap_policy=.* callable policies"),
+    (lambda: DDPStrategy(find_unused=True), r"DDPStrategy got unknown keywords \['find_unused'\]"),
+])
+def test_lightning_strategy_bad_keywords(build, pattern):
+    with pytest.raises(ls.ConfigError, match=pattern):
+        build()
+
+
+def test_misconfiguration_exception_catches_config_errors(tmp_path):
+    with pytest.raises(MisconfigurationException, match="max_steps=-5"):
+        make_trainer(tmp_path, max_steps=-5)
+    assert issubclass(MisconfigurationException, ValueError)
+
+
+def test_rank_zero_only_and_seed_everything():
+    calls = []
+
+    @rank_zero_only
+    def note(x):
+        calls.append(x)
+        return x
+
+    assert rank_zero_only.rank == 0 and note(1) == 1
+    rank_zero_only.rank = 1
+    try:
+        assert note(2) is None
+    finally:
+        rank_zero_only._rank = None
+    assert calls == [1]
+    seed_everything(3)
+    a = torch.rand(2)
+    seed_everything(3)
+    assert torch.equal(a, torch.rand(2))
+
+
+def test_fit_with_deepspeed_strategy_object(tmp_path):
+    model = Regress()
+    trainer = make_trainer(tmp_path, strategy=DeepSpeedStrategy(stage=2), max_steps=3)
+    trainer.fit(model, regression_data())
+    assert trainer.global_step == 3 and trainer.strategy.name == "deepspeed_stage_2"
