@@ -9,6 +9,7 @@ from typing import Literal
 import torch
 
 from .errors import ConfigError
+from .specs import RunSpec
 
 PRECISION_ALIASES = {
     "32-true": "32-true", "32": "32-true", 32: "32-true",
@@ -136,6 +137,14 @@ class TrainerConfig:
                             ("val_check_interval", None), ("check_val_every_n_epoch", 1),
                             ("num_sanity_val_steps", 0), ("enable_checkpointing", False), ("log_every_n_steps", 1)):
             object.__setattr__(self, name, value)
+
+    def run_spec(self, automatic_optimization: bool) -> RunSpec:
+        """The flags a strategy needs (its `check` and `connect`), for a module's optimization mode."""
+        return RunSpec(device_type=self.device_type, precision=self.precision,  # type: ignore[arg-type]
+                       accumulate_grad_batches=self.accumulate_grad_batches, gradient_clip_val=self.gradient_clip_val,
+                       gradient_clip_algorithm=self.gradient_clip_algorithm,
+                       automatic_optimization=automatic_optimization, seed=self.seed,
+                       optimizer_kernels=self.optimizer_kernels, compile=self.compile)
 
     @property
     def device_type(self) -> str:

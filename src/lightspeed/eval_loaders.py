@@ -90,6 +90,7 @@ def run_batches(trainer: Any, module: Module, loaders: list, limit: Any, stage: 
         case _:
             step = module.predict_step
     takes_idx, takes_batch_idx = hooks.accepts(step, 3, "dataloader_idx"), hooks.accepts(step, 2, "batch_idx")
+    module.eval()  # evaluation always runs in eval mode; fit switches back to train() after it
     outputs: list[list] = []
     for dl_idx, loader in enumerate(loaders):
         several = (dl_idx,) if len(loaders) > 1 else ()

@@ -181,12 +181,7 @@ class Trainer:
         """Checks, launches (first call), runs the setup hooks, gets the data (`data()`), configures the model
         (first time) and sets up the strategy for this phase. Returns (the checkpoint to load, resolved by rank 0
         and verified there before any rank starts; what `data()` returned)."""
-        spec = RunSpec(device_type=self.cfg.device_type, precision=self.cfg.precision,  # type: ignore[arg-type]
-                       accumulate_grad_batches=self.cfg.accumulate_grad_batches,
-                       gradient_clip_val=self.cfg.gradient_clip_val,
-                       gradient_clip_algorithm=self.cfg.gradient_clip_algorithm,
-                       automatic_optimization=module.automatic_optimization, seed=self.cfg.seed,
-                       optimizer_kernels=self.cfg.optimizer_kernels, compile=self.cfg.compile)
+        spec = self.cfg.run_spec(module.automatic_optimization)
         self.strategy.check(spec)
         best = self.checkpoint_callback.best_model_path if self.checkpoint_callback else None
         path = resolve(ckpt_path, self.checkpoint_dir, best, verify=self._env.rank == 0) if ckpt_path else None
@@ -254,9 +249,8 @@ class Trainer:
                               f"{type(model).__name__}.")
         self.datamodule = datamodule
         with self._entry(model):
-            if self._plans and self.dist is None and train_dataloaders is not None:
-                self.strategy = build_strategy(plan_auto(model, train_dataloaders, self.world_size, self.cfg.precision,
-                                                         self.cfg.device_type, self.cfg.memory_budget,
+            if self._plans and self.dist is None and train_dataloaders is not None:  # before any rank starts
+                self.strategy = build_strategy(plan_auto(model, train_dataloaders, self.world_size, self.cfg,
                                                          show=self._env.rank == 0), self.world_size)
             resume, (train, val) = self._prepare("fit", model, ckpt_path, lambda: fit_loaders(
                 model, datamodule, train_dataloaders, val_dataloaders, bool(self.cfg.overfit_batches)))
@@ -410,7 +404,6 @@ class Trainer:
         model = self._model_for("test", model, datamodule)
         with self._entry(model):
             loaders = self._prepare_eval("test", model, dataloaders, ckpt_path)
-            self._eval_stage("test", model)
             model.on_test_epoch_start()
             run_batches(self, model, loaders, self.cfg.limit_test_batches, "test")
             model.on_test_epoch_end()
@@ -427,7 +420,6 @@ class Trainer:
         model = self._model_for("predict", model, datamodule)
         with self._entry(model):
             loaders = self._prepare_eval("predict", model, dataloaders, ckpt_path)
-            self._eval_stage("predict", model)
             outputs = run_batches(self, model, loaders, self.cfg.limit_predict_batches, "predict",
                                   keep=return_predictions is not False)
             hooks.teardown(self, model, self.datamodule, "predict")
@@ -445,10 +437,11 @@ class Trainer:
             stage, model, self.datamodule, given))
         if resume:
             self.strategy.load(resume, with_optimizer=False)
+        self.stage, self.metrics.stage = stage, stage
         return self._distribute(loaders)
 
     def _validation_epoch(self, module: Module, loaders: list) -> dict[str, float]:
-        self._eval_stage("validate", module)
+        self.stage, self.metrics.stage = "validate", "validate"
         module.on_validation_epoch_start()
         for cb in self.callbacks:
             cb.on_validation_epoch_start(self, module)
@@ -459,10 +452,6 @@ class Trainer:
             cb.on_validation_epoch_end(self, module)
             cb.on_validation_end(self, module)
         return results
-
-    def _eval_stage(self, stage: str, module: Module) -> None:
-        self.stage, self.metrics.stage = stage, stage
-        module.eval()
 
     def _epoch_results(self) -> dict[str, float]:
         results = {k: float(v) for k, v in self.metrics.pop_epoch().items()}
