@@ -158,7 +158,9 @@ def saved_activation_bytes(module: torch.nn.Module, batch: Any, precision: str =
 
 def _probe_copy(module: torch.nn.Module, precision: str) -> torch.nn.Module:
     twin = build_copy(module, torch.device("cpu"))
-    twin.trainer = ProbeTrainer()
+    # A Module holds its Trainer by weak reference: the twin keeps its stand-in alive itself.
+    object.__setattr__(twin, "_probe_trainer", ProbeTrainer())
+    twin.trainer = twin._probe_trainer
     if precision == "bf16-true":
         twin.to(torch.bfloat16)
     return twin.train()
@@ -230,7 +232,9 @@ def plain_cuda_step(module: torch.nn.Module, batch: Any, n: int, precision: str)
     """One forward, backward and optimizer step of a fresh copy of `module` on the current CUDA device."""
     device = torch.device("cuda", torch.cuda.current_device())
     twin = build_copy(module, device)
-    twin.trainer = ProbeTrainer()
+    # A Module holds its Trainer by weak reference: the twin keeps its stand-in alive itself.
+    object.__setattr__(twin, "_probe_trainer", ProbeTrainer())
+    twin.trainer = twin._probe_trainer
     if precision == "bf16-true":
         twin.to(torch.bfloat16)
     optimizers, _ = parse_optimizers(twin.configure_optimizers())
