@@ -104,6 +104,8 @@ def _rebuild(opt: torch.optim.Optimizer, backend: str, device_type: str) -> Any:
         return None
     if not all(torch.is_floating_point(p) for p in params):
         return None
+    if type(opt) is torch.optim.SGD and any(hasattr(p, "device_mesh") for p in params):
+        return None  # FSDP's DTensor shards: torch has no sharding rule for the fused SGD kernel (Adam's it has)
     cls = type(opt)
     accepted = set(inspect.signature(cls.__init__).parameters) - {"self", "params"}
     # `defaults` can hold bookkeeping keys the constructor does not take (AdamW's decoupled_weight_decay).
