@@ -64,7 +64,8 @@ def measured(tmp_path_factory, facts):
                               batch=sample_batch(), show=False)
     # The same budget through the Trainer: strategy="auto" plans before the ranks start, then trains.
     out = {"auto_pick": picked, "auto_run": run_workload(tmp_path_factory.mktemp("auto"), strategy="auto", devices=2,
-                                                         max_steps=3, memory_budget=_budget_ruling_out_ddp(facts))}
+                                                         max_steps=3, batch_size=1,  # the micro-batch planned for
+                                                         memory_budget=_budget_ruling_out_ddp(facts))}
     for name, precision in RUNS:
         result = run_workload(tmp_path_factory.mktemp(name), strategy=name, devices=2, max_steps=3, memory=True,
                               precision=precision, timeout=600)

@@ -3,7 +3,6 @@ use these; none of them reads the launch environment (that is `launch.DistInfo`,
 
 from __future__ import annotations
 
-import atexit
 import gc
 from datetime import timedelta
 from typing import Any
@@ -21,9 +20,6 @@ def init_process_group(info: DistInfo, device: torch.device, timeout_s: float = 
         torch.cuda.set_device(device)
     if dist.is_initialized():
         return
-    # Left once, at exit, after every strategy's teardown (registered later, so run earlier): several Trainers
-    # in one process share the group, and a DeepSpeed engine needs it to be destroyed.
-    atexit.register(destroy_process_group)
     backend = "nccl" if device.type == "cuda" else "gloo"
     # With nccl, binding the device lets torch create the communicator eagerly and use the right GPU.
     bind = {"device_id": device} if backend == "nccl" else {}
@@ -44,9 +40,8 @@ def init_process_group(info: DistInfo, device: torch.device, timeout_s: float = 
 
 
 def destroy_process_group() -> None:
-    """Leaves the default process group, if joined; `init_process_group` registers it for exit. Left to interpreter
-    shutdown, gloo's threads abort the process ("terminate called without an active exception"), turning a
-    finished run into a failed one."""
+    """Leaves the default process group, if joined. Left to interpreter shutdown, gloo's threads abort the process
+    ("terminate called without an active exception"), turning a finished run into a failed one."""
     if dist.is_initialized():
         dist.destroy_process_group()
         # Free what still holds the group (a DDP reducer in a trainer <-> module reference cycle) now, while

@@ -12,7 +12,7 @@ gradient accumulation, clipping and optimizer state. Every method has one call s
         strategy.backward(loss)
     stats = strategy.step()                               # clip, optimizer step, zero grads; {"grad_norm": ...}
     strategy.save(path) / strategy.load(path)             # collective; the Checkpointer calls them
-    strategy.teardown()                                   # once per process: engine freed
+    strategy.teardown()                                   # once per process: engine freed, group left
 
 DDP (with or without a sharded optimizer) and FSDP honour that shape easily. No strategy subclasses another;
 shared pieces are functions (strategies/common.py, precision.py).
@@ -76,5 +76,4 @@ class Strategy(Protocol):
         """Collective: restores what `save` wrote (optimizer state too unless `with_optimizer` is False)."""
 
     def teardown(self) -> None:
-        """Frees what the strategy holds (the DeepSpeed engine, the DDP reducer). Safe to call twice. The process
-        group is shared by every Trainer of the process and left at exit (distributed.init_process_group)."""
+        """Frees the engine and leaves the process group. Safe to call twice."""

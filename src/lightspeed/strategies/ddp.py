@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ..checkpoint_io import load_replicated, save_replicated
-from ..distributed import barrier, init_process_group
+from ..distributed import barrier, destroy_process_group, init_process_group
 from ..kernels import apply_compile, build_optimizers_fast
 from ..launch import DistInfo
 from ..precision import Precision, optimizer_step
@@ -154,7 +154,7 @@ class DDP:
         self.precision.load_state_dict(state.get("precision", {}))
 
     def teardown(self) -> None:
-        self.wrapped = None  # the reducer holds the process group, which distributed.py leaves at exit
+        destroy_process_group()
 
 
 def ZeRO1(parameters_as_bucket_view: bool = False, **ddp_options: Any) -> DDP:  # noqa: N802 - the name users type

@@ -31,7 +31,7 @@ import psutil
 import torch
 import torch.distributed as dist
 
-from ..distributed import broadcast_from_rank0, init_process_group
+from ..distributed import broadcast_from_rank0, destroy_process_group, init_process_group
 from ..errors import ConfigError
 from ..kernels import apply_compile, build_optimizers_fast
 from ..launch import DistInfo
@@ -376,7 +376,9 @@ class DeepSpeed:
     def teardown(self) -> None:
         if self.engine is not None:  # left to interpreter shutdown, gloo's threads can abort a rank
             self.engine, engine = None, self.engine
-            engine.destroy()
+            if dist.is_initialized():  # another Trainer of this process may have left the shared group already
+                engine.destroy()
+        destroy_process_group()
 
     def _log0(self, message: str) -> None:
         if self.dist.is_global_zero:

@@ -40,7 +40,7 @@ from torch.distributed.fsdp import (
 )
 from torch.distributed.tensor import DTensor
 
-from ..distributed import barrier, init_process_group
+from ..distributed import barrier, destroy_process_group, init_process_group
 from ..errors import ConfigError
 from ..kernels import apply_compile, build_optimizers_fast
 from ..launch import DistInfo
@@ -216,7 +216,7 @@ class FSDP:
             self.precision.load_state_dict(torch.load(path / EXTRA, weights_only=False).get("precision", {}))
 
     def teardown(self) -> None:
-        pass  # the shards are the user's module; distributed.py leaves the process group at exit
+        destroy_process_group()
 
 
 def find_shard_units(module: nn.Module, classes: list[type] | None) -> list[nn.Module]:
