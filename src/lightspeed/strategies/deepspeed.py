@@ -37,6 +37,7 @@ from ..memory import cuda_free
 from ..specs import RunSpec, StepStats
 from .common import CHECKPOINT_PREFIX, StepRunner, apply_activation_checkpointing, configure_with_plain_twin
 from .deepspeed_config import cast_floats, engine_dtype, merge, read_config
+from .deepspeed_manual import EngineOptimizer, check_one_optimizer
 from .host_memory import host_memory_warning, offloaded_bytes_per_param
 from .zero3 import copy_from_rank0, load_weights, whole_numel
 
@@ -71,8 +72,8 @@ class DeepSpeed:
         allgather_bucket_size, reduce_bucket_size: ZeRO communication bucket sizes (elements).
     Raises:
         ConfigError: bad stage or offload, nvme without nvme_path, a missing or invalid config file; in `check`
-            (before launch) clipping by value, 16-mixed off CUDA or manual optimization; later, two optimizers or
-            a config key that contradicts a Trainer flag.
+            (before launch) clipping by value or 16-mixed off CUDA; later, two optimizers (one engine holds one,
+            under manual optimization too) or a config key that contradicts a Trainer flag.
     """
 
     stage: Literal[1, 2, 3] = 2
@@ -121,10 +122,6 @@ class DeepSpeed:
         if spec.precision == "16-mixed" and spec.device_type != "cuda":  # DeepSpeed would refuse it in initialize
             raise ConfigError(f"precision='16-mixed' is not valid with DeepSpeed on {spec.device_type}: its CPU "
                               "accelerator has no fp16 support. Use '32-true', 'bf16-mixed' or 'bf16-true'.")
-        if not spec.automatic_optimization:
-            raise ConfigError(f"automatic_optimization=False is not supported by strategy {self.name!r}: it owns "
-                              "backward and the optimizer step. Use 'ddp', 'ddp_sharded' or a single device for "
-                              "manual optimization.")
 
     def connect(self, spec: RunSpec, dist_info: DistInfo, device: torch.device) -> None:
         deepspeed = _import_deepspeed()
@@ -264,6 +261,8 @@ class DeepSpeed:
                 optimizers, self.schedulers = build_optimizers_fast(
                     build_optimizers, self.spec, backend="deepspeed", device_type=self.device.type,
                     offload=bool(self.offload_optimizer), is_global_zero=self.dist.is_global_zero)
+            if not self.spec.automatic_optimization:
+                check_one_optimizer(len(optimizers), self.name)
             if len(optimizers) > 1:
                 raise ConfigError(f"configure_optimizers returned {len(optimizers)} optimizers; DeepSpeed runs one "
                                   "engine with one optimizer. Return a single optimizer (with parameter groups).")
@@ -285,6 +284,8 @@ class DeepSpeed:
             model_parameters=[p for p in module.parameters() if p.requires_grad] if optimizer is None else None,
         )
         self.optimizers = [ds_optimizer] if build_optimizers is not None and ds_optimizer is not None else []
+        if self.optimizers and not self.spec.automatic_optimization:  # the user's opt.step() is the engine's
+            self.optimizers = [EngineOptimizer(self.engine, ds_optimizer)]
 
     def _full_shapes(self, deepspeed, module: torch.nn.Module):
         """Under ZeRO-3 a partitioned parameter is an empty 1-D tensor, so `configure_optimizers` rules such as
