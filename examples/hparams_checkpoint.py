@@ -53,6 +53,7 @@ def main(args):
     trainer = L.Trainer(accelerator="cpu", devices=args.devices, strategy=args.strategy, max_epochs=args.max_epochs,
                         callbacks=[checkpoint])
     trainer.fit(model, sentences(128, 0), sentences(32, 1))
+    best_score = trainer.validate(model, sentences(32, 1), ckpt_path="best")[0]["val_loss"]  # the best weights again
 
     best = TextClassifier.load_from_checkpoint(checkpoint.best_model_path)
     best.eval()
@@ -60,7 +61,8 @@ def main(args):
     with torch.no_grad():
         logits = best(tokens)
     if trainer.is_global_zero:
-        print(f"best checkpoint: {checkpoint.best_model_path} (val_loss {float(checkpoint.best_model_score):.4f})")
+        print(f"best checkpoint: {checkpoint.best_model_path} (val_loss {float(checkpoint.best_model_score):.4f}, "
+              f"validated again: {best_score:.4f})")
         print(f"hparams: {dict(best.hparams)}; logits {tuple(logits.shape)}")
         print(f"result: width={best.hparams.width}")
 
