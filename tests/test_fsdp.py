@@ -95,8 +95,8 @@ def test_bad_inputs(tmp_path):
     assert "hold no parameters" in err and "Block" in err  # names the candidates
     err = _fails(tmp_path, fsdp={"activation_checkpointing": ["Conv1d"]})
     assert "Conv1d" in err and "Candidate block classes: Block" in err
-    err = _fails(tmp_path, strategy="fsdp", manual=True)
-    assert "automatic_optimization=False is not supported by strategy 'fsdp'" in err
+    err = _fails(tmp_path, strategy="fsdp", manual=True, precision="16-mixed")  # manual itself is accepted
+    assert "automatic_optimization=False with precision='16-mixed' is not supported by strategy 'fsdp'" in err
 
 
 def test_fp16_mixed_parity_with_ddp(tmp_path):

@@ -61,11 +61,14 @@ class Workload(GPTModule):
         loss = self._loss(batch)
         self.log("loss", loss, prog_bar=True, sync_dist=True)
         self.losses.append(float(self.trainer.callback_metrics["loss"]))
-        if self.opts.get("manual"):  # the same update as the automatic loop, done by hand
-            opt = self.optimizers()
-            opt.zero_grad()
+        if self.opts.get("manual"):  # the same update as the automatic loop, done by hand (each optimizer)
+            opts = self.optimizers()
+            opts = opts if isinstance(opts, list) else [opts]
+            for opt in opts:
+                opt.zero_grad()
             self.manual_backward(loss)
-            opt.step()
+            for opt in opts:
+                opt.step()
         return loss
 
     def configure_deepspeed(self, config: dict) -> dict:
@@ -78,7 +81,9 @@ class Workload(GPTModule):
             return DuckSGD(self.parameters())
         if not self.opts.get("two_optimizers"):
             return super().configure_optimizers()
-        return [torch.optim.SGD(self.model.blocks.parameters(), lr=0.1), torch.optim.SGD(self.model.wte.parameters(), lr=0.1)]
+        # Momentum gives both optimizers state, so a resume that lost either one would change the losses.
+        return [torch.optim.SGD(self.model.blocks.parameters(), lr=0.1, momentum=0.9),
+                torch.optim.SGD(self.model.wte.parameters(), lr=0.1, momentum=0.9)]
 
 
 class DuckSGD:

@@ -107,6 +107,8 @@ def _rebuild(opt: torch.optim.Optimizer, backend: str, device_type: str) -> Any:
     if type(opt) is torch.optim.SGD and any(hasattr(p, "device_mesh") for p in params):
         return None  # FSDP's DTensor shards: torch has no sharding rule for the fused SGD kernel (Adam's it has)
     cls = type(opt)
+    if cls is torch.optim.SGD and any(type(p).__name__ == "DTensor" for p in params):
+        return None  # FSDP2's sharded parameters: DTensor has no sharding rule for torch's fused SGD kernel
     accepted = set(inspect.signature(cls.__init__).parameters) - {"self", "params"}
     # `defaults` can hold bookkeeping keys the constructor does not take (AdamW's decoupled_weight_decay).
     defaults = {k: v for k, v in opt.defaults.items() if k in accepted and k not in ("fused", "foreach")}

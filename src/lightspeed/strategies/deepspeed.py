@@ -18,9 +18,7 @@ is one `engine.global_steps`, which equals the Trainer's `global_step`.
 from __future__ import annotations
 
 import contextlib
-import copy
 import importlib.util
-import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -38,6 +36,8 @@ from ..launch import DistInfo
 from ..memory import cuda_free
 from ..specs import RunSpec, StepStats
 from .common import CHECKPOINT_PREFIX, StepRunner, apply_activation_checkpointing, configure_with_plain_twin
+from .deepspeed_config import cast_floats, engine_dtype, merge, read_config
+from .deepspeed_manual import EngineOptimizer, check_one_optimizer
 from .host_memory import host_memory_warning, offloaded_bytes_per_param
 from .zero3 import copy_from_rank0, load_weights, whole_numel
 
@@ -52,30 +52,6 @@ def _import_deepspeed():
         raise ConfigError(f"strategy DeepSpeed needs the deepspeed package, which is not importable ({e}). "
                           "Install it with `pip install 'deepspeed>=0.16,<0.20'`.") from None
     return deepspeed
-
-
-def _read_config(config: dict | str | Path | None) -> dict:
-    """The user's config as a dict; a path must hold valid JSON (errors name the path and line)."""
-    if config is None or isinstance(config, dict):
-        return copy.deepcopy(config or {})
-    path = Path(config)
-    if not path.is_file():
-        raise ConfigError(f"DeepSpeed config={str(config)!r} is not valid: the file does not exist.")
-    try:
-        value = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"DeepSpeed config file {path} is not valid JSON: line {e.lineno}, column {e.colno}: "
-                          f"{e.msg}.") from None
-    if not isinstance(value, dict):
-        raise ConfigError(f"DeepSpeed config file {path} must hold a JSON object, not {type(value).__name__}.")
-    return value
-
-
-def _merge(base: dict, over: dict) -> dict:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
 
 
 @dataclass
@@ -96,8 +72,8 @@ class DeepSpeed:
         allgather_bucket_size, reduce_bucket_size: ZeRO communication bucket sizes (elements).
     Raises:
         ConfigError: bad stage or offload, nvme without nvme_path, a missing or invalid config file; in `check`
-            (before launch) clipping by value, 16-mixed off CUDA or manual optimization; later, two optimizers or
-            a config key that contradicts a Trainer flag.
+            (before launch) clipping by value or 16-mixed off CUDA; later, two optimizers (one engine holds one,
+            under manual optimization too) or a config key that contradicts a Trainer flag.
     """
 
     stage: Literal[1, 2, 3] = 2
@@ -132,7 +108,7 @@ class DeepSpeed:
                               "only offloaded host buffers are pinned.")
         if importlib.util.find_spec("deepspeed") is None:
             _import_deepspeed()  # raises the install hint now, before any rank is started
-        self.user_config = _read_config(self.config)
+        self.user_config = read_config(self.config)
         offload = "_offload" if self.offload_optimizer or self.offload_params else ""
         nvme = "_nvme" if "nvme" in (self.offload_optimizer, self.offload_params) else ""
         self.name = f"deepspeed_stage_{self.stage}{offload}{nvme}"
@@ -146,10 +122,6 @@ class DeepSpeed:
         if spec.precision == "16-mixed" and spec.device_type != "cuda":  # DeepSpeed would refuse it in initialize
             raise ConfigError(f"precision='16-mixed' is not valid with DeepSpeed on {spec.device_type}: its CPU "
                               "accelerator has no fp16 support. Use '32-true', 'bf16-mixed' or 'bf16-true'.")
-        if not spec.automatic_optimization:
-            raise ConfigError(f"automatic_optimization=False is not supported by strategy {self.name!r}: it owns "
-                              "backward and the optimizer step. Use 'ddp', 'ddp_sharded' or a single device for "
-                              "manual optimization.")
 
     def connect(self, spec: RunSpec, dist_info: DistInfo, device: torch.device) -> None:
         deepspeed = _import_deepspeed()
@@ -206,7 +178,7 @@ class DeepSpeed:
             case "16-mixed":
                 config["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16,
                                   "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1}
-        merged = _merge(config, self.user_config)
+        merged = merge(config, self.user_config)
         self._check_contradictions(config, merged)
         return module.configure_deepspeed(merged) if hasattr(module, "configure_deepspeed") else merged
 
@@ -276,6 +248,7 @@ class DeepSpeed:
                 apply_compile(module)
             self._prepared = True
         config = self.build_config(module)
+        self.input_dtype = engine_dtype(config)  # forward casts the batch's float tensors to the weights' dtype
         optimizer = None
         if build_optimizers is None:  # evaluation: an inference-only engine, no optimizer state
             config = {k: v for k, v in config.items() if k not in ("optimizer", "scheduler")}
@@ -288,6 +261,8 @@ class DeepSpeed:
                 optimizers, self.schedulers = build_optimizers_fast(
                     build_optimizers, self.spec, backend="deepspeed", device_type=self.device.type,
                     offload=bool(self.offload_optimizer), is_global_zero=self.dist.is_global_zero)
+            if not self.spec.automatic_optimization:
+                check_one_optimizer(len(optimizers), self.name)
             if len(optimizers) > 1:
                 raise ConfigError(f"configure_optimizers returned {len(optimizers)} optimizers; DeepSpeed runs one "
                                   "engine with one optimizer. Return a single optimizer (with parameter groups).")
@@ -309,6 +284,8 @@ class DeepSpeed:
             model_parameters=[p for p in module.parameters() if p.requires_grad] if optimizer is None else None,
         )
         self.optimizers = [ds_optimizer] if build_optimizers is not None and ds_optimizer is not None else []
+        if self.optimizers and not self.spec.automatic_optimization:  # the user's opt.step() is the engine's
+            self.optimizers = [EngineOptimizer(self.engine, ds_optimizer)]
 
     def _full_shapes(self, deepspeed, module: torch.nn.Module):
         """Under ZeRO-3 a partitioned parameter is an empty 1-D tensor, so `configure_optimizers` rules such as
@@ -350,7 +327,7 @@ class DeepSpeed:
             self.engine.set_gradient_accumulation_boundary(sync_grads)
         if self.engine.training != self.module.training:
             self.engine.train(self.module.training)  # the Trainer switches the user's module; follow it
-        return self.engine(step, *args)
+        return self.engine(step, *cast_floats(args, self.input_dtype))
 
     def backward(self, loss: torch.Tensor) -> None:
         self.engine.backward(loss, scale_wrt_gas=False)  # the Trainer already divided by the accumulation

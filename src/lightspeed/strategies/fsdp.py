@@ -84,12 +84,13 @@ class FSDP:
         self.module: nn.Module | None = None
 
     def check(self, spec: RunSpec) -> None:
-        # The loop drives FSDP's gradient sync (forward's sync_grads) and the sharded-norm clipping (step); a
-        # user's own opt.step() would bypass both, so manual optimization is refused before any rank starts.
-        if not spec.automatic_optimization:
-            raise ConfigError(f"automatic_optimization=False is not supported by strategy {self.name!r}: it owns "
-                              "gradient sync and clipping of the sharded gradients. Use 'ddp', 'ddp_sharded' or "
-                              "a single device for manual optimization.")
+        # Manual optimization is plain torch here: each manual_backward reduce-scatters (the loop's window is one
+        # batch, so sync_grads is always on) and the user's opt.step() updates the local shards. Under 16-mixed
+        # the gradients would still carry the loss scale, which only the loop's own step removes.
+        if not spec.automatic_optimization and spec.precision == "16-mixed":
+            raise ConfigError(f"automatic_optimization=False with precision='16-mixed' is not supported by strategy "
+                              f"{self.name!r}: the sharded gradients carry the loss scale, which only automatic "
+                              "optimization removes. Use 'bf16-mixed' or '32-true'.")
 
     def connect(self, spec: RunSpec, dist_info: DistInfo, device: torch.device) -> None:
         self.spec, self.device = spec, device

@@ -68,13 +68,14 @@ def DeepSpeedStrategy(stage: int | None = None, offload_optimizer: bool = False,
     are accepted and ignored (the reason is listed there). Raises ConfigError for an unknown keyword,
     `zero_optimization=False` or the errors of `DeepSpeed` itself.
     """
-    from .deepspeed import DeepSpeed, _read_config
+    from .deepspeed import DeepSpeed
+    from .deepspeed_config import merge, read_config
 
     _check_keywords("DeepSpeedStrategy", kwargs, _DS_KEYWORDS)
     if kwargs.get("zero_optimization", True) is not True:
         raise ConfigError("DeepSpeedStrategy(zero_optimization=False) is not supported: lightspeed runs DeepSpeed "
                           "with ZeRO (stages 1-3). Use strategy='ddp' for plain data parallelism.")
-    user = _read_config(config)
+    user = read_config(config)
     user_zero = user.get("zero_optimization", {})
     stage = stage if stage is not None else user_zero.get("stage", 2)
     opt_device = kwargs.get("offload_optimizer_device", "cpu") if offload_optimizer else \
@@ -97,7 +98,7 @@ def DeepSpeedStrategy(stage: int | None = None, offload_optimizer: bool = False,
         effective["aio"] = {k: kwargs[k] for k in _DS_AIO_KEYS if k in kwargs}
     if any(k in kwargs for k in _DS_ACTIVATION_KEYS):
         effective["activation_checkpointing"] = {k: kwargs[k] for k in _DS_ACTIVATION_KEYS if k in kwargs}
-    merged = _merge(effective, user)  # the user's config wins, as in Lightning
+    merged = merge(effective, user)  # the user's config wins, as in Lightning
     offloaded = bool(opt_device or param_device)
     pin = kwargs.get("pin_memory")
     return DeepSpeed(
@@ -106,13 +107,6 @@ def DeepSpeedStrategy(stage: int | None = None, offload_optimizer: bool = False,
         pin_memory=bool(pin) if offloaded and pin is not None else None, config=merged,
         allgather_bucket_size=int(kwargs.get("allgather_bucket_size", 200_000_000)),
         reduce_bucket_size=int(kwargs.get("reduce_bucket_size", 200_000_000)))
-
-
-def _merge(base: dict, over: dict) -> dict:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
 
 
 _FSDP_KEYWORDS = {"sharding_strategy", "cpu_offload", "activation_checkpointing_policy", "activation_checkpointing",

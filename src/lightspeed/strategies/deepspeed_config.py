@@ -1,0 +1,65 @@
+"""Reading and merging DeepSpeed configs, and casting a batch to the engine's dtype (helpers of strategies.deepspeed)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import torch
+
+from ..errors import ConfigError
+
+
+def read_config(config: dict | str | Path | None) -> dict:
+    """The user's config as a new dict (None gives {}); a path must hold a JSON object.
+
+    Raises ConfigError naming the path (and the line and column of a JSON syntax error)."""
+    if config is None or isinstance(config, dict):
+        return copy.deepcopy(config or {})
+    path = Path(config)
+    if not path.is_file():
+        raise ConfigError(f"DeepSpeed config={str(config)!r} is not valid: the file does not exist.")
+    try:
+        value = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"DeepSpeed config file {path} is not valid JSON: line {e.lineno}, column {e.colno}: "
+                          f"{e.msg}.") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"DeepSpeed config file {path} must hold a JSON object, not {type(value).__name__}.")
+    return value
+
+
+def merge(base: dict, over: dict) -> dict:
+    """`over` merged into a copy of `base`, nested dicts key by key; `over` wins on a conflict."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def engine_dtype(config: dict) -> torch.dtype | None:
+    """The dtype DeepSpeed keeps the module's weights in under `config` (bf16 or fp16), or None for fp32."""
+    if config.get("bf16", {}).get("enabled"):
+        return torch.bfloat16
+    if config.get("fp16", {}).get("enabled"):
+        return torch.float16
+    return None
+
+
+def cast_floats(value, dtype: torch.dtype | None):
+    """`value` with every floating-point tensor in it (through tuples, lists and dicts) cast to `dtype`.
+
+    Integer tensors (token ids, labels) and everything else pass unchanged; dtype None returns `value` as is.
+    DeepSpeed's bf16/fp16 engine holds low-precision weights, so float inputs must match them."""
+    if dtype is None:
+        return value
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype) if value.is_floating_point() and value.dtype != dtype else value
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
+        return type(value)(*(cast_floats(v, dtype) for v in value))
+    if isinstance(value, list | tuple):
+        return type(value)(cast_floats(v, dtype) for v in value)
+    if isinstance(value, dict):
+        return type(value)((k, cast_floats(v, dtype)) for k, v in value.items())
+    return value

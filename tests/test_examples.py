@@ -1,0 +1,61 @@
+"""Every script in examples/ runs on 2 CPU ranks under ddp, deepspeed_stage_2, deepspeed_stage_3 and fsdp, as a user
+would start it (`python examples/x.py --devices 2 --strategy S`), and prints the result it promises.
+
+The full matrix is 36 runs of ~10-15 s each. By default each example runs under one strategy, rotating (example i
+under STRATEGIES[i % 4]), so every strategy is covered twice; the other 27 runs are marked `slow` and deselected
+by pyproject's `addopts`. Run them with `pytest -m slow tests/test_examples.py` (or everything with `-m ""`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import ROOT, launch
+
+STRATEGIES = ["ddp", "deepspeed_stage_2", "deepspeed_stage_3", "fsdp"]
+
+
+def _finite_below(limit):
+    return lambda value, cwd: math.isfinite(value) and value < limit
+
+
+def _lr_logged(value, cwd: Path) -> bool:  # warm-up over: the base lr, and LearningRateMonitor wrote a column
+    header = next(cwd.glob("logs/**/metrics.csv")).read_text().splitlines()[0]
+    return value == pytest.approx(0.1) and any(c.startswith("lr-") for c in header.split(","))
+
+
+# Example, what its "result: name=value" line must satisfy. The order decides the default strategy (i % 4).
+EXAMPLES = [
+    ("mnist_mlp", lambda v, cwd: 0.0 <= v <= 1.0),
+    ("gpt_lm", _finite_below(6.5)),                      # random tokens: about ln(256) = 5.55 is the floor
+    ("autoencoder", _finite_below(0.5)),
+    ("datamodule", _finite_below(0.5)),                  # a learnable linear target; starts near 16
+    ("fast_dev_run", lambda v, cwd: v == 1 and not (cwd / "checkpoints").exists()),
+    ("lr_scheduler", _lr_logged),
+    ("deepspeed_zero3", _finite_below(10.0)),
+    ("hparams_checkpoint", lambda v, cwd: v == 24),     # rebuilt from the checkpoint's hparams, not the default
+    ("predict", lambda v, cwd: v == 20),                 # 40 inputs, half on each rank
+]
+CASES = [pytest.param(name, strategy, check, id=f"{name}-{strategy}",
+                      marks=() if strategy == STRATEGIES[i % 4] else pytest.mark.slow)
+         for i, (name, check) in enumerate(EXAMPLES) for strategy in STRATEGIES]
+
+
+def test_every_example_is_listed():
+    assert sorted(p.stem for p in (ROOT / "examples").glob("*.py")) == sorted(name for name, _ in EXAMPLES)
+
+
+@pytest.mark.parametrize("name, strategy, check", CASES)
+def test_example(tmp_path, name, strategy, check):
+    if name == "deepspeed_zero3" and strategy == "deepspeed_stage_3":
+        strategy = "deepspeed"  # the script's own DeepSpeedStrategy(stage=3)
+    run = launch([str(ROOT / "examples" / f"{name}.py"), "--devices", "2", "--strategy", strategy], tmp_path)
+    assert run.returncode == 0, f"{name} under {strategy} failed:\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
+    found = re.findall(r"^result: (\w+)=(\S+)$", run.stdout, re.MULTILINE)
+    assert len(found) == 1, f"{name}: expected one result line from rank 0:\n{run.stdout[-2000:]}"
+    key, value = found[0]
+    assert check(float(value), tmp_path), f"{name} under {strategy}: {key}={value}"
