@@ -16,7 +16,7 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "lightspeed"
 LAYERS: dict[int, set[str]] = {
     0: {"errors", "specs", "launch", "rng"},  # plain data types, the launch environment, RNG
     1: {"distributed", "config", "data", "metrics", "memory", "checkpoint_io", "precision", "optim", "progress",
-        "loggers", "report"},  # process-group helpers and small utilities
+        "loggers", "report", "guard", "preemption"},  # process-group helpers and small utilities
     2: {"strategies"},  # every backend (strategies.*)
     3: {"checkpoint", "conversion", "module", "callbacks", "run_metrics"},  # the schema owner, the
     # user-facing Module, callbacks and what they draw

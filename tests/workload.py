@@ -6,6 +6,9 @@ Options (all optional except out): strategy, devices, max_steps, max_epochs, acc
 precision, batch_size, ckpt_every, resume ("last" or a path), root, seed, limit_train_batches, shuffle,
 predict, validate, test, consolidate (a path), fail_rank (raise on that rank at step 3), dropout, num_nodes,
 progress (show the progress bar).
+Fault options: nan_at ({"step": k, "rank": r}: that rank's loss is NaN at global step k; rank omitted: every
+rank), on_nonfinite (the Trainer flag), sigterm_at ({"step": k, "rank": r}: that rank sends itself SIGTERM during
+step k); a run that exits (preemption) still writes its result, with "exit" set to the status.
 DeepSpeed options: ds (DeepSpeed(**ds) as the strategy; "ac": true checkpoints the GPT blocks), ds_hook (a dict
 merged into the config by configure_deepspeed), fit (false: evaluate only, from resume), probe (a path: rank 0
 saves the eval-mode logits of the first batch there), two_optimizers; result["deepspeed"] holds engine facts.
@@ -23,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import sys
 
 import torch
@@ -59,6 +63,12 @@ class Workload(GPTModule):
         if self.opts.get("fail_rank") == self.global_rank and self.global_step == 3:
             raise RuntimeError(f"deliberate failure on rank {self.global_rank}")
         loss = self._loss(batch)
+        nan_at = self.opts.get("nan_at")
+        if nan_at and self.global_step == nan_at["step"] and nan_at.get("rank", self.global_rank) == self.global_rank:
+            loss = loss * float("nan")
+        sig = self.opts.get("sigterm_at")
+        if sig and self.global_step == sig["step"] and sig.get("rank", 0) == self.global_rank:
+            os.kill(os.getpid(), signal.SIGTERM)
         self.log("loss", loss, prog_bar=True, sync_dist=True)
         self.losses.append(float(self.trainer.callback_metrics["loss"]))
         if self.opts.get("manual"):  # the same update as the automatic loop, done by hand
@@ -176,10 +186,20 @@ def main(opts: dict) -> None:
         limit_predict_batches=opts.get("limit_predict_batches"), seed=opts.get("seed", 0),
         enable_progress_bar=bool(opts.get("progress")), enable_checkpointing=bool(opts.get("ckpt_every") or opts.get("checkpointing")),
         callbacks=callbacks, logger=False, accelerator=opts.get("accelerator", "cpu"),
+        on_nonfinite=opts.get("on_nonfinite", "stop"),
     )
     result: dict = {"world_size": trainer.world_size}
     if opts.get("fit", True):
-        trainer.fit(module, train, val if opts.get("val") else None, ckpt_path=opts.get("resume"))
+        try:
+            trainer.fit(module, train, val if opts.get("val") else None, ckpt_path=opts.get("resume"))
+        except SystemExit as e:  # preempted: record what ran, then exit as the Trainer asked
+            if trainer.is_global_zero:
+                with open(opts["out"], "w") as f:
+                    json.dump({"losses": module.losses, "global_step": trainer.global_step, "exit": e.code}, f)
+            raise
+        result["skipped_steps"] = trainer.guard.skipped_steps
+        result["finite_weights"] = all(bool(torch.isfinite(getattr(p, "to_local", lambda: p)()).all())
+                                       for p in module.parameters())
     else:
         result["validate"] = trainer.validate(module, val, ckpt_path=opts.get("resume"))
     result.update(losses=module.losses, global_step=trainer.global_step, epoch=trainer.current_epoch,

@@ -9,6 +9,7 @@ from typing import Literal
 import torch
 
 from .errors import ConfigError
+from .preemption import check_signals
 
 PRECISION_ALIASES = {
     "32-true": "32-true", "32": "32-true", 32: "32-true",
@@ -59,6 +60,9 @@ class TrainerConfig:
     enable_progress_bar: bool = True
     enable_checkpointing: bool = True
     compile: bool = False
+    on_nonfinite: Literal["stop", "skip", "warn"] = "stop"
+    preemption_signals: tuple[str, ...] = ("SIGTERM", "SIGUSR1")
+    timeout: float = 600.0
 
     def __post_init__(self) -> None:
         if self.accelerator not in ("auto", "cpu", "gpu", "cuda"):
@@ -95,6 +99,13 @@ class TrainerConfig:
         _positive_int("log_every_n_steps", self.log_every_n_steps)
         if self.seed is not None and not isinstance(self.seed, int):
             raise ConfigError(f"seed={self.seed!r} is not valid: expected an integer or None.")
+        if self.on_nonfinite not in ("stop", "skip", "warn"):
+            raise ConfigError(f"on_nonfinite={self.on_nonfinite!r} is not valid: use 'stop' (raise, the default), "
+                              "'skip' (skip the optimizer step on every rank) or 'warn'.")
+        object.__setattr__(self, "preemption_signals", check_signals(self.preemption_signals))
+        if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) or not self.timeout > 0:
+            raise ConfigError(f"timeout={self.timeout!r} is not valid: expected the collective timeout in seconds, "
+                              "a number > 0 (default 600).")
 
     @property
     def device_type(self) -> str:

@@ -26,6 +26,7 @@ class RunSpec:
     gradient_clip_algorithm: Literal["norm", "value"] = "norm"
     automatic_optimization: bool = True
     seed: int | None = None
+    timeout_s: float = 600.0  # how long a collective may wait for a rank before the job fails
 
 
 @dataclass
@@ -42,6 +43,7 @@ class StepStats(TypedDict, total=False):
     """What `Strategy.step()` returns. Values stay tensors (no host sync) until a logger reads them."""
 
     grad_norm: Any  # the global gradient norm before clipping (a 0-d tensor or float), or None
+    step_applied: bool  # False when the backend skipped the step itself (DeepSpeed on an overflow)
 
 
 @dataclass

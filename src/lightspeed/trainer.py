@@ -30,11 +30,13 @@ from .config import TrainerConfig
 from .data import accumulation_windows, move_to_device, num_batches, resumed_iterator, set_epoch, with_distributed_sampler
 from .distributed import broadcast_from_rank0
 from .errors import ConfigError
+from .guard import NonFiniteGuard, loss_of
 from .launch import DistInfo, end_with_os_exit, export_env, read_dist_info, start_local_ranks, watch_parent
 from .loggers import CSVLogger, Logger, TensorBoardLogger
 from .metrics import MetricStore
 from .module import Module
 from .optim import parse_optimizers
+from .preemption import Preemption
 from .progress import ProgressBar, metrics_table, print_table
 from .rng import rng_state, seed_everything, set_rng_state
 from .run_metrics import RunMetrics
@@ -90,6 +92,7 @@ class Trainer:
         self._progress: ProgressBar | None = None
         self._checkpointer: Checkpointer | None = None
         self._batches_done, self._epoch_done = 0, False
+        self._preemption = Preemption(cfg.preemption_signals)
 
     def _build_loggers(self, logger) -> list[Logger]:
         if logger is True:
@@ -152,7 +155,7 @@ class Trainer:
             yield
             status = "success"
         except BaseException as exc:
-            status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+            status = "interrupted" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "failed"
             module.on_exception(exc)
             for cb in self.callbacks:
                 cb.on_exception(self, module, exc)
@@ -174,7 +177,8 @@ class Trainer:
                        accumulate_grad_batches=self.cfg.accumulate_grad_batches,
                        gradient_clip_val=self.cfg.gradient_clip_val,
                        gradient_clip_algorithm=self.cfg.gradient_clip_algorithm,
-                       automatic_optimization=module.automatic_optimization, seed=self.cfg.seed)
+                       automatic_optimization=module.automatic_optimization, seed=self.cfg.seed,
+                       timeout_s=self.cfg.timeout)
         self.strategy.check(spec)
         best = self.checkpoint_callback.best_model_path if self.checkpoint_callback else None
         path = resolve(ckpt_path, self.checkpoint_dir, best, verify=self._env.rank == 0) if ckpt_path else None
@@ -219,6 +223,8 @@ class Trainer:
         # handler registered later, before the launcher's wait for the other ranks and the final os._exit.
         atexit.register(self.strategy.teardown)
         self._checkpointer = Checkpointer(self.strategy, self.callbacks, self.global_rank, self.world_size)
+        self.guard = NonFiniteGuard(self.cfg.on_nonfinite, self.global_rank, self.world_size, self.print0)
+        self._preemption.install()  # a signal only sets a flag; `_train_epoch` acts on it at a step boundary
         if self.cfg.seed is not None:
             seed_everything(self.cfg.seed)
         if self.cfg.deterministic:
@@ -275,6 +281,8 @@ class Trainer:
             last_idx, last_batch = window[-1]
             self._batches_done = last_idx + 1
             self._after_step(module, out, last_batch, last_idx)
+            if signum := self._preemption.requested():  # collective: every rank stops after the same step
+                self._preemption.stop(signum, self)
             if val_loader is not None and val_every and self._batches_done < n and any(
                     (i + 1) % val_every == 0 for i, _ in window):
                 self._validate_during_fit(module, val_loader)
@@ -287,13 +295,15 @@ class Trainer:
         """One optimizer step: every micro-batch forward and backward (gradients synchronised on the last one
         only), then `strategy.step()`. Returns the last micro-batch's `training_step` output."""
         out = None
+        self.guard.begin(self.global_step, self.current_epoch, [i for i, _ in window])
         for i, (batch_idx, batch) in enumerate(window):
             batch = move_to_device(batch, self.device)
             out = self.strategy.forward(module.training_step, batch, batch_idx, sync_grads=i == len(window) - 1)
             if module.automatic_optimization:
-                self.strategy.backward(_loss_of(out) / self.cfg.accumulate_grad_batches)
+                self.guard.observe(loss := loss_of(out), i)
+                self.strategy.backward(loss / self.cfg.accumulate_grad_batches)
         if module.automatic_optimization:  # under manual optimization the user stepped inside training_step
-            self.step_stats = self.strategy.step()
+            self.step_stats = self.strategy.step(self.guard.should_step)  # the guard decides before any step
         self.global_step += 1
         if module.automatic_optimization:
             self._step_schedulers("step")
@@ -303,7 +313,7 @@ class Trainer:
         step_metrics = self.metrics.pop_step()
         if self.is_log_step():
             norm = self.step_stats.get("grad_norm")
-            self.log_metrics({**({"grad_norm": float(norm)} if norm is not None else {}),
+            self.log_metrics({**({"grad_norm": float(norm)} if norm is not None else {}), **self.guard.log_values(),
                               **{k: float(v) for k, v in step_metrics.items()}})
         if self._progress is not None:
             now = time.perf_counter()
@@ -488,13 +498,3 @@ class Trainer:
         self.print0(f"Resumed from {path} at epoch {self.current_epoch}, global step {self.global_step}.")
         return loop.batches_to_skip, rng
 
-
-def _loss_of(out: Any) -> torch.Tensor:
-    loss = out.get("loss") if isinstance(out, dict) else out
-    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-        shape = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else repr(loss)[:80]
-        if isinstance(out, dict) and "loss" not in out:
-            shape = f"a dict without 'loss' (keys {sorted(map(str, out))})"
-        raise ConfigError(f"training_step returned {shape}: under automatic optimization it must return a "
-                          "scalar loss tensor or a dict with a 'loss' scalar.")
-    return loss.reshape(())

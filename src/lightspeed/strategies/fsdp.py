@@ -43,7 +43,7 @@ from torch.distributed.tensor import DTensor
 from ..distributed import barrier, destroy_process_group, init_process_group
 from ..errors import ConfigError
 from ..launch import DistInfo
-from ..precision import Precision, optimizer_step
+from ..precision import Precision, StepGate, optimizer_step
 from ..specs import RunSpec, StepStats
 from .common import apply_activation_checkpointing, configure_with_plain_twin
 
@@ -93,7 +93,7 @@ class FSDP:
         self.spec, self.device = spec, device
         # The fp16 loss scaler, agreeing on overflows across ranks; no autocast (FSDP's MixedPrecisionPolicy).
         self.precision = Precision(spec.precision, device.type, sharded_grads=True)
-        init_process_group(dist_info, device)  # a group of one for a single process: FSDP needs a group
+        init_process_group(dist_info, device, spec.timeout_s)  # a group of one for one process: FSDP needs it
 
     def configure_model(self, module: nn.Module) -> None:
         """Builds the model on the meta device; rank 0 also builds it on CPU when it fits (see the module doc)."""
@@ -174,8 +174,9 @@ class FSDP:
     def backward(self, loss) -> None:
         self.precision.backward(loss)
 
-    def step(self) -> StepStats:
-        return optimizer_step(self.optimizers, self.precision, self.spec, total_norm=total_norm_sharded)
+    def step(self, should_step: StepGate | None = None) -> StepStats:
+        return optimizer_step(self.optimizers, self.precision, self.spec, total_norm=total_norm_sharded,
+                              should_step=should_step)
 
     def save(self, path: Path) -> None:
         state: dict[str, Any] = {"model": get_model_state_dict(self.module)}
