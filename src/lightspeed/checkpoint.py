@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import time
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any, Callable
@@ -126,12 +127,14 @@ def unused_name(path: Path) -> Path:
     return candidate
 
 
-def resolve(ckpt_path: str | os.PathLike, directory: Path, best: str | None = None, verify: bool = True) -> Path:
+def resolve(ckpt_path: str | os.PathLike, directory: Path, best: str | None = None,
+            verify: bool = True) -> Path | None:
     """Turns `ckpt_path` ("last", "best" or a path) into a complete checkpoint directory.
 
-    "last" is `<directory>/last`; "best" is the checkpoint callback's best model (`best`). With `verify` the
-    checkpoint's files are checked cheaply: sizes against meta.json and file headers (run it on rank 0 only).
-    Raises ConfigError naming the path when it is not a complete, intact checkpoint."""
+    "last" is `<directory>/last`; with nothing saved there yet it warns and returns None (a fresh start: what a
+    requeued job killed before its first save needs). "best" is the checkpoint callback's best model (`best`).
+    With `verify` the checkpoint's files are checked cheaply: sizes against meta.json and file headers (run it
+    on rank 0 only). Raises ConfigError naming the path when it is not a complete, intact checkpoint."""
     if str(ckpt_path) == "best":
         if not best:
             raise ConfigError("ckpt_path='best' is not valid: no best checkpoint is known yet (fit with a "
@@ -139,8 +142,13 @@ def resolve(ckpt_path: str | os.PathLike, directory: Path, best: str | None = No
         path = Path(best)
     elif str(ckpt_path) == "last":
         path = directory / LAST
+        if path.is_symlink() and not path.exists():
+            path = _recover_last(path)
         if not path.exists():
-            raise ConfigError(f"ckpt_path='last' is not valid: no checkpoint at {path} (nothing saved yet).")
+            if verify:
+                warnings.warn(f"ckpt_path='last': nothing saved in {directory} yet; starting from scratch.",
+                              stacklevel=3)
+            return None
     else:
         path = Path(ckpt_path)
         if path.is_dir() and not (path / META).exists() and (path / LAST).exists():
@@ -152,6 +160,19 @@ def resolve(ckpt_path: str | os.PathLike, directory: Path, best: str | None = No
     if verify:
         verify_files(path, meta)
     return path
+
+
+def _recover_last(link: Path) -> Path:
+    """`last` dangles only when a save that reuses a name was killed between `_replace_dir`'s two renames: the
+    new checkpoint is then complete at `.tmp-<name>` (meta.json is written last) or the old one at `.old-<name>`."""
+    target = os.readlink(link)
+    for candidate in (link.parent / f".tmp-{target}", link.parent / f".old-{target}"):
+        if (candidate / META).exists():
+            warnings.warn(f"{link} points to {target!r}, which a save killed mid-rename left at {candidate.name}; "
+                          "resuming from there.", stacklevel=4)
+            return candidate
+    raise ConfigError(f"ckpt_path='last' is not valid: {link} points to {target!r}, which does not exist (was it "
+                      "moved or deleted?).")
 
 
 def read_meta(path: Path) -> dict:

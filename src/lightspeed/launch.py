@@ -212,7 +212,7 @@ def start_local_ranks(n: int) -> DistInfo:
             time.sleep(0.05)
         for c in children:
             if c.poll() is None:
-                c.terminate()
+                c.kill()  # not SIGTERM: a rank treats that as a preemption notice and would save first
         deadline = time.time() + 10
         for c in children:
             try:

@@ -91,8 +91,7 @@ class Trainer:
         self._phase: str | None = None  # what the strategy is set up for: "fit" (serves evaluation too) or "eval"
         self._progress: ProgressBar | None = None
         self._checkpointer: Checkpointer | None = None
-        self._batches_done, self._epoch_done = 0, False
-        self._preemption = Preemption(cfg.preemption_signals)
+        self._batches_done, self._epoch_done, self._preemption = 0, False, Preemption(cfg.preemption_signals)
 
     def _build_loggers(self, logger) -> list[Logger]:
         if logger is True:
@@ -162,6 +161,7 @@ class Trainer:
             raise
         finally:
             self.fitting = False
+            self._preemption.uninstall()
             if self._progress is not None:
                 self._progress.stop(self.metrics.prog_bar_values() if status == "success" else None)
                 self._progress = None
@@ -224,7 +224,6 @@ class Trainer:
         atexit.register(self.strategy.teardown)
         self._checkpointer = Checkpointer(self.strategy, self.callbacks, self.global_rank, self.world_size)
         self.guard = NonFiniteGuard(self.cfg.on_nonfinite, self.global_rank, self.world_size, self.print0)
-        self._preemption.install()  # a signal only sets a flag; `_train_epoch` acts on it at a step boundary
         if self.cfg.seed is not None:
             seed_everything(self.cfg.seed)
         if self.cfg.deterministic:
@@ -245,6 +244,7 @@ class Trainer:
         val = val_dataloaders if val_dataloaders is not None else model.val_dataloader()
         with self._entry(model):
             resume = self._prepare("fit", model, ckpt_path, getattr(train, "batch_size", None))
+            self._preemption.install()  # a signal only sets a flag; `_train_epoch` acts on it at a step boundary
             train, val = self._distribute(train), self._distribute(val)
             n = num_batches(train, self.cfg.limit_train_batches)
             if n == 0 and self.cfg.limit_train_batches != 0:
