@@ -8,7 +8,9 @@ predict, validate, test, consolidate (a path), fail_rank (raise on that rank at 
 progress (show the progress bar).
 Fault options: nan_at ({"step": k, "rank": r}: that rank's loss is NaN at global step k; rank omitted: every
 rank), on_nonfinite (the Trainer flag), sigterm_at ({"step": k, "rank": r}: that rank sends itself SIGTERM during
-step k); a run that exits (preemption) still writes its result, with "exit" set to the status.
+step k); a run that exits (preemption) still writes its result, with "exit" set to the status; stall_at ({"step":
+k, "rank": r, "seconds": s}: that rank sleeps), collective_timeout (Trainer(timeout=)), uneven (rank r's own sampler gives
+`limit_train_batches`-free counts of 6 + r batches, which lightspeed does not re-sample).
 DeepSpeed options: ds (DeepSpeed(**ds) as the strategy; "ac": true checkpoints the GPT blocks), ds_hook (a dict
 merged into the config by configure_deepspeed), fit (false: evaluate only, from resume), probe (a path: rank 0
 saves the eval-mode logits of the first batch there), two_optimizers; result["deepspeed"] holds engine facts.
@@ -28,6 +30,7 @@ import json
 import os
 import signal
 import sys
+import time
 
 import torch
 from torch.utils.data import DataLoader
@@ -66,6 +69,9 @@ class Workload(GPTModule):
         nan_at = self.opts.get("nan_at")
         if nan_at and self.global_step == nan_at["step"] and nan_at.get("rank", self.global_rank) == self.global_rank:
             loss = loss * float("nan")
+        stall = self.opts.get("stall_at")
+        if stall and self.global_step == stall["step"] and stall["rank"] == self.global_rank:
+            time.sleep(stall["seconds"])
         sig = self.opts.get("sigterm_at")
         if sig and self.global_step == sig["step"] and sig.get("rank", 0) == self.global_rank:
             os.kill(os.getpid(), signal.SIGTERM)
@@ -103,6 +109,21 @@ class DuckSGD:
 
     def zero_grad(self, set_to_none=True):
         self.inner.zero_grad(set_to_none)
+
+
+class RankSampler:
+    """A user's sampler with 6 + rank batches: rank counts differ (read lazily: ranks start inside fit)."""
+
+    def __init__(self, batch_size: int):
+        self.batch_size = batch_size
+
+    def __len__(self) -> int:
+        import torch.distributed as dist
+
+        return (6 + dist.get_rank()) * self.batch_size
+
+    def __iter__(self):
+        return iter(range(len(self)))
 
 
 def _classes(names):
@@ -171,6 +192,8 @@ def main(opts: dict) -> None:
     data = ByteWindows(stdlib_corpus(60_000), SIZES["tiny"].block_size)
     bs = opts.get("batch_size", 8)
     train = DataLoader(data, batch_size=bs, shuffle=opts.get("shuffle", False))
+    if opts.get("uneven"):
+        train = DataLoader(data, batch_size=bs, sampler=RankSampler(bs))
     val = DataLoader(data, batch_size=bs)
     module = Workload(opts)
     callbacks = []
@@ -186,7 +209,7 @@ def main(opts: dict) -> None:
         limit_predict_batches=opts.get("limit_predict_batches"), seed=opts.get("seed", 0),
         enable_progress_bar=bool(opts.get("progress")), enable_checkpointing=bool(opts.get("ckpt_every") or opts.get("checkpointing")),
         callbacks=callbacks, logger=False, accelerator=opts.get("accelerator", "cpu"),
-        on_nonfinite=opts.get("on_nonfinite", "stop"),
+        on_nonfinite=opts.get("on_nonfinite", "stop"), timeout=opts.get("collective_timeout", 600),
     )
     result: dict = {"world_size": trainer.world_size}
     if opts.get("fit", True):

@@ -27,7 +27,8 @@ import torch
 from .callbacks import Callback, ModelCheckpoint
 from .checkpoint import Checkpointer, resolve
 from .config import TrainerConfig
-from .data import accumulation_windows, move_to_device, num_batches, resumed_iterator, set_epoch, with_distributed_sampler
+from .data import (accumulation_windows, check_batch_counts, move_to_device, num_batches, resumed_iterator, set_epoch,
+                   with_distributed_sampler)
 from .distributed import broadcast_from_rank0
 from .errors import ConfigError
 from .guard import NonFiniteGuard, loss_of
@@ -247,9 +248,7 @@ class Trainer:
             self._preemption.install()  # a signal only sets a flag; `_train_epoch` acts on it at a step boundary
             train, val = self._distribute(train), self._distribute(val)
             n = num_batches(train, self.cfg.limit_train_batches)
-            if n == 0 and self.cfg.limit_train_batches != 0:
-                raise ConfigError("fit's training data has no batches (len(train_dataloaders) == 0 on rank "
-                                  f"{self.global_rank}): give it at least one batch per rank.")
+            check_batch_counts(n, self.cfg.limit_train_batches)  # empty or uneven: ConfigError
             self.stage, self.metrics.stage, self.fitting = "train", "train", True
             skip, rng = self._restore(model, resume) if resume else (0, None)
             self._start_progress(math.ceil(n / self.cfg.accumulate_grad_batches))
