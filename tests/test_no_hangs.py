@@ -29,3 +29,12 @@ def test_stuck_rank_ends_the_job_after_the_timeout(tmp_path):
 def test_bad_timeout(value):
     with pytest.raises(ls.ConfigError, match=f"timeout={value!r} is not valid"):
         ls.Trainer(timeout=value)
+
+
+def test_killed_rank_is_named(tmp_path):
+    # (Rank 0 killed: the job's own process ends with -9, and each spawned rank prints "rank 0 (pid N) is gone"
+    # before it stops; the harness kills the process group at once, so that line is not asserted here.)
+    run = run_workload(tmp_path, devices=2, strategy="ddp", max_steps=30, check=False, timeout=120,
+                       sigterm_at={"step": 3, "rank": 1, "signal": "SIGKILL"})
+    assert run.returncode != 0 and run.seconds < 60
+    assert "rank 1 " in run.stderr and "killed by SIGKILL" in run.stderr, run.stderr[-3000:]

@@ -7,8 +7,8 @@ precision, batch_size, ckpt_every, resume ("last" or a path), root, seed, limit_
 predict, validate, test, consolidate (a path), fail_rank (raise on that rank at step 3), dropout, num_nodes,
 progress (show the progress bar).
 Fault options: nan_at ({"step": k, "rank": r}: that rank's loss is NaN at global step k; rank omitted: every
-rank), on_nonfinite (the Trainer flag), sigterm_at ({"step": k, "rank": r}: that rank sends itself SIGTERM during
-step k); a run that exits (preemption) still writes its result, with "exit" set to the status; stall_at ({"step":
+rank), on_nonfinite (the Trainer flag), sigterm_at ({"step": k, "rank": r, "signal": "SIGTERM"}: that rank sends
+itself the signal during step k); a run that exits (preemption) still writes its result, with "exit" set to the status; stall_at ({"step":
 k, "rank": r, "seconds": s}: that rank sleeps), collective_timeout (Trainer(timeout=)), uneven (rank r's own sampler gives
 `limit_train_batches`-free counts of 6 + r batches, which lightspeed does not re-sample).
 DeepSpeed options: ds (DeepSpeed(**ds) as the strategy; "ac": true checkpoints the GPT blocks), ds_hook (a dict
@@ -74,7 +74,7 @@ class Workload(GPTModule):
             time.sleep(stall["seconds"])
         sig = self.opts.get("sigterm_at")
         if sig and self.global_step == sig["step"] and sig.get("rank", 0) == self.global_rank:
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), getattr(signal, sig.get("signal", "SIGTERM")))
         self.log("loss", loss, prog_bar=True, sync_dist=True)
         self.losses.append(float(self.trainer.callback_metrics["loss"]))
         if self.opts.get("manual"):  # the same update as the automatic loop, done by hand
