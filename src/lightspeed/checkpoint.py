@@ -24,6 +24,7 @@ import shutil
 import time
 import warnings
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Any, Callable
 
@@ -75,7 +76,10 @@ class Checkpointer:
             meta = {"format": FORMAT, "version": VERSION, "strategy": self.strategy.name,
                     "world_size": self.world_size, "global_step": loop.global_step, "epoch": loop.epoch,
                     "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                    "files": {str(f.relative_to(tmp)): f.stat().st_size for f in sorted(tmp.rglob("*")) if f.is_file()}}
+                    # Size and CRC-32 of every file, read back by rank 0 once all ranks wrote theirs (a full read of
+                    # the checkpoint at save time; loading checks sizes only, `verify(full=True)` the checksums).
+                    "files": {str(f.relative_to(tmp)): {"size": f.stat().st_size, "crc32": crc32(f)}
+                              for f in sorted(tmp.rglob("*")) if f.is_file()}}
             (tmp / META).write_text(json.dumps(meta, indent=1))
             _replace_dir(tmp, path)
             _point_last(path)
@@ -86,7 +90,13 @@ class Checkpointer:
         """Collective. Restores the strategy, schedulers and callbacks from `path`; returns (the loop state, the
         saved state dict for the `on_load_checkpoint` hooks, this rank's RNG state or None on another world
         size). The caller restores the RNG at the point the loop reaches the saved position."""
-        self.strategy.load(path, with_optimizer=with_optimizer)
+        try:
+            self.strategy.load(path, with_optimizer=with_optimizer)
+        except (ConfigError, KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # DeepSpeed's bare AssertionError, DCP's CheckpointException (a BaseException)
+            raise ConfigError(f"checkpoint {path} could not be loaded by {self.strategy.name}: {_culprit(path, e)}"
+                              ) from e
         state = _torch_load(path / TRAINER_STATE)
         for cb in self.callbacks:
             if cb.state_key in state["callbacks"]:
@@ -200,14 +210,53 @@ def verify_files(path: Path, meta: dict) -> None:
         try:
             if not file.exists():
                 raise ValueError("missing")
-            if listed and file.stat().st_size != listed[str(file.relative_to(path))]:
-                raise ValueError(f"{file.stat().st_size} bytes, written with {listed[str(file.relative_to(path))]}")
+            entry = listed[str(file.relative_to(path))] if listed else None
+            size = entry["size"] if isinstance(entry, dict) else entry  # a bare size: before checksums
+            if size is not None and file.stat().st_size != size:
+                raise ValueError(f"{file.stat().st_size} bytes, written with {size}")
             if file.suffix in (".pt", ".pth"):
                 zipfile.ZipFile(file).close()  # reads the central directory at the end: truncation shows here
             elif file.suffix == ".safetensors":
                 _check_safetensors_size(file)
         except Exception as e:  # noqa: BLE001 - any failure here means the same thing to the user
             raise ConfigError(f"checkpoint file {file} is truncated or corrupt ({e}).") from None
+
+
+def crc32(file: Path, chunk: int = 1 << 22) -> int:
+    """The zlib CRC-32 of a file's bytes, read in 4 MiB chunks."""
+    value = 0
+    with file.open("rb") as f:
+        while block := f.read(chunk):
+            value = zlib.crc32(block, value)
+    return value
+
+
+def verify(path: str | os.PathLike, full: bool = True) -> None:
+    """Checks a checkpoint directory: meta.json, every listed file present with its size and header, and with
+    `full` each file's CRC-32 against the one written at save time (reads every byte). Raises ConfigError naming
+    the file that is wrong; returns None when the checkpoint is intact. Checkpoints written before checksums were
+    recorded are checked for sizes and headers only."""
+    path = Path(path)
+    meta = read_meta(path)
+    verify_files(path, meta)
+    if not full:
+        return
+    for name, entry in (meta.get("files") or {}).items():
+        if isinstance(entry, dict) and "crc32" in entry and crc32(path / name) != entry["crc32"]:
+            raise ConfigError(f"checkpoint file {path / name} is corrupt: its CRC-32 differs from the one recorded "
+                              "when it was written.")
+
+
+def _culprit(path: Path, error: Exception) -> str:
+    """What to tell the user when an engine fails on a checkpoint: the file at fault if a check finds one."""
+    try:
+        verify(path, full=True)
+    except ConfigError as found:
+        return str(found)
+    if missing := getattr(error, "filename", None):
+        return f"file {missing} is missing ({type(error).__name__})."
+    return f"{type(error).__name__}: {error}. Its files match their recorded checksums: was it written by " \
+           "another strategy, world size or model?"
 
 
 def _check_safetensors_size(file: Path) -> None:
