@@ -18,7 +18,7 @@ LAYERS: dict[int, set[str]] = {
     1: {"distributed", "config", "data", "metrics", "memory", "checkpoint_io", "precision", "optim", "progress",
         "loggers", "report", "guard", "preemption"},  # process-group helpers and small utilities
     2: {"strategies"},  # every backend (strategies.*)
-    3: {"checkpoint", "conversion", "module", "callbacks", "run_metrics"},  # the schema owner, the
+    3: {"checkpoint", "conversion", "module", "callbacks", "run_metrics", "inputs"},  # the schema owner, the
     # user-facing Module, callbacks and what they draw
     4: {"trainer"},  # the loop
     5: {"__init__", "cli", "examples"},  # the package's face

@@ -32,6 +32,7 @@ from .data import (accumulation_windows, check_batch_counts, move_to_device, num
 from .distributed import broadcast_from_rank0
 from .errors import ConfigError
 from .guard import NonFiniteGuard, loss_of
+from .inputs import checked_callbacks
 from .launch import DistInfo, end_with_os_exit, export_env, read_dist_info, start_local_ranks, watch_parent
 from .loggers import CSVLogger, Logger, TensorBoardLogger
 from .metrics import MetricStore
@@ -73,7 +74,7 @@ class Trainer:
                 raise ConfigError(f"devices={cfg.devices} × num_nodes={cfg.num_nodes} does not match the "
                                   f"{self._env.launcher} world size {self._world_size}.")
         self.strategy = build_strategy(strategy, self._world_size)
-        self.callbacks = list(callbacks or [])
+        self.callbacks = checked_callbacks(callbacks)
         if cfg.enable_checkpointing and not any(isinstance(c, ModelCheckpoint) for c in self.callbacks):
             self.callbacks.append(ModelCheckpoint())
         if not any(isinstance(c, RunMetrics) for c in self.callbacks):  # lr, throughput, memory; the report

@@ -76,6 +76,15 @@ class FSDP:
     schedulers: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        for what in ("reshard_after_forward", "cpu_offload"):
+            if not isinstance(getattr(self, what), bool):
+                raise ConfigError(f"FSDP {what}={getattr(self, what)!r} is not valid: use True or False.")
+        for what in ("shard_classes", "activation_checkpointing"):
+            value = getattr(self, what)
+            if value is not None and (not isinstance(value, (list, tuple)) or not all(
+                    isinstance(c, type) and issubclass(c, nn.Module) for c in value)):
+                raise ConfigError(f"FSDP {what}={value!r} is not valid: use None or a list of nn.Module classes "
+                                  "(the classes themselves, e.g. [Block], not their names).")
         self.name = "fsdp" if self.reshard_after_forward else "fsdp_grad_op"
         self._full_state: dict[str, torch.Tensor] | None = None
         self._needs_init = self._is_from_full_state = False
