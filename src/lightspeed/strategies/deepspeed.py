@@ -350,8 +350,12 @@ class DeepSpeed:
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, path: Path) -> None:
-        self.engine.save_checkpoint(str(path), tag=TAG, client_state={"lightspeed_strategy": self.name},
-                                    save_latest=True)  # lets DeepSpeed's zero_to_fp32.py run without a tag
+        from deepspeed.checkpoint.constants import UNIVERSAL_CHECKPOINT_INFO
+
+        # The universal-checkpoint marker lets DeepSpeed's ds_to_universal convert this checkpoint for another
+        # world size (without it the conversion asserts); save_latest lets zero_to_fp32.py run without a tag.
+        client = {"lightspeed_strategy": self.name, UNIVERSAL_CHECKPOINT_INFO: {"universal_checkpoint_version": 0.2}}
+        self.engine.save_checkpoint(str(path), tag=TAG, client_state=client, save_latest=True)
 
     def load(self, path: Path, with_optimizer: bool = True) -> None:
         if not self.optimizers:
