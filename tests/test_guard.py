@@ -39,7 +39,7 @@ def test_guard_unit_norm_and_skip_count():
     assert warn.should_step(float("inf")) is True and "gradient norm" in said[0][0]
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "deepspeed_stage_2"])
 def test_nan_on_one_rank_stops_every_rank(tmp_path, strategy):
     run = run_workload(tmp_path, devices=2, strategy=strategy, max_steps=8, nan_at={"step": 5, "rank": 1},
                        ckpt_every=2, check=False)
