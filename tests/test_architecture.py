@@ -16,10 +16,11 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "lightspeed"
 LAYERS: dict[int, set[str]] = {
     0: {"errors", "specs", "launch", "rng"},  # plain data types, the launch environment, RNG
     1: {"distributed", "config", "data", "metrics", "memory", "checkpoint_io", "precision", "optim", "progress",
-        "loggers", "report", "kernels", "plan_probe", "plan_chart", "utilities", "summary", "datamodule"},
+        "loggers", "report", "kernels", "plan_probe", "plan_chart", "utilities", "summary", "datamodule", "guard",
+        "preemption"},
     # process-group helpers and small utilities; plan (below) imports strategies.host_memory
     2: {"strategies", "plan"},  # every backend (strategies.*), and the planner that chooses among them
-    3: {"checkpoint", "conversion", "module", "callbacks", "run_metrics", "hparams", "hooks", "eval_loaders"},
+    3: {"checkpoint", "conversion", "module", "callbacks", "run_metrics", "hparams", "hooks", "eval_loaders", "inputs"},
     # the schema owner, the user-facing Module, callbacks, hooks and what they draw
     4: {"trainer"},  # the loop
     5: {"__init__", "cli", "examples"},  # the package's face

@@ -6,6 +6,11 @@ Options (all optional except out): strategy, devices, max_steps, max_epochs, acc
 precision, batch_size, ckpt_every, resume ("last" or a path), root, seed, limit_train_batches, shuffle,
 predict, validate, test, consolidate (a path), fail_rank (raise on that rank at step 3), dropout, num_nodes,
 progress (show the progress bar).
+Fault options: nan_at ({"step": k, "rank": r}: that rank's loss is NaN at global step k; rank omitted: every
+rank), on_nonfinite (the Trainer flag), sigterm_at ({"step": k, "rank": r, "signal": "SIGTERM"}: that rank sends
+itself the signal during step k); a run that exits (preemption) still writes its result, with "exit" set to the status; stall_at ({"step":
+k, "rank": r, "seconds": s}: that rank sleeps), collective_timeout (Trainer(timeout=)), uneven (rank r's own sampler gives
+`limit_train_batches`-free counts of 6 + r batches, which lightspeed does not re-sample).
 DeepSpeed options: ds (DeepSpeed(**ds) as the strategy; "ac": true checkpoints the GPT blocks), ds_hook (a dict
 merged into the config by configure_deepspeed), fit (false: evaluate only, from resume), probe (a path: rank 0
 saves the eval-mode logits of the first batch there), two_optimizers; result["deepspeed"] holds engine facts.
@@ -23,7 +28,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import sys
+import time
 
 import torch
 from torch.utils.data import DataLoader
@@ -59,6 +66,15 @@ class Workload(GPTModule):
         if self.opts.get("fail_rank") == self.global_rank and self.global_step == 3:
             raise RuntimeError(f"deliberate failure on rank {self.global_rank}")
         loss = self._loss(batch)
+        nan_at = self.opts.get("nan_at")
+        if nan_at and self.global_step == nan_at["step"] and nan_at.get("rank", self.global_rank) == self.global_rank:
+            loss = loss * float("nan")
+        stall = self.opts.get("stall_at")
+        if stall and self.global_step == stall["step"] and stall["rank"] == self.global_rank:
+            time.sleep(stall["seconds"])
+        sig = self.opts.get("sigterm_at")
+        if sig and self.global_step == sig["step"] and sig.get("rank", 0) == self.global_rank:
+            os.kill(os.getpid(), getattr(signal, sig.get("signal", "SIGTERM")))
         self.log("loss", loss, prog_bar=True, sync_dist=True)
         self.losses.append(float(self.trainer.callback_metrics["loss"]))
         if self.opts.get("manual"):  # the same update as the automatic loop, done by hand (each optimizer)
@@ -98,6 +114,21 @@ class DuckSGD:
 
     def zero_grad(self, set_to_none=True):
         self.inner.zero_grad(set_to_none)
+
+
+class RankSampler:
+    """A user's sampler with 6 + rank batches: rank counts differ (read lazily: ranks start inside fit)."""
+
+    def __init__(self, batch_size: int):
+        self.batch_size = batch_size
+
+    def __len__(self) -> int:
+        import torch.distributed as dist
+
+        return (6 + dist.get_rank()) * self.batch_size
+
+    def __iter__(self):
+        return iter(range(len(self)))
 
 
 def _classes(names):
@@ -166,6 +197,8 @@ def main(opts: dict) -> None:
     data = ByteWindows(stdlib_corpus(60_000), SIZES["tiny"].block_size)
     bs = opts.get("batch_size", 8)
     train = DataLoader(data, batch_size=bs, shuffle=opts.get("shuffle", False))
+    if opts.get("uneven"):
+        train = DataLoader(data, batch_size=bs, sampler=RankSampler(bs))
     val = DataLoader(data, batch_size=bs)
     module = Workload(opts)
     callbacks = []
@@ -182,10 +215,20 @@ def main(opts: dict) -> None:
         enable_progress_bar=bool(opts.get("progress")), enable_checkpointing=bool(opts.get("ckpt_every") or opts.get("checkpointing")),
         callbacks=callbacks, logger=False, accelerator=opts.get("accelerator", "cpu"),
         memory_budget=opts.get("memory_budget"),
+        on_nonfinite=opts.get("on_nonfinite", "stop"), timeout=opts.get("collective_timeout", 600),
     )
     result: dict = {"world_size": trainer.world_size}
     if opts.get("fit", True):
-        trainer.fit(module, train, val if opts.get("val") else None, ckpt_path=opts.get("resume"))
+        try:
+            trainer.fit(module, train, val if opts.get("val") else None, ckpt_path=opts.get("resume"))
+        except SystemExit as e:  # preempted: record what ran, then exit as the Trainer asked
+            if trainer.is_global_zero:
+                with open(opts["out"], "w") as f:
+                    json.dump({"losses": module.losses, "global_step": trainer.global_step, "exit": e.code}, f)
+            raise
+        result["skipped_steps"] = trainer.guard.skipped_steps
+        result["finite_weights"] = all(bool(torch.isfinite(getattr(p, "to_local", lambda: p)()).all())
+                                       for p in module.parameters())
     else:
         result["validate"] = trainer.validate(module, val, ckpt_path=opts.get("resume"))
     result.update(losses=module.losses, global_step=trainer.global_step, epoch=trainer.current_epoch,

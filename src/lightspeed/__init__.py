@@ -3,6 +3,7 @@
 from .callbacks import Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint
 from .datamodule import LightningDataModule
 from .errors import ConfigError
+from .guard import NonFiniteError
 from .launch import DistInfo
 from .loggers import CSVLogger, MLflowLogger, TensorBoardLogger, WandbLogger
 from .module import LightningModule, Module
@@ -33,6 +34,6 @@ def __getattr__(name: str):
 
 __all__ = [
     "Trainer", "Module", "LightningModule", "LightningDataModule", "Callback", "ModelCheckpoint", "EarlyStopping", "LearningRateMonitor",
-    "CSVLogger", "TensorBoardLogger", "MLflowLogger", "WandbLogger", "RunMetrics", "ConfigError", "DistInfo", "Strategy", "SingleDevice", "DDP", "DeepSpeed",
+    "CSVLogger", "TensorBoardLogger", "MLflowLogger", "WandbLogger", "RunMetrics", "ConfigError", "NonFiniteError", "DistInfo", "Strategy", "SingleDevice", "DDP", "DeepSpeed",
     "FSDP", "ZeRO1", "build_strategy", "seed_everything", "consolidate",
 ]

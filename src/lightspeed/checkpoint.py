@@ -22,7 +22,9 @@ import json
 import os
 import shutil
 import time
+import warnings
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Any, Callable
 
@@ -74,7 +76,10 @@ class Checkpointer:
             meta = {"format": FORMAT, "version": VERSION, "strategy": self.strategy.name,
                     "world_size": self.world_size, "global_step": loop.global_step, "epoch": loop.epoch,
                     "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                    "files": {str(f.relative_to(tmp)): f.stat().st_size for f in sorted(tmp.rglob("*")) if f.is_file()}}
+                    # Size and CRC-32 of every file, read back by rank 0 once all ranks wrote theirs (a full read of
+                    # the checkpoint at save time; loading checks sizes only, `verify(full=True)` the checksums).
+                    "files": {str(f.relative_to(tmp)): {"size": f.stat().st_size, "crc32": crc32(f)}
+                              for f in sorted(tmp.rglob("*")) if f.is_file()}}
             (tmp / META).write_text(json.dumps(meta, indent=1))
             _replace_dir(tmp, path)
             _point_last(path)
@@ -85,7 +90,13 @@ class Checkpointer:
         """Collective. Restores the strategy, schedulers and callbacks from `path`; returns (the loop state, the
         saved state dict for the `on_load_checkpoint` hooks, this rank's RNG state or None on another world
         size). The caller restores the RNG at the point the loop reaches the saved position."""
-        self.strategy.load(path, with_optimizer=with_optimizer)
+        try:
+            self.strategy.load(path, with_optimizer=with_optimizer)
+        except (ConfigError, KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # DeepSpeed's bare AssertionError, DCP's CheckpointException (a BaseException)
+            raise ConfigError(f"checkpoint {path} could not be loaded by {self.strategy.name}: {_culprit(path, e)}"
+                              ) from e
         state = _torch_load(path / TRAINER_STATE)
         for cb in self.callbacks:
             if cb.state_key in state["callbacks"]:
@@ -126,12 +137,14 @@ def unused_name(path: Path) -> Path:
     return candidate
 
 
-def resolve(ckpt_path: str | os.PathLike, directory: Path, best: str | None = None, verify: bool = True) -> Path:
+def resolve(ckpt_path: str | os.PathLike, directory: Path, best: str | None = None,
+            verify: bool = True) -> Path | None:
     """Turns `ckpt_path` ("last", "best" or a path) into a complete checkpoint directory.
 
-    "last" is `<directory>/last`; "best" is the checkpoint callback's best model (`best`). With `verify` the
-    checkpoint's files are checked cheaply: sizes against meta.json and file headers (run it on rank 0 only).
-    Raises ConfigError naming the path when it is not a complete, intact checkpoint."""
+    "last" is `<directory>/last`; with nothing saved there yet it warns and returns None (a fresh start: what a
+    requeued job killed before its first save needs). "best" is the checkpoint callback's best model (`best`).
+    With `verify` the checkpoint's files are checked cheaply: sizes against meta.json and file headers (run it
+    on rank 0 only). Raises ConfigError naming the path when it is not a complete, intact checkpoint."""
     if str(ckpt_path) == "best":
         if not best:
             raise ConfigError("ckpt_path='best' is not valid: no best checkpoint is known yet (fit with a "
@@ -139,8 +152,13 @@ def resolve(ckpt_path: str | os.PathLike, directory: Path, best: str | None = No
         path = Path(best)
     elif str(ckpt_path) == "last":
         path = directory / LAST
+        if path.is_symlink() and not path.exists():
+            path = _recover_last(path)
         if not path.exists():
-            raise ConfigError(f"ckpt_path='last' is not valid: no checkpoint at {path} (nothing saved yet).")
+            if verify:
+                warnings.warn(f"ckpt_path='last': nothing saved in {directory} yet; starting from scratch.",
+                              stacklevel=3)
+            return None
     else:
         path = Path(ckpt_path)
         if path.is_dir() and not (path / META).exists() and (path / LAST).exists():
@@ -152,6 +170,19 @@ def resolve(ckpt_path: str | os.PathLike, directory: Path, best: str | None = No
     if verify:
         verify_files(path, meta)
     return path
+
+
+def _recover_last(link: Path) -> Path:
+    """`last` dangles only when a save that reuses a name was killed between `_replace_dir`'s two renames: the
+    new checkpoint is then complete at `.tmp-<name>` (meta.json is written last) or the old one at `.old-<name>`."""
+    target = os.readlink(link)
+    for candidate in (link.parent / f".tmp-{target}", link.parent / f".old-{target}"):
+        if (candidate / META).exists():
+            warnings.warn(f"{link} points to {target!r}, which a save killed mid-rename left at {candidate.name}; "
+                          "resuming from there.", stacklevel=4)
+            return candidate
+    raise ConfigError(f"ckpt_path='last' is not valid: {link} points to {target!r}, which does not exist (was it "
+                      "moved or deleted?).")
 
 
 def read_meta(path: Path) -> dict:
@@ -179,14 +210,53 @@ def verify_files(path: Path, meta: dict) -> None:
         try:
             if not file.exists():
                 raise ValueError("missing")
-            if listed and file.stat().st_size != listed[str(file.relative_to(path))]:
-                raise ValueError(f"{file.stat().st_size} bytes, written with {listed[str(file.relative_to(path))]}")
+            entry = listed[str(file.relative_to(path))] if listed else None
+            size = entry["size"] if isinstance(entry, dict) else entry  # a bare size: before checksums
+            if size is not None and file.stat().st_size != size:
+                raise ValueError(f"{file.stat().st_size} bytes, written with {size}")
             if file.suffix in (".pt", ".pth"):
                 zipfile.ZipFile(file).close()  # reads the central directory at the end: truncation shows here
             elif file.suffix == ".safetensors":
                 _check_safetensors_size(file)
         except Exception as e:  # noqa: BLE001 - any failure here means the same thing to the user
             raise ConfigError(f"checkpoint file {file} is truncated or corrupt ({e}).") from None
+
+
+def crc32(file: Path, chunk: int = 1 << 22) -> int:
+    """The zlib CRC-32 of a file's bytes, read in 4 MiB chunks."""
+    value = 0
+    with file.open("rb") as f:
+        while block := f.read(chunk):
+            value = zlib.crc32(block, value)
+    return value
+
+
+def verify(path: str | os.PathLike, full: bool = True) -> None:
+    """Checks a checkpoint directory: meta.json, every listed file present with its size and header, and with
+    `full` each file's CRC-32 against the one written at save time (reads every byte). Raises ConfigError naming
+    the file that is wrong; returns None when the checkpoint is intact. Checkpoints written before checksums were
+    recorded are checked for sizes and headers only."""
+    path = Path(path)
+    meta = read_meta(path)
+    verify_files(path, meta)
+    if not full:
+        return
+    for name, entry in (meta.get("files") or {}).items():
+        if isinstance(entry, dict) and "crc32" in entry and crc32(path / name) != entry["crc32"]:
+            raise ConfigError(f"checkpoint file {path / name} is corrupt: its CRC-32 differs from the one recorded "
+                              "when it was written.")
+
+
+def _culprit(path: Path, error: Exception) -> str:
+    """What to tell the user when an engine fails on a checkpoint: the file at fault if a check finds one."""
+    try:
+        verify(path, full=True)
+    except ConfigError as found:
+        return str(found)
+    if missing := getattr(error, "filename", None):
+        return f"file {missing} is missing ({type(error).__name__})."
+    return f"{type(error).__name__}: {error}. Its files match their recorded checksums: was it written by " \
+           "another strategy, world size or model?"
 
 
 def _check_safetensors_size(file: Path) -> None:

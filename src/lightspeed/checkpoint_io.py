@@ -7,6 +7,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from .errors import ConfigError
+
 WEIGHTS = "model.safetensors"
 OPTIMIZER = "optimizer.pt"
 
@@ -43,8 +45,11 @@ def save_replicated(path: Path, model: torch.nn.Module, optimizers: list, extra:
 
 def load_replicated(path: Path, model: torch.nn.Module, optimizers: list, with_optimizer: bool) -> dict:
     model.load_state_dict(load_weights(path / WEIGHTS))
-    if not with_optimizer or not (path / OPTIMIZER).exists():
+    if not with_optimizer:
         return {}
+    if not (path / OPTIMIZER).exists():  # never a silent fresh optimizer
+        raise ConfigError(f"checkpoint {path} has no {OPTIMIZER}: resuming needs the optimizer state. Load the "
+                          "weights alone with validate/test/predict(ckpt_path=...), or restore the file.")
     state = torch.load(path / OPTIMIZER, map_location="cpu", weights_only=False)
     for opt, sd in zip(optimizers, state["optimizers"]):
         opt.load_state_dict(sd)

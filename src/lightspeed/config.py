@@ -10,6 +10,7 @@ import torch
 
 from .errors import ConfigError
 from .specs import RunSpec
+from .preemption import check_signals
 
 PRECISION_ALIASES = {
     "32-true": "32-true", "32": "32-true", 32: "32-true",
@@ -68,6 +69,9 @@ class TrainerConfig:
     overfit_batches: int | float = 0.0  # the same first batches (unshuffled) for training and validation
     num_sanity_val_steps: int = 2  # validation batches run before training (-1: all), nothing logged
     enable_model_summary: bool = True  # parameters per top-level child, printed at fit start
+    on_nonfinite: Literal["stop", "skip", "warn"] = "stop"
+    preemption_signals: tuple[str, ...] = ("SIGTERM", "SIGUSR1")
+    timeout: float = 600.0
 
     def __post_init__(self) -> None:
         if self.accelerator not in ("auto", "cpu", "gpu", "cuda"):
@@ -122,6 +126,13 @@ class TrainerConfig:
         if self.overfit_batches:  # Lightning's meaning: that many batches (or that fraction) for train and val
             object.__setattr__(self, "limit_train_batches", self.overfit_batches)
             object.__setattr__(self, "limit_val_batches", self.overfit_batches)
+        if self.on_nonfinite not in ("stop", "skip", "warn"):
+            raise ConfigError(f"on_nonfinite={self.on_nonfinite!r} is not valid: use 'stop' (raise, the default), "
+                              "'skip' (skip the optimizer step on every rank) or 'warn'.")
+        object.__setattr__(self, "preemption_signals", check_signals(self.preemption_signals))
+        if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) or not self.timeout > 0:
+            raise ConfigError(f"timeout={self.timeout!r} is not valid: expected the collective timeout in seconds, "
+                              "a number > 0 (default 600).")
         self._apply_fast_dev_run()
 
     def _apply_fast_dev_run(self) -> None:
@@ -144,7 +155,7 @@ class TrainerConfig:
                        accumulate_grad_batches=self.accumulate_grad_batches, gradient_clip_val=self.gradient_clip_val,
                        gradient_clip_algorithm=self.gradient_clip_algorithm,
                        automatic_optimization=automatic_optimization, seed=self.seed,
-                       optimizer_kernels=self.optimizer_kernels, compile=self.compile)
+                       optimizer_kernels=self.optimizer_kernels, compile=self.compile, timeout_s=float(self.timeout))
 
     @property
     def device_type(self) -> str:

@@ -6,7 +6,10 @@ import dataclasses
 from typing import Any, Callable, Iterator
 
 import torch
+import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
+
+from .errors import ConfigError
 
 
 def move_to_device(batch: Any, device: torch.device) -> Any:
@@ -73,6 +76,27 @@ def num_batches(loader: Any, limit: int | float | None) -> int | float:
     if isinstance(limit, float) and limit <= 1.0:
         return int(total * limit) if total != float("inf") else float("inf")
     return min(total, int(limit))
+
+
+def check_batch_counts(n: int | float, limit: Any) -> None:
+    """Collective: raises ConfigError (on every rank alike) when the training data is empty on any rank, or when
+    ranks have different batch counts (a loader we did not re-sample: the user's sampler, an iterable dataset).
+    Uneven counts would leave a rank waiting in a collective for a peer that has finished its epoch: a hang, or a
+    "Connection closed by peer" on one rank while another reports success. Unsized loaders count as inf."""
+    counts = [n]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        counts = [None] * dist.get_world_size()
+        dist.all_gather_object(counts, n)
+    empty = [r for r, c in enumerate(counts) if c == 0]
+    if empty and limit != 0:
+        raise ConfigError(f"fit's training data has no batches (len(train_dataloaders) == 0 on rank(s) {empty}): "
+                          "give it at least one batch per rank.")
+    if len(set(counts)) > 1:
+        per_rank = ", ".join(f"rank {r}: {c}" for r, c in enumerate(counts))
+        raise ConfigError(f"train_dataloaders has a different number of batches per rank ({per_rank}); every "
+                          "rank must run the same number of steps. Use a DataLoader with the default sampler "
+                          "(lightspeed adds a DistributedSampler, which evens the ranks), or make your sampler or "
+                          "iterable dataset give each rank the same count.")
 
 
 def resumed_iterator(loader: Any, skip: int, restore_rng: Callable[[], None] | None) -> Iterator:

@@ -212,7 +212,7 @@ def start_local_ranks(n: int) -> DistInfo:
             time.sleep(0.05)
         for c in children:
             if c.poll() is None:
-                c.terminate()
+                c.kill()  # not SIGTERM: a rank treats that as a preemption notice and would save first
         deadline = time.time() + 10
         for c in children:
             try:
@@ -226,7 +226,7 @@ def start_local_ranks(n: int) -> DistInfo:
                 code = c.poll()
                 if code not in (None, 0):
                     # sys.__stderr__: torch's excepthook may have swapped sys.stderr for a buffer just now.
-                    print(f"[lightspeed] rank {children.index(c) + 1} failed with exit code {code}; "
+                    print(f"[lightspeed] rank {children.index(c) + 1} failed ({_status(code)}); "
                           "stopping every rank.", file=sys.__stderr__, flush=True)
                     kill_children()
                     os._exit(code if code > 0 else 1)
@@ -249,6 +249,11 @@ def start_local_ranks(n: int) -> DistInfo:
     return DistInfo(rank=0, local_rank=0, world_size=n, local_world_size=n, master_port=port, launcher="lightspeed")
 
 
+def _status(code: int) -> str:
+    return f"killed by {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() else \
+        f"exit code {code}"
+
+
 def _wait_then_kill(children, kill_children, failed: list) -> None:
     # Rank 0 finished its script: if it succeeded, give the others time to finish theirs; otherwise kill them.
     if not failed:
@@ -257,6 +262,12 @@ def _wait_then_kill(children, kill_children, failed: list) -> None:
                 c.wait(timeout=120)
             except subprocess.TimeoutExpired:
                 pass
+    else:  # rank 0 failed, often because a peer died under it ("Connection closed by peer"): name that peer
+        time.sleep(0.3)
+        for r, c in enumerate(children, start=1):
+            if c.poll() not in (None, 0):
+                print(f"[lightspeed] rank {r} had already ended ({_status(c.returncode)}).", file=sys.__stderr__,
+                      flush=True)
     kill_children()
     codes = [c.returncode for c in children if c.returncode not in (None, 0)]
     if codes and not failed:
@@ -284,6 +295,8 @@ def watch_parent() -> None:
     def watch() -> None:
         while True:
             if os.getppid() != parent_pid:
+                print(f"[lightspeed] rank 0 (pid {parent_pid}) is gone; rank {os.environ.get('RANK')} stops too.",
+                      file=sys.__stderr__, flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(0.5)
 

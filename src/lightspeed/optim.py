@@ -33,6 +33,9 @@ def _scheduler(entry: Any) -> SchedulerConfig:
         raise ConfigError(f"lr_scheduler frequency={cfg.frequency!r} is not valid: expected an integer ≥ 1.")
     if not hasattr(cfg.scheduler, "step"):
         raise ConfigError(f"lr_scheduler={cfg.scheduler!r} is not valid: expected a torch LR scheduler.")
+    if isinstance(cfg.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau) and cfg.monitor is None:
+        raise ConfigError("lr_scheduler ReduceLROnPlateau with monitor=None is not valid: it steps on a logged "
+                          "metric; return {'scheduler': ..., 'monitor': 'val_loss'} in configure_optimizers.")
     return cfg
 
 

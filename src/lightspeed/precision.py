@@ -5,13 +5,14 @@ its own precision machinery and uses none of this."""
 from __future__ import annotations
 
 import contextlib
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
 from .specs import RunSpec, StepStats
 
 NormFn = Callable[[list[torch.Tensor]], torch.Tensor]
+StepGate = Callable[[Any], bool]  # the non-finite guard: given the global grad norm (or None), step or not
 
 
 class Precision:
@@ -57,30 +58,35 @@ def _total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
 
 
 def optimizer_step(optimizers: list, precision: Precision, spec: RunSpec,
-                   total_norm: NormFn = _total_norm) -> StepStats:
-    """Unscales (fp16), measures the gradient norm, clips by the Trainer's flags, steps and zeroes every optimizer.
+                   total_norm: NormFn = _total_norm, should_step: StepGate | None = None) -> StepStats:
+    """Unscales (fp16), measures the gradient norm, asks `should_step`, clips by the Trainer's flags, steps and
+    zeroes every optimizer.
 
     `total_norm(grads)` must return the global norm; a strategy with sharded gradients passes one that reduces
-    across ranks. The norm stays a tensor (no host sync). Returns {"grad_norm": norm over all optimizers}."""
+    across ranks. `should_step(norm)` (the non-finite guard, collective) runs once, after every norm is known and
+    before any optimizer steps; on False the gradients are dropped and nothing steps. Under an fp16 scaler it gets
+    None: the scaler skips overflowing steps itself. Returns {"grad_norm": norm over all optimizers}."""
     clip = float(spec.gradient_clip_val or 0.0)
-    norms = []
+    groups, norms = [], []  # per optimizer: the parameters with gradients, their norm (None if there are none)
     for opt in optimizers:
         if precision.scaler is not None:
             precision.scaler.unscale_(opt)
         params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
-        if params:
-            norm = total_norm([p.grad for p in params])
-            norms.append(norm)
-            if clip > 0 and spec.gradient_clip_algorithm == "value":
-                torch.nn.utils.clip_grad_value_(params, clip)
-            elif clip > 0:
-                torch.nn.utils.clip_grads_with_norm_(params, clip, norm)
-        if precision.scaler is not None:
+        groups.append(params)
+        norms.append(total_norm([p.grad for p in params]) if params else None)
+    present = [n for n in norms if n is not None]
+    grad_norm = present[0] if len(present) == 1 else torch.stack(present).norm() if present else None
+    go = should_step is None or should_step(grad_norm if precision.scaler is None else None)
+    for opt, params, norm in zip(optimizers, groups, norms):
+        if go and params and clip > 0 and spec.gradient_clip_algorithm == "value":
+            torch.nn.utils.clip_grad_value_(params, clip)
+        elif go and params and clip > 0:
+            torch.nn.utils.clip_grads_with_norm_(params, clip, norm)
+        if go and precision.scaler is not None:
             precision.scaler.step(opt)
-        else:
+        elif go:
             opt.step()
         opt.zero_grad(set_to_none=True)
     if precision.scaler is not None:
         precision.scaler.update()
-    grad_norm = norms[0] if len(norms) == 1 else torch.stack(norms).norm() if norms else None
     return {"grad_norm": grad_norm}

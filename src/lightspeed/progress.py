@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -22,6 +22,8 @@ class ProgressBar:
     When stdout is not a terminal, rich cannot redraw a bar; then it prints a plain line every `line_every_s`
     seconds and a last one at `stop`, so CI logs stay short and readable.
     """
+
+    refresh_s = 0.25  # how often the bar reads the metrics
 
     def __init__(self, console: Console | None = None, line_every_s: float = 10.0):
         self.console = console or Console(file=sys.stdout)
@@ -47,10 +49,14 @@ class ProgressBar:
             self._progress.start()
             self._task = self._progress.add_task(description, total=total_steps, rate="", metrics="")
 
-    def advance(self, description: str, metrics: dict[str, float] | None) -> None:
-        """One more step done. `metrics` is None when they were not refreshed this step (saves a sync)."""
+    def advance(self, description: str, metrics: Callable[[], dict[str, float]], force: bool = False) -> None:
+        """One more step done. `metrics()` is read (a host sync) at most every `refresh_s` seconds, or when
+        `force` (a logging step): the values shown are always the latest step's when read."""
         self._done += 1
         now = time.perf_counter()
+        read = force or now - getattr(self, "_read_at", 0.0) >= self.refresh_s
+        self._read_at = now if read else getattr(self, "_read_at", 0.0)
+        metrics = metrics() if read else None
         rate = self._done / max(now - self._start, 1e-9)
         if self._progress is not None:
             fields: dict[str, Any] = {"rate": f"{rate:.2f} it/s", "description": description}

@@ -28,6 +28,7 @@ class RunSpec:
     seed: int | None = None
     optimizer_kernels: Literal["fused", "as_written"] = "fused"  # kernels.apply_fused_optimizers
     compile: bool = False  # kernels.apply_compile, applied by each strategy before it wraps the model
+    timeout_s: float = 600.0  # how long a collective may wait for a rank before the job fails
 
 
 @dataclass
@@ -44,6 +45,7 @@ class StepStats(TypedDict, total=False):
     """What `Strategy.step()` returns. Values stay tensors (no host sync) until a logger reads them."""
 
     grad_norm: Any  # the global gradient norm before clipping (a 0-d tensor or float), or None
+    step_applied: bool  # False when the backend skipped the step itself (DeepSpeed on an overflow)
 
 
 @dataclass

@@ -18,7 +18,6 @@ import atexit
 import contextlib
 import dataclasses
 import math
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -28,18 +27,22 @@ from . import hooks
 from .callbacks import Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint
 from .checkpoint import Checkpointer, resolve
 from .config import TrainerConfig
-from .data import accumulation_windows, move_to_device, num_batches, resumed_iterator, set_epoch, with_distributed_sampler
+from .data import (accumulation_windows, check_batch_counts, move_to_device, num_batches, resumed_iterator, set_epoch,
+                   with_distributed_sampler)
 from .distributed import broadcast_from_rank0
 from .errors import ConfigError
 from .kernels import compiled_frames, compiled_ran
 from .eval_loaders import eval_loaders, fit_loaders, run_batches, sanity_check
 from .hparams import HPARAMS_KEY, HPARAMS_NAME
+from .guard import NonFiniteGuard
+from .inputs import checked_callbacks
 from .launch import DistInfo, end_with_os_exit, export_env, read_dist_info, start_local_ranks, watch_parent
 from .loggers import Logger, build_loggers
 from .metrics import MetricStore, infer_batch_size
 from .module import Module
 from .optim import parse_optimizers, step_schedulers
 from .plan import plan_auto
+from .preemption import Preemption
 from .progress import ProgressBar, metrics_table, print_table, start_progress
 from .rng import rng_state, seed_everything, set_rng_state
 from .run_metrics import RunMetrics
@@ -79,7 +82,7 @@ class Trainer:
         self._plans = strategy in ("auto", None) and (cfg.device_type == "cuda" or cfg.memory_budget is not None)
         # fast_dev_run saves, stops early and logs nothing: Lightning's list of what it turns off
         off = (ModelCheckpoint, EarlyStopping, LearningRateMonitor) if cfg.fast_dev_run else ()
-        self.callbacks = [c for c in callbacks or [] if not isinstance(c, off)]
+        self.callbacks = [c for c in checked_callbacks(callbacks) if not isinstance(c, off)]
         if cfg.enable_checkpointing and not any(isinstance(c, ModelCheckpoint) for c in self.callbacks):
             self.callbacks.append(ModelCheckpoint())
         if not any(isinstance(c, RunMetrics) for c in self.callbacks):  # lr, throughput, memory; the report
@@ -100,7 +103,7 @@ class Trainer:
         self._phase: str | None = None  # what the strategy is set up for: "fit" (serves evaluation too) or "eval"
         self._progress: ProgressBar | None = None
         self._checkpointer: Checkpointer | None = None
-        self._batches_done, self._epoch_done = 0, False
+        self._batches_done, self._epoch_done, self._preemption = 0, False, Preemption(cfg.preemption_signals)
 
     # ------------------------------------------------------------------ what callbacks see (specs.TrainerView)
     @property
@@ -162,13 +165,14 @@ class Trainer:
             yield
             status = "success"
         except BaseException as exc:
-            status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+            status = "interrupted" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "failed"
             module.on_exception(exc)
             for cb in self.callbacks:
                 cb.on_exception(self, module, exc)
             raise
         finally:
             self.fitting = False
+            self._preemption.uninstall()
             if self._progress is not None:
                 self._progress.stop(self.metrics.prog_bar_values() if status == "success" else None)
                 self._progress = None
@@ -227,6 +231,7 @@ class Trainer:
         # handler registered later, before the launcher's wait for the other ranks and the final os._exit.
         atexit.register(self.strategy.teardown)
         self._checkpointer = Checkpointer(self.strategy, self.callbacks, self.global_rank, self.world_size)
+        self.guard = NonFiniteGuard(self.cfg.on_nonfinite, self.global_rank, self.world_size, self.print0)
         if self.cfg.seed is not None:
             seed_everything(self.cfg.seed)
         if self.cfg.deterministic:
@@ -235,8 +240,7 @@ class Trainer:
     def _distribute(self, loaders: Any) -> Any:
         if isinstance(loaders, list):
             return [self._distribute(loader) for loader in loaders]
-        seed = self.cfg.seed if self.cfg.seed is not None else 0
-        return with_distributed_sampler(loaders, self.dist.rank, self.dist.world_size, seed)
+        return with_distributed_sampler(loaders, self.dist.rank, self.dist.world_size, self.cfg.seed or 0)
 
     # ------------------------------------------------------------------ fit
     def fit(self, model: Module, train_dataloaders: Any = None, val_dataloaders: Any = None, datamodule: Any = None,
@@ -254,16 +258,14 @@ class Trainer:
                                                          show=self._env.rank == 0), self.world_size)
             resume, (train, val) = self._prepare("fit", model, ckpt_path, lambda: fit_loaders(
                 model, datamodule, train_dataloaders, val_dataloaders, bool(self.cfg.overfit_batches)))
+            self._preemption.install()  # a signal only sets a flag; `_train_epoch` acts on it at a step boundary
             train, val = self._distribute(train), self._distribute(val)
             n = num_batches(train, self.cfg.limit_train_batches)
-            if n == 0 and self.cfg.limit_train_batches != 0:
-                raise ConfigError("fit's training data has no batches (len(train_dataloaders) == 0 on rank "
-                                  f"{self.global_rank}): give it at least one batch per rank.")
+            check_batch_counts(n, self.cfg.limit_train_batches)  # empty or uneven: ConfigError
             self.stage, self.metrics.stage, self.fitting = "train", "train", True
             skip, rng = self._restore(model, resume) if resume else (0, None)
             self._train_args = hooks.fit_start(self, model)  # unknown hooks warned of, the summary, the hparams
             self._progress = start_progress(self, math.ceil(n / self.cfg.accumulate_grad_batches))
-            self._last_bar_refresh = 0.0
             self._frames_at_start = compiled_frames() if self.cfg.compile else 0
             model.on_fit_start()
             for cb in self.callbacks:
@@ -298,9 +300,10 @@ class Trainer:
         size = self.cfg.accumulate_grad_batches if module.automatic_optimization else 1
         for window in accumulation_windows(batches, skip, n, size):
             out = self._train_window(module, window)
-            last_idx, last_batch = window[-1]
-            self._batches_done = last_idx + 1
-            self._after_step(module, out, last_batch, last_idx)
+            self._batches_done = window[-1][0] + 1
+            self._after_step(module, out, batch=window[-1][1], batch_idx=window[-1][0])
+            if signum := self._preemption.requested():  # collective: every rank stops after the same step
+                self._preemption.stop(signum, self)
             if val_loader and val_every and self._batches_done < n and any(
                     (i + 1) % val_every == 0 for i, _ in window):
                 self._validate_during_fit(module, val_loader)
@@ -313,6 +316,7 @@ class Trainer:
         """One optimizer step: every micro-batch forward and backward (gradients synchronised on the last one
         only), then `strategy.step()`. Returns the last micro-batch's `training_step` output."""
         out = None
+        self.guard.begin(self.global_step, self.current_epoch, [i for i, _ in window])
         for i, (batch_idx, batch) in enumerate(window):
             batch = move_to_device(batch, self.device)
             self.metrics.batch_size = infer_batch_size(batch)
@@ -320,13 +324,14 @@ class Trainer:
             out = self.strategy.forward(module.training_step, *self._train_args(batch, batch_idx),
                                         sync_grads=i == len(window) - 1)
             if module.automatic_optimization:
-                loss = hooks.loss_of(out) / self.cfg.accumulate_grad_batches
+                self.guard.observe(loss := hooks.loss_of(out), i)
+                loss = loss / self.cfg.accumulate_grad_batches
                 hooks.on_before_backward(self, module, loss)
                 self.strategy.backward(loss)
                 hooks.on_after_backward(self, module)
         if module.automatic_optimization:  # under manual optimization the user stepped inside training_step
             hooks.before_step(self, module)  # on_before_optimizer_step, on_before_zero_grad (hooks.py says why)
-            self.step_stats = self.strategy.step()
+            self.step_stats = self.strategy.step(self.guard.should_step)  # the guard decides before any step
         self.global_step += 1
         if module.automatic_optimization:
             step_schedulers(self.strategy.schedulers, "step", self.global_step, self.metrics.latest)
@@ -336,14 +341,10 @@ class Trainer:
         step_metrics = self.metrics.pop_step()
         if self.is_log_step():
             norm = self.step_stats.get("grad_norm")
-            self.log_metrics({**({"grad_norm": float(norm)} if norm is not None else {}),
+            self.log_metrics({**({"grad_norm": float(norm)} if norm is not None else {}), **self.guard.log_values(),
                               **{k: float(v) for k, v in step_metrics.items()}})
         if self._progress is not None:
-            now = time.perf_counter()
-            fresh = now - self._last_bar_refresh > 0.25 or self.is_log_step()
-            if fresh:
-                self._last_bar_refresh = now
-            self._progress.advance(f"epoch {self.current_epoch}", self.metrics.prog_bar_values() if fresh else None)
+            self._progress.advance(f"epoch {self.current_epoch}", self.metrics.prog_bar_values, self.is_log_step())
         hooks.on_train_batch_end(self, module, out, batch, batch_idx)
         if self.cfg.compile and self.global_step == 3 and not compiled_ran(self._frames_at_start):
             self.print0("Warning: compile=True, but nothing compiled ran in 3 steps (see kernels.apply_compile).")

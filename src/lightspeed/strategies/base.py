@@ -10,7 +10,7 @@ gradient accumulation, clipping and optimizer state. Every method has one call s
     for each micro-batch of an accumulation window:
         out = strategy.forward(module.training_step, batch, i, sync_grads=is_last)
         strategy.backward(loss)
-    stats = strategy.step()                               # clip, optimizer step, zero grads; {"grad_norm": ...}
+    stats = strategy.step(guard.should_step)              # guard, clip, step, zero grads; {"grad_norm": ...}
     strategy.save(path) / strategy.load(path)             # collective; the Checkpointer calls them
     strategy.teardown()                                   # once per process: engine freed, group left
 
@@ -66,8 +66,12 @@ class Strategy(Protocol):
     def backward(self, loss: torch.Tensor) -> None:
         """Back-propagates `loss`, already divided by the accumulation count."""
 
-    def step(self) -> StepStats:
-        """Clips, steps every optimizer and zeroes gradients. Returns the step's statistics (grad norm)."""
+    def step(self, should_step: Callable[[Any], bool] | None = None) -> StepStats:
+        """Clips, steps every optimizer and zeroes gradients. Returns the step's statistics (grad norm).
+
+        `should_step(grad_norm)` is the Trainer's non-finite guard, a collective: called once, when the gradients
+        are complete and before any optimizer steps (grad_norm None where the backend has no norm yet); on False
+        the gradients are dropped and nothing steps. It raises to stop training."""
 
     def save(self, path: Path) -> None:
         """Collective: every rank calls it. Writes model and optimizer state under the directory `path`."""

@@ -22,7 +22,7 @@ from ..checkpoint_io import load_replicated, save_replicated
 from ..distributed import barrier, destroy_process_group, init_process_group
 from ..kernels import apply_compile, build_optimizers_fast
 from ..launch import DistInfo
-from ..precision import Precision, optimizer_step
+from ..precision import Precision, StepGate, optimizer_step
 from ..specs import RunSpec, StepStats
 from .common import StepRunner
 from .zero1 import apply_zero1
@@ -65,7 +65,7 @@ class DDP:
     def connect(self, spec: RunSpec, dist_info: DistInfo, device: torch.device) -> None:
         self.spec, self.dist, self.device = spec, dist_info, device
         self.precision = Precision(spec.precision, device.type)
-        init_process_group(dist_info, device)
+        init_process_group(dist_info, device, spec.timeout_s)
 
     def configure_model(self, module) -> None:
         module.configure_model()
@@ -133,9 +133,9 @@ class DDP:
         self.precision.backward(loss)
         wrapped.require_backward_grad_sync = False
 
-    def step(self) -> StepStats:
+    def step(self, should_step: StepGate | None = None) -> StepStats:
         # After DDP's all-reduce every rank holds the full gradient, so the local norm is already global.
-        return optimizer_step(self.optimizers, self.precision, self.spec)
+        return optimizer_step(self.optimizers, self.precision, self.spec, should_step=should_step)
 
     def save(self, path: Path) -> None:
         if self.shard_optimizer:

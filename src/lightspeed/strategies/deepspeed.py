@@ -23,7 +23,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import psutil
 import torch
@@ -126,7 +126,8 @@ class DeepSpeed:
     def connect(self, spec: RunSpec, dist_info: DistInfo, device: torch.device) -> None:
         deepspeed = _import_deepspeed()
         self.spec, self.dist, self.device = spec, dist_info, device
-        init_process_group(dist_info, device)  # a group of one for a single process: DeepSpeed needs a group
+        # A group of one for a single process: DeepSpeed needs a group.
+        init_process_group(dist_info, device, spec.timeout_s)
         if not dist_info.is_distributed:
             # DeepSpeed's CUDA path reads its rank from the launcher's variables; a plain one-process run has none.
             os.environ.update(LOCAL_RANK="0", RANK="0", WORLD_SIZE="1")
@@ -332,14 +333,23 @@ class DeepSpeed:
     def backward(self, loss: torch.Tensor) -> None:
         self.engine.backward(loss, scale_wrt_gas=False)  # the Trainer already divided by the accumulation
 
-    def step(self) -> StepStats:
+    def step(self, should_step: Callable[[Any], bool] | None = None) -> StepStats:
+        # ZeRO computes the norm inside engine.step(), so the guard decides on the losses alone, before it. A
+        # non-finite gradient is then caught by DeepSpeed's own overflow check, which skips the step on every
+        # rank (fp16, bf16 and fp32 alike in DeepSpeed >= 0.16); "skip" and "warn" leave that to DeepSpeed.
+        if should_step is not None:
+            should_step(None)
         self.engine.step()
-        return {"grad_norm": self.engine.get_global_grad_norm()}  # computed by ZeRO in its step
+        return {"grad_norm": self.engine.get_global_grad_norm(), "step_applied": self.engine.was_step_applied()}
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, path: Path) -> None:
-        self.engine.save_checkpoint(str(path), tag=TAG, client_state={"lightspeed_strategy": self.name},
-                                    save_latest=True)  # lets DeepSpeed's zero_to_fp32.py run without a tag
+        from deepspeed.checkpoint.constants import UNIVERSAL_CHECKPOINT_INFO
+
+        # The universal-checkpoint marker lets DeepSpeed's ds_to_universal convert this checkpoint for another
+        # world size (without it the conversion asserts); save_latest lets zero_to_fp32.py run without a tag.
+        client = {"lightspeed_strategy": self.name, UNIVERSAL_CHECKPOINT_INFO: {"universal_checkpoint_version": 0.2}}
+        self.engine.save_checkpoint(str(path), tag=TAG, client_state=client, save_latest=True)
 
     def load(self, path: Path, with_optimizer: bool = True) -> None:
         if not self.optimizers:

@@ -44,7 +44,7 @@ from ..distributed import barrier, destroy_process_group, init_process_group
 from ..errors import ConfigError
 from ..kernels import apply_compile, build_optimizers_fast
 from ..launch import DistInfo
-from ..precision import Precision, optimizer_step
+from ..precision import Precision, StepGate, optimizer_step
 from ..specs import RunSpec, StepStats
 from .common import apply_activation_checkpointing, configure_with_plain_twin
 
@@ -77,6 +77,15 @@ class FSDP:
     schedulers: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        for what in ("reshard_after_forward", "cpu_offload"):
+            if not isinstance(getattr(self, what), bool):
+                raise ConfigError(f"FSDP {what}={getattr(self, what)!r} is not valid: use True or False.")
+        for what in ("shard_classes", "activation_checkpointing"):
+            value = getattr(self, what)
+            if value is not None and (not isinstance(value, (list, tuple)) or not all(
+                    isinstance(c, type) and issubclass(c, nn.Module) for c in value)):
+                raise ConfigError(f"FSDP {what}={value!r} is not valid: use None or a list of nn.Module classes "
+                                  "(the classes themselves, e.g. [Block], not their names).")
         self.name = "fsdp" if self.reshard_after_forward else "fsdp_grad_op"
         self._full_state: dict[str, torch.Tensor] | None = None
         self._twin_buffers: dict[str, torch.Tensor] = {}
@@ -96,7 +105,7 @@ class FSDP:
         self.spec, self.device = spec, device
         # The fp16 loss scaler, agreeing on overflows across ranks; no autocast (FSDP's MixedPrecisionPolicy).
         self.precision = Precision(spec.precision, device.type, sharded_grads=True)
-        init_process_group(dist_info, device)  # a group of one for a single process: FSDP needs a group
+        init_process_group(dist_info, device, spec.timeout_s)  # a group of one for one process: FSDP needs it
 
     def configure_model(self, module: nn.Module) -> None:
         """Builds the model on the meta device; rank 0 also builds it on CPU when it fits (see the module doc)."""
@@ -192,8 +201,9 @@ class FSDP:
     def backward(self, loss) -> None:
         self.precision.backward(loss)
 
-    def step(self) -> StepStats:
-        return optimizer_step(self.optimizers, self.precision, self.spec, total_norm=total_norm_sharded)
+    def step(self, should_step: StepGate | None = None) -> StepStats:
+        return optimizer_step(self.optimizers, self.precision, self.spec, total_norm=total_norm_sharded,
+                              should_step=should_step)
 
     def save(self, path: Path) -> None:
         state: dict[str, Any] = {"model": get_model_state_dict(self.module)}

@@ -10,7 +10,7 @@ import torch
 from ..checkpoint_io import load_replicated, save_replicated
 from ..kernels import apply_compile, build_optimizers_fast
 from ..launch import DistInfo
-from ..precision import Precision, optimizer_step
+from ..precision import Precision, StepGate, optimizer_step
 from ..specs import RunSpec, StepStats
 
 
@@ -49,8 +49,8 @@ class SingleDevice:
     def backward(self, loss) -> None:
         self.precision.backward(loss)
 
-    def step(self) -> StepStats:
-        return optimizer_step(self.optimizers, self.precision, self.spec)
+    def step(self, should_step: StepGate | None = None) -> StepStats:
+        return optimizer_step(self.optimizers, self.precision, self.spec, should_step=should_step)
 
     def save(self, path: Path) -> None:
         save_replicated(path, self.module, self.optimizers, {"precision": self.precision.state_dict()})

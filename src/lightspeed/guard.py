@@ -1,0 +1,115 @@
+"""The non-finite guard: a NaN/Inf loss (on any rank) or gradient norm is seen by every rank at the same step.
+
+    Trainer(on_nonfinite="stop")   # default: raise NonFiniteError before the optimizer step, naming where
+    Trainer(on_nonfinite="skip")   # every rank skips that optimizer step; `skipped_steps` is logged
+    Trainer(on_nonfinite="warn")   # rank 0 prints a warning and the step runs (what an unguarded loop does)
+
+The loop feeds each micro-batch's loss to `observe`; the strategy calls `should_step(norm)` after the gradients
+are complete and BEFORE any optimizer steps (precision.optimizer_step for the torch strategies; before
+`engine.step()` for DeepSpeed, whose norm comes out of its step, so there only the loss decides and DeepSpeed's
+own overflow check skips a non-finite gradient). The verdict is one all_reduce (MAX) of a vector with one slot
+per rank, so every rank agrees, and the message can name the ranks that saw it. Under "stop" no non-finite
+update ever reaches the weights, so no checkpoint can hold one.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+
+from .errors import ConfigError
+
+Policy = Literal["stop", "skip", "warn"]
+POLICIES = ("stop", "skip", "warn")
+_LOSS, _NORM = 1.0, 2.0  # the bits a rank sets in its slot
+
+
+class NonFiniteError(RuntimeError):
+    """Training stopped: a loss or gradient norm was NaN or Inf. The message names step, epoch, batch and ranks."""
+
+
+def check_policy(value: Any) -> None:
+    """Raises ConfigError unless `value` is one of POLICIES."""
+    if value not in POLICIES:
+        raise ConfigError(f"on_nonfinite={value!r} is not valid: use 'stop' (raise, the default), 'skip' (skip "
+                          "the optimizer step on every rank) or 'warn'.")
+
+
+class NonFiniteGuard:
+    """One per Trainer. `begin` a window, `observe` each loss, then the strategy asks `should_step(norm)`."""
+
+    def __init__(self, policy: Policy, rank: int = 0, world_size: int = 1, print0=print):
+        check_policy(policy)
+        self.policy, self.rank, self.world_size, self.print0 = policy, rank, world_size, print0
+        self.skipped_steps = 0
+        self.last_skipped = False
+        self._bad_loss: torch.Tensor | None = None
+        self._where: dict[str, int] = {}
+        self._first_bad_batch: torch.Tensor | None = None
+
+    def begin(self, step: int, epoch: int, batch_indices: list[int]) -> None:
+        """Starts an accumulation window: the step and epoch it belongs to, the batch indices it holds."""
+        self._where = {"step": step, "epoch": epoch}
+        self._batches = batch_indices
+        self._bad_loss = self._first_bad_batch = None
+
+    def observe(self, loss: torch.Tensor, i: int) -> None:
+        """Notes whether micro-batch `i` of the window has a finite loss. Stays on the device: no host sync."""
+        bad = ~torch.isfinite(loss.detach())
+        if self._bad_loss is None:
+            self._bad_loss = bad
+            self._first_bad_batch = torch.where(bad, i, -1)
+        else:
+            self._first_bad_batch = torch.where(bad & ~self._bad_loss, i, self._first_bad_batch)
+            self._bad_loss = self._bad_loss | bad
+
+    def should_step(self, grad_norm: torch.Tensor | float | None) -> bool:
+        """Collective: every rank calls it once per optimizer step, before stepping. True means step.
+
+        `grad_norm` is the global norm (None where the strategy cannot give it before its step, or under an fp16
+        loss scaler, whose overflows are routine and handled by the scaler). Raises NonFiniteError under "stop"."""
+        slots = torch.zeros(self.world_size + 1, dtype=torch.float64)  # the last slot: first bad batch, as a max
+        if self._bad_loss is not None and bool(self._bad_loss):
+            slots[self.rank] += _LOSS
+            slots[-1] = float(self._first_bad_batch) + 1
+        if grad_norm is not None and not bool(torch.isfinite(torch.as_tensor(grad_norm, dtype=torch.float64))):
+            slots[self.rank] += _NORM
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            device = self._bad_loss.device if self._bad_loss is not None else torch.device("cpu")
+            reduced = slots.to(device if dist.get_backend() == "nccl" else "cpu")
+            dist.all_reduce(reduced, op=dist.ReduceOp.MAX)
+            slots = reduced.cpu()
+        flags = [int(v) for v in slots[:-1].tolist()]
+        self.last_skipped = False
+        if not any(flags):
+            return True
+        message = self._message(flags, int(slots[-1].item()) - 1)
+        if self.policy == "stop":
+            raise NonFiniteError(message + " Training stopped before the optimizer step, so the weights (and any "
+                                 "checkpoint) are still finite. Pass Trainer(on_nonfinite='skip') to skip such "
+                                 "steps instead.")
+        if self.policy == "skip":
+            self.skipped_steps += 1
+            self.last_skipped = True
+            self.print0(f"{message} Skipped this optimizer step on every rank ({self.skipped_steps} skipped so far).")
+            return False
+        self.print0(f"{message} on_nonfinite='warn': stepping anyway.")
+        return True
+
+    def _message(self, flags: list[int], first_bad: int) -> str:
+        loss_ranks = [r for r, f in enumerate(flags) if f & int(_LOSS)]
+        norm_ranks = [r for r, f in enumerate(flags) if f & int(_NORM)]
+        batch = self._batches[first_bad] if 0 <= first_bad < len(self._batches) else self._batches[-1]
+        where = f"step {self._where['step']}, epoch {self._where['epoch']}, batch_idx {batch}"
+        what = []
+        if loss_ranks:
+            what.append(f"the loss was NaN/Inf on rank(s) {loss_ranks}")
+        if norm_ranks:
+            what.append(f"the gradient norm was NaN/Inf on rank(s) {norm_ranks}")
+        return f"Non-finite value at {where}: {' and '.join(what)}."
+
+    def log_values(self) -> dict[str, float]:
+        """What the loop logs each log step: the count of skipped optimizer steps (under "skip" only)."""
+        return {"skipped_steps": float(self.skipped_steps)} if self.policy == "skip" else {}

@@ -1,0 +1,74 @@
+"""The non-finite guard: a NaN loss on any rank is seen by every rank at the same step.
+
+    PYTHONPATH=src .venv/bin/python -m pytest -q tests/test_guard.py
+
+Faults come from tests/workload.py's `nan_at` (that rank's loss is NaN at a global step). "stop" raises before the
+optimizer step and names step, epoch, batch and rank; "skip" skips that step on every rank and counts it; the
+weights stay finite either way, and every checkpoint with them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from helpers import run_workload
+from lightspeed.guard import NonFiniteGuard, NonFiniteError
+
+
+def test_guard_unit_stop_names_step_epoch_batch_rank():
+    guard = NonFiniteGuard("stop")
+    guard.begin(step=7, epoch=2, batch_indices=[14, 15])
+    guard.observe(torch.tensor(1.0), 0)
+    guard.observe(torch.tensor(float("inf")), 1)
+    with pytest.raises(NonFiniteError, match=r"step 7, epoch 2, batch_idx 15: the loss was NaN/Inf on rank\(s\) \[0\]"):
+        guard.should_step(torch.tensor(3.0))
+
+
+def test_guard_unit_norm_and_skip_count():
+    guard, said = NonFiniteGuard("skip", print0=lambda *a: None), []  # noqa: F841
+    guard.begin(0, 0, [0])
+    guard.observe(torch.tensor(1.0), 0)
+    assert guard.should_step(torch.tensor(2.0)) is True
+    assert guard.should_step(torch.tensor(float("nan"))) is False
+    assert guard.log_values() == {"skipped_steps": 1.0}
+    warn = NonFiniteGuard("warn", print0=lambda *a: said.append(a))
+    warn.begin(0, 0, [0])
+    assert warn.should_step(float("inf")) is True and "gradient norm" in said[0][0]
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "deepspeed_stage_2"])
+def test_nan_on_one_rank_stops_every_rank(tmp_path, strategy):
+    run = run_workload(tmp_path, devices=2, strategy=strategy, max_steps=8, nan_at={"step": 5, "rank": 1},
+                       ckpt_every=2, check=False)
+    assert run.returncode != 0
+    text = run.stdout + run.stderr
+    assert "NonFiniteError" in text and "step 5, epoch 0, batch_idx 5" in text and "rank(s) [1]" in text, text[-3000:]
+    # The checkpoints written before the fault hold finite weights; none was written after it.
+    ckpts = sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if not p.name.startswith("."))
+    assert "last" in ckpts and not any("step=6" in c or "step=8" in c for c in ckpts), ckpts
+    from safetensors.torch import load_file
+
+    if strategy == "ddp":
+        weights = load_file(str((tmp_path / "checkpoints" / "last" / "model.safetensors").resolve()))
+        assert all(bool(torch.isfinite(t).all()) for t in weights.values())
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "deepspeed_stage_2"])
+def test_skip_skips_on_every_rank(tmp_path, strategy):
+    res = run_workload(tmp_path, devices=2, strategy=strategy, max_steps=6, nan_at={"step": 3, "rank": 0},
+                       on_nonfinite="skip")
+    assert res["global_step"] == 6 and res["skipped_steps"] == 1 and res["finite_weights"]
+    losses = res["losses"]
+    assert math.isnan(losses[3]) and all(math.isfinite(v) for i, v in enumerate(losses) if i != 3)
+    # Before the fault the run is an unguarded run's twin (the guard changes nothing on finite steps).
+    ref = run_workload(tmp_path, devices=2, strategy=strategy, max_steps=3)
+    assert losses[:3] == ref["losses"]
+
+
+def test_stop_single_device_with_clipping(tmp_path):
+    run = run_workload(tmp_path, launcher="python", nproc=1, devices=1, max_steps=6, clip=1.0,
+                       nan_at={"step": 2}, check=False)
+    assert run.returncode != 0 and "step 2, epoch 0, batch_idx 2" in run.stderr, run.stderr[-2000:]
