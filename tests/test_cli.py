@@ -18,7 +18,7 @@ from lightspeed.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
-COMMANDS = ("demo", "convert", "inspect", "report", "env")
+COMMANDS = ("demo", "convert", "inspect", "report", "env", "plan")
 
 
 def _cli(args: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -166,3 +166,6 @@ def test_wandb_offline_run_files_hold_the_metrics(tmp_path, monkeypatch):
     assert artifact.type == "model" and artifact.name.endswith("-model")
     (exit_record,) = [r for r in records if r.WhichOneof("record_type") == "exit"]
     assert exit_record.exit.exit_code == 1
+    import wandb
+
+    wandb.teardown()  # stops W&B's background service (wandb-core), a child of this test process

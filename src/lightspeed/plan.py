@@ -437,7 +437,8 @@ def plan_cli(argv: list[str]) -> int:
     importable module; `--batch` names a sample batch (or a function returning one) beside it for the activation
     probe. Prints the plan table, marks the choice when --device-memory is given, writes the bar chart to --out.
     Returns 0, or 2 after printing a ConfigError's message."""
-    p = argparse.ArgumentParser(prog="lightspeed plan", description="Forecast memory per device for each strategy.")
+    p = argparse.ArgumentParser(prog="lightspeed plan", description="Forecast memory per device for each strategy.",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("target", help="SCRIPT_OR_MODULE:NAME of the Module class, factory or instance")
     p.add_argument("--batch", help="NAME of a sample batch (or a function returning one) in the same file/module")
     p.add_argument("--devices", type=int, default=1)
