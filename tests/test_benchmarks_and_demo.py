@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import json
 import re
 import os
@@ -38,6 +39,7 @@ def test_overhead_benchmark_prints_ratio(tmp_path):
     assert "ratio to plain loop" in proc.stdout and "lightspeed Trainer" in proc.stdout
 
 
+@pytest.mark.slow  # tests/test_cli.py runs the demo (and inspect, report) by default
 def test_demo_trains_and_shows_summary(tmp_path):
     proc = _run(["-m", "lightspeed.cli", "demo", "--size", "tiny", "--max-steps", "12", "--root", str(tmp_path / "d")],
                 tmp_path)

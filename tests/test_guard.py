@@ -39,7 +39,7 @@ def test_guard_unit_norm_and_skip_count():
     assert warn.should_step(float("inf")) is True and "gradient norm" in said[0][0]
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "deepspeed_stage_2"])
+@pytest.mark.parametrize("strategy", ["ddp", pytest.param("fsdp", marks=pytest.mark.slow), "deepspeed_stage_2"])
 def test_nan_on_one_rank_stops_every_rank(tmp_path, strategy):
     run = run_workload(tmp_path, devices=2, strategy=strategy, max_steps=8, nan_at={"step": 5, "rank": 1},
                        ckpt_every=2, check=False)
@@ -56,7 +56,7 @@ def test_nan_on_one_rank_stops_every_rank(tmp_path, strategy):
         assert all(bool(torch.isfinite(t).all()) for t in weights.values())
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "deepspeed_stage_2"])
+@pytest.mark.parametrize("strategy", ["ddp", pytest.param("deepspeed_stage_2", marks=pytest.mark.slow)])
 def test_skip_skips_on_every_rank(tmp_path, strategy):
     res = run_workload(tmp_path, devices=2, strategy=strategy, max_steps=6, nan_at={"step": 3, "rank": 0},
                        on_nonfinite="skip")

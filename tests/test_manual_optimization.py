@@ -40,7 +40,7 @@ def test_fsdp_manual_two_optimizers_checkpoint_holds_both(tmp_path):
     assert_close_losses(resumed["losses"], fsdp["losses"][3:], 1e-6, "fsdp manual, resumed at step 3")
 
 
-@pytest.mark.parametrize("strategy", ["deepspeed_stage_2", "deepspeed_stage_3"])
+@pytest.mark.parametrize("strategy", ["deepspeed_stage_2", pytest.param("deepspeed_stage_3", marks=pytest.mark.slow)])
 def test_deepspeed_manual_matches_ddp(tmp_path, ddp, strategy):
     # One engine, one optimizer: the module's opt.step() is engine.step(), manual_backward is engine.backward.
     out = run_workload(tmp_path, strategy=strategy, **RUN)
