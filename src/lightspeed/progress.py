@@ -40,6 +40,7 @@ class ProgressBar:
         self._done, self._total, self._desc = 0, total_steps, description
         self._metrics: dict[str, float] = {}
         self._printed = 0  # steps done when the last plain line was printed
+        self._read_at = 0.0  # when advance() last read the metrics
         if self.is_terminal:
             self._progress = Progress(
                 TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -54,8 +55,8 @@ class ProgressBar:
         `force` (a logging step): the values shown are always the latest step's when read."""
         self._done += 1
         now = time.perf_counter()
-        read = force or now - getattr(self, "_read_at", 0.0) >= self.refresh_s
-        self._read_at = now if read else getattr(self, "_read_at", 0.0)
+        read = force or now - self._read_at >= self.refresh_s
+        self._read_at = now if read else self._read_at
         metrics = metrics() if read else None
         rate = self._done / max(now - self._start, 1e-9)
         if self._progress is not None:

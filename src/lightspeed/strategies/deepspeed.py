@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from ..distributed import broadcast_from_rank0, destroy_process_group, init_process_group
 from ..errors import ConfigError
-from ..kernels import apply_compile, build_optimizers_fast
+from ..kernels import apply_compile, build_optimizers_fast, rebind_schedulers
 from ..launch import DistInfo
 from ..memory import cuda_free
 from ..specs import RunSpec, StepStats
@@ -315,9 +315,7 @@ class DeepSpeed:
         groups = [dict(g) for g in opt.param_groups]  # every key, so a scheduler's "initial_lr" survives
         new = DeepSpeedCPUAdam(groups, lr=d["lr"], betas=d["betas"], eps=d["eps"], weight_decay=d["weight_decay"],
                                amsgrad=d.get("amsgrad", False), adamw_mode=type(opt) is torch.optim.AdamW)
-        for cfg in self.schedulers:
-            if getattr(cfg.scheduler, "optimizer", None) is opt:
-                cfg.scheduler.optimizer = new  # its state (step count, base lrs) is in the scheduler itself
+        rebind_schedulers(self.schedulers, opt, new)  # their state (step count, base lrs) is in the schedulers
         self._log0(f"DeepSpeed: optimizer offload replaces torch.optim.{type(opt).__name__} with DeepSpeedCPUAdam, "
                    f"same hyper-parameters{' (LR schedulers rebound to it)' if self.schedulers else ''}.")
         return new

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
+from .. import kernels
 from ..errors import ConfigError
 from ..specs import SchedulerConfig
 
@@ -60,13 +61,8 @@ def build_zero_optimizer(opt: Any, parameters_as_bucket_view: bool = False) -> Z
 
 
 def rebind_schedulers(schedulers: list[SchedulerConfig], old: list, new: list) -> list[SchedulerConfig]:
-    """Points each LR scheduler that adjusted an optimizer in `old` at its replacement in `new`.
-
-    Schedulers only read and write `optimizer.param_groups`, whose options were copied over, so they resume from
-    where they were built (initial_lr and the first lr already set)."""
-    replacement = {id(o): n for o, n in zip(old, new)}
-    for cfg in schedulers:
-        target = getattr(cfg.scheduler, "optimizer", None)
-        if id(target) in replacement:
-            cfg.scheduler.optimizer = replacement[id(target)]
+    """Points each LR scheduler that adjusted an optimizer in `old` at its replacement in `new` (SequentialLR's
+    children too; see kernels.rebind_schedulers). Returns `schedulers`."""
+    for before, after in zip(old, new):
+        kernels.rebind_schedulers(schedulers, before, after)
     return schedulers
