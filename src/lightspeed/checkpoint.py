@@ -30,10 +30,11 @@ from typing import Any, Callable
 
 import torch
 
-from .distributed import barrier
+from .distributed import barrier, broadcast_from_rank0
 from .errors import ConfigError
 from .rng import rng_state
 from .specs import LoopState
+from .strategies.portable import layout, read_portable
 
 FORMAT = "lightspeed-checkpoint"
 VERSION = 1
@@ -89,9 +90,14 @@ class Checkpointer:
     def load(self, path: Path, with_optimizer: bool = True) -> tuple[LoopState, dict, dict | None]:
         """Collective. Restores the strategy, schedulers and callbacks from `path`; returns (the loop state, the
         saved state dict for the `on_load_checkpoint` hooks, this rank's RNG state or None on another world
-        size). The caller restores the RNG at the point the loop reaches the saved position."""
+        size). The caller restores the RNG at the point the loop reaches the saved position.
+
+        A checkpoint another strategy or world size wrote travels through the neutral form (`_read_portable`);
+        one line on rank 0 says what was carried over and what was not."""
+        meta = read_meta(path)
+        portable = self._read_portable(path, meta, with_optimizer)
         try:
-            self.strategy.load(path, with_optimizer=with_optimizer)
+            self.strategy.load(path, with_optimizer=with_optimizer, portable=portable)
         except (ConfigError, KeyboardInterrupt, SystemExit):
             raise
         except BaseException as e:  # DeepSpeed's bare AssertionError, DCP's CheckpointException (a BaseException)
@@ -105,7 +111,36 @@ class Checkpointer:
             sched.scheduler.load_state_dict(sd)
         rng_file = path / f"rng-rank{self.rank}.pt"
         loop = LoopState(**{f.name: state[f.name] for f in dataclasses.fields(LoopState)})
-        return loop, state, _torch_load(rng_file) if rng_file.exists() else None
+        same_ranks = meta.get("world_size") == self.world_size  # rank r's random stream means nothing on another
+        return loop, state, _torch_load(rng_file) if same_ranks and rng_file.exists() else None
+
+    def _read_portable(self, path: Path, meta: dict, with_optimizer: bool) -> dict | None:
+        """None when this strategy reads `path` natively (same on-disk layout); else the checkpoint in the neutral
+        form, read by rank 0 and broadcast (every rank then holds the whole model and optimizer state on CPU for
+        the moment of the load: the price of not needing a shared temporary directory). Collective."""
+        saved, ranks = meta.get("strategy", "?"), meta.get("world_size", 0)
+        if layout(saved, ranks) == layout(self.strategy.name, self.world_size):
+            return None
+        found: Any = None
+        if self.rank == 0:
+            try:
+                found = read_portable(path, saved, with_optimizer)
+            except Exception as e:  # noqa: BLE001 - every rank must learn of it, or the others wait forever
+                found = e if isinstance(e, ConfigError) else ConfigError(
+                    f"checkpoint {path} ({saved} on {ranks} ranks) could not be read for {self.strategy.name}: "
+                    f"{type(e).__name__}: {e}")
+        found = broadcast_from_rank0(found)
+        if isinstance(found, ConfigError):
+            raise found
+        if self.rank == 0:
+            same = ranks == self.world_size
+            print(f"Resuming a {saved} checkpoint from {ranks} rank{'s' * (ranks != 1)} under {self.strategy.name} "
+                  f"on {self.world_size} rank{'s' * (self.world_size != 1)}: carried weights"
+                  f"{', optimizer state' if with_optimizer else ''}, LR schedulers, loop state (epoch, global "
+                  f"step){', RNG states' if same else ''}; not carried: "
+                  + ("nothing." if same else "RNG states and the data order (the world size differs, so each "
+                     "rank's share of the data and its random stream differ)."), flush=True)
+        return found
 
 
 def _replace_dir(src: Path, dst: Path) -> None:

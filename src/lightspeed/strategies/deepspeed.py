@@ -29,6 +29,7 @@ import psutil
 import torch
 import torch.distributed as dist
 
+from ..checkpoint_io import DEEPSPEED_DIR
 from ..distributed import broadcast_from_rank0, destroy_process_group, init_process_group
 from ..errors import ConfigError
 from ..kernels import apply_compile, build_optimizers_fast, rebind_schedulers
@@ -39,10 +40,11 @@ from .common import CHECKPOINT_PREFIX, StepRunner, apply_activation_checkpointin
 from .deepspeed_config import cast_floats, engine_dtype, merge, read_config
 from .deepspeed_manual import EngineOptimizer, check_one_optimizer
 from .host_memory import host_memory_warning, offloaded_bytes_per_param
+from .portable import Portable, write_deepspeed
 from .zero3 import copy_from_rank0, load_weights, whole_numel
 
 Offload = Literal["cpu", "nvme"] | None
-TAG = "deepspeed"  # the sub-directory of a lightspeed checkpoint that holds DeepSpeed's files
+TAG = DEEPSPEED_DIR  # the sub-directory of a lightspeed checkpoint that holds DeepSpeed's files
 
 
 def _import_deepspeed():
@@ -349,7 +351,11 @@ class DeepSpeed:
         client = {"lightspeed_strategy": self.name, UNIVERSAL_CHECKPOINT_INFO: {"universal_checkpoint_version": 0.2}}
         self.engine.save_checkpoint(str(path), tag=TAG, client_state=client, save_latest=True)
 
-    def load(self, path: Path, with_optimizer: bool = True) -> None:
+    def load(self, path: Path, with_optimizer: bool = True, portable: Portable | None = None) -> None:
+        if portable is not None:  # another strategy's checkpoint, in the neutral form (strategies/portable.py)
+            write_deepspeed(_import_deepspeed(), self.engine, self.module, portable,
+                            with_optimizer and bool(self.optimizers), path)
+            return
         if not self.optimizers:
             # An evaluation engine has no optimizer, and ZeRO keeps the fp32 weights with the optimizer state
             # (DeepSpeed's own weights-only load needs one), so merge the shards and load them.
