@@ -154,8 +154,8 @@ def _read_deepspeed(path: Path, with_optimizer: bool) -> Portable:
     # Stage 3 keeps the step in the optimizer's own state dict; stages 1-2 once per parameter (step.pt).
     inner = optimizer_state.get("optimizer_state_dict", {}).get("state", {})
     step = next((s["step"] for s in inner.values() if "step" in s), None)
-    for st in state.values():
-        st.setdefault("step", step)
+    for st in state.values():  # one tensor each: fused optimizers increment it in place
+        st.setdefault("step", step.clone() if torch.is_tensor(step) else step)
     groups = optimizer_state["param_groups"]
     if len(groups) != len(states["param_shapes"]):
         raise ConfigError(f"checkpoint {path}: {len(groups)} DeepSpeed optimizer groups but "
