@@ -37,9 +37,13 @@ def saved(root: Path, strategy: str, devices: int = 2) -> tuple[Path, list[float
 
 def resume(root: Path, ckpt: Path, strategy: str, devices: int = 2, **opts) -> dict:
     root.mkdir(parents=True, exist_ok=True)
-    launcher = "in-process" if devices == 1 and not strategy.startswith("deepspeed") else "python"
-    return run_workload(root, devices=devices, strategy=strategy, resume=str(ckpt), launcher=launcher,
-                        **{**OPTS, **opts})
+    if devices == 1:  # in this process, but DeepSpeed in its own
+        where = dict(devices=1, launcher="python" if strategy.startswith("deepspeed") else "in-process")
+    elif devices == 3:  # three one-rank "nodes": the Trainer refuses more local ranks than the 2 CPU cores
+        where = dict(devices=1, num_nodes=3, nproc=3, launcher="torchrun-nodes")
+    else:
+        where = dict(devices=devices)
+    return run_workload(root, strategy=strategy, resume=str(ckpt), **where, **{**OPTS, **opts})
 
 
 def assert_losses_continue(tmp: Path, ckpt: Path, reference: list[float], strategy: str) -> None:

@@ -9,6 +9,9 @@ A checkpoint is a directory:
     <name>/...                whatever the strategy writes: model.safetensors + optimizer.pt (single, DDP),
                               DeepSpeed's ZeRO shards, torch.distributed.checkpoint shards (FSDP)
 
+Any strategy resumes any other's checkpoint, on any world size: where the on-disk layouts differ, `load` reads the
+checkpoint into a neutral form and the strategy writes that into its shards (strategies/portable.py).
+
 Every rank calls `save` (DeepSpeed and DCP require it). The data goes to `.tmp-<name>` and is renamed to `<name>`
 only when every rank has finished; the `last` symlink moves only after that rename. A crash at any point leaves
 `last` pointing at a complete checkpoint. `resolve` checks a checkpoint cheaply (sizes and file headers, not full
@@ -96,6 +99,7 @@ class Checkpointer:
         one line on rank 0 says what was carried over and what was not."""
         meta = read_meta(path)
         portable = self._read_portable(path, meta, with_optimizer)
+        self._say_what_travels(meta, with_optimizer)
         try:
             self.strategy.load(path, with_optimizer=with_optimizer, portable=portable)
         except (ConfigError, KeyboardInterrupt, SystemExit):
@@ -132,15 +136,19 @@ class Checkpointer:
         found = broadcast_from_rank0(found)
         if isinstance(found, ConfigError):
             raise found
-        if self.rank == 0:
-            same = ranks == self.world_size
-            print(f"Resuming a {saved} checkpoint from {ranks} rank{'s' * (ranks != 1)} under {self.strategy.name} "
-                  f"on {self.world_size} rank{'s' * (self.world_size != 1)}: carried weights"
-                  f"{', optimizer state' if with_optimizer else ''}, LR schedulers, loop state (epoch, global "
-                  f"step){', RNG states' if same else ''}; not carried: "
-                  + ("nothing." if same else "RNG states and the data order (the world size differs, so each "
-                     "rank's share of the data and its random stream differ)."), flush=True)
         return found
+
+    def _say_what_travels(self, meta: dict, with_optimizer: bool) -> None:
+        saved, ranks = meta.get("strategy", "?"), meta.get("world_size", 0)
+        if self.rank != 0 or (saved, ranks) == (self.strategy.name, self.world_size):
+            return
+        same = ranks == self.world_size
+        print(f"Resuming a {saved} checkpoint from {ranks} rank{'s' * (ranks != 1)} under {self.strategy.name} on "
+              f"{self.world_size} rank{'s' * (self.world_size != 1)}: carried weights"
+              f"{', optimizer state' if with_optimizer else ''}, LR schedulers, loop state (epoch, global step)"
+              f"{', RNG states' if same else ''}; not carried: "
+              + ("nothing." if same else "RNG states and the data order (on another world size each rank's share "
+                 "of the data and its random stream differ)."), flush=True)
 
 
 def _replace_dir(src: Path, dst: Path) -> None:
