@@ -144,7 +144,8 @@ def _read_deepspeed(path: Path, with_optimizer: bool) -> Portable:
                 files = {k: v["param"] if isinstance(v, dict) else v for k, v in files.items()}
                 model[canonical(name)] = files.pop("fp32").detach().reshape(shape)
                 if with_optimizer:
-                    state[canonical(name)] = {k: v.reshape(shape) if v.dim() else v for k, v in files.items()}
+                    state[canonical(name)] = {k: v.reshape(shape) if k != "step" else torch.tensor(float(v))
+                                              for k, v in files.items()}  # DeepSpeedCPUAdam's step is an int
     for tied, source in states.get("shared_params", {}).items():
         model[canonical(tied)] = model[canonical(source)]
     for name in states.get("buffer_names", []):
@@ -153,9 +154,10 @@ def _read_deepspeed(path: Path, with_optimizer: bool) -> Portable:
         return {"model": model, "optim": {"state": {}, "param_groups": []}}
     # Stage 3 keeps the step in the optimizer's own state dict; stages 1-2 once per parameter (step.pt).
     inner = optimizer_state.get("optimizer_state_dict", {}).get("state", {})
-    step = next((s["step"] for s in inner.values() if "step" in s), None)
-    for st in state.values():  # one tensor each: fused optimizers increment it in place
-        st.setdefault("step", step.clone() if torch.is_tensor(step) else step)
+    step = next((float(s["step"]) for s in inner.values() if "step" in s), None)
+    for st in state.values():
+        if "step" not in st and step is not None:
+            st["step"] = torch.tensor(step)  # one tensor each: fused optimizers increment it in place
     groups = optimizer_state["param_groups"]
     if len(groups) != len(states["param_shapes"]):
         raise ConfigError(f"checkpoint {path}: {len(groups)} DeepSpeed optimizer groups but "
@@ -280,13 +282,16 @@ def _create_optimizer_state(zero: Any, keys: set[str], step: float) -> None:
     if flats is None:
         raise ConfigError(f"resuming a foreign checkpoint needs DeepSpeed's ZeRO optimizer, not "
                           f"{type(zero).__name__}.")
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
     inner = zero.optimizer
     on_device = any(g.get("fused") or g.get("capturable") for g in inner.param_groups)
     for flat in flats:
         st = inner.state[flat]
         for key in keys:
             st.setdefault(key, torch.zeros_like(flat))
-        st["step"] = torch.tensor(step, dtype=torch.float32, device=flat.device if on_device else "cpu")
+        st["step"] = int(step) if isinstance(inner, DeepSpeedCPUAdam) else torch.tensor(  # its C++ kernel takes an int
+            step, dtype=torch.float32, device=flat.device if on_device else "cpu")
     for group in inner.param_groups:
         if "step" in group:  # DeepSpeed's FusedAdam keeps the step per group
             group["step"] = int(step)
