@@ -97,16 +97,7 @@ class Checkpointer:
 
         A checkpoint another strategy or world size wrote travels through the neutral form (`_read_portable`);
         one line on rank 0 says what was carried over and what was not."""
-        meta = read_meta(path)
-        portable = self._read_portable(path, meta, with_optimizer)
-        self._say_what_travels(meta, with_optimizer)
-        try:
-            self.strategy.load(path, with_optimizer=with_optimizer, portable=portable)
-        except (ConfigError, KeyboardInterrupt, SystemExit):
-            raise
-        except BaseException as e:  # DeepSpeed's bare AssertionError, DCP's CheckpointException (a BaseException)
-            raise ConfigError(f"checkpoint {path} could not be loaded by {self.strategy.name}: {_culprit(path, e)}"
-                              ) from e
+        meta = self.load_strategy(path, with_optimizer)
         state = _torch_load(path / TRAINER_STATE)
         for cb in self.callbacks:
             if cb.state_key in state["callbacks"]:
@@ -117,6 +108,22 @@ class Checkpointer:
         loop = LoopState(**{f.name: state[f.name] for f in dataclasses.fields(LoopState)})
         same_ranks = meta.get("world_size") == self.world_size  # rank r's random stream means nothing on another
         return loop, state, _torch_load(rng_file) if same_ranks and rng_file.exists() else None
+
+    def load_strategy(self, path: Path, with_optimizer: bool = False) -> dict:
+        """Collective. Loads the model (and with `with_optimizer` the optimizer state) from `path` into the set-up
+        strategy, natively or through the neutral form; what evaluation with `ckpt_path` needs. Returns meta.json.
+        Raises ConfigError naming the checkpoint (and the file at fault, where one is) when it cannot be loaded."""
+        meta = read_meta(path)
+        portable = self._read_portable(path, meta, with_optimizer)
+        self._say_what_travels(meta, with_optimizer)
+        try:
+            self.strategy.load(path, with_optimizer=with_optimizer, portable=portable)
+        except (ConfigError, KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # DeepSpeed's bare AssertionError, DCP's CheckpointException (a BaseException)
+            raise ConfigError(f"checkpoint {path} could not be loaded by {self.strategy.name}: {_culprit(path, e)}"
+                              ) from e
+        return meta
 
     def _read_portable(self, path: Path, meta: dict, with_optimizer: bool) -> dict | None:
         """None when this strategy reads `path` natively (same on-disk layout); else the checkpoint in the neutral
@@ -143,12 +150,12 @@ class Checkpointer:
         if self.rank != 0 or (saved, ranks) == (self.strategy.name, self.world_size):
             return
         same = ranks == self.world_size
-        print(f"Resuming a {saved} checkpoint from {ranks} rank{'s' * (ranks != 1)} under {self.strategy.name} on "
+        print(f"{'Resuming' if with_optimizer else 'Loading'} a {saved} checkpoint from {ranks} rank{'s' * (ranks != 1)} under {self.strategy.name} on "
               f"{self.world_size} rank{'s' * (self.world_size != 1)}: carried weights"
-              f"{', optimizer state' if with_optimizer else ''}, LR schedulers, loop state (epoch, global step)"
-              f"{', RNG states' if same else ''}; not carried: "
-              + ("nothing." if same else "RNG states and the data order (on another world size each rank's share "
-                 "of the data and its random stream differ)."), flush=True)
+              + (f", optimizer state, LR schedulers, loop state (epoch, global step){', RNG states' if same else ''}"
+                 "; not carried: " + ("nothing." if same else "RNG states and the data order (on another world "
+                                      "size each rank's share of the data and its random stream differ).")
+                 if with_optimizer else "."), flush=True)
 
 
 def _replace_dir(src: Path, dst: Path) -> None:

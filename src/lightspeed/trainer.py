@@ -437,7 +437,7 @@ class Trainer:
         resume, loaders = self._prepare(stage, model, ckpt_path, lambda: eval_loaders(
             stage, model, self.datamodule, given))
         if resume:
-            self.strategy.load(resume, with_optimizer=False)
+            self._checkpointer.load_strategy(resume)  # any strategy's checkpoint, on any world size
         self.stage, self.metrics.stage = stage, stage
         return self._distribute(loaders)
 

@@ -242,19 +242,20 @@ def write_fsdp(portable: Portable, module: torch.nn.Module, optimizers: list, wi
 
 def write_deepspeed(deepspeed: Any, engine: Any, module: torch.nn.Module, portable: Portable,
                     with_optimizer: bool, path: Path) -> None:
-    """Writes the neutral form into a DeepSpeed ZeRO 1/2/3 engine through DeepSpeed's tensor-fragment API: the
-    module's own weights (under ZeRO-3 gathered, set by rank 0 and re-partitioned), the fp32 master weights and
-    every optimizer state tensor (each rank keeps its fragment), the optimizer's step and `engine.global_steps`."""
-    from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
-
+    """Writes the neutral form into a DeepSpeed ZeRO 1/2/3 engine through DeepSpeed's tensor-fragment API
+    (`_set_full`): the module's own weights (under ZeRO-3 gathered, set by rank 0 and re-partitioned), the fp32
+    master weights and every optimizer state tensor (each rank keeps its fragment), the optimizer's step and
+    `engine.global_steps`."""
     from .zero3 import load_weights as load_module_weights
 
     check_model(portable, module, path)
     load_module_weights(deepspeed, module, portable["model"])
+    if engine.optimizer is None:  # an evaluation engine: no fp32 master weights, no optimizer state
+        return
     names = param_names(module)
     params = [p for p in module.parameters() if p.requires_grad]
     for p in params:
-        safe_set_full_fp32_param(p, portable["model"][names[id(p)]].float())
+        _set_full(p, portable["model"][names[id(p)]].float())
     if not with_optimizer:
         return
     zero, saved = engine.optimizer, portable["optim"]
@@ -265,12 +266,31 @@ def write_deepspeed(deepspeed: Any, engine: Any, module: torch.nn.Module, portab
     for p in params:
         for key, value in saved["state"].get(names[id(p)], {}).items():
             if key in keys:
-                safe_set_full_optimizer_state(p, value.float(), key)
+                _set_full(p, value.float(), key)
     groups = zero.optimizer.param_groups
     if len(groups) == len(saved["param_groups"]):  # one engine, one optimizer: its groups in the user's order
         for group, source in zip(groups, saved["param_groups"]):
             group.update({k: v for k, v in source.items() if k in group and k not in IMPLEMENTATION})
     engine.global_steps = int(step)  # Adam's step: optimizer steps taken (a skipped step counts in neither)
+
+
+def _set_full(p: torch.nn.Parameter, value: torch.Tensor, key: str | None = None) -> None:
+    """Sets this rank's fragment of `p`'s fp32 master weight (key None) or optimizer state `key` from the whole
+    `value`: DeepSpeed's `safe_set_full_fp32_param` / `safe_set_full_optimizer_state`. Under ZeRO-3 the same
+    steps are taken here, because DeepSpeed 0.19.8's version reads past the end of `value` on the last rank when the
+    world size does not divide the parameter's size (the last partition is padded)."""
+    from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
+
+    if not hasattr(p, "ds_id"):
+        safe_set_full_fp32_param(p, value) if key is None else safe_set_full_optimizer_state(p, value, key)
+        return
+    zero = p._z3_optimizer
+    part, group = zero._get_fp32_opt_state_partition(p, release_swap_buffers=False, optim_state_key=key)
+    piece = value.flatten()[part.numel() * zero._get_param_partition_rank(p):][:part.numel()]
+    part.data.zero_()
+    part.data[:piece.numel()].copy_(piece)
+    if zero._swappable_optimizer_subgroup(group):  # NVMe offload: write the subgroup back, as DeepSpeed does
+        zero._optimizer_states_and_gradient_swap_out(group)
 
 
 def _create_optimizer_state(zero: Any, keys: set[str], step: float) -> None:
