@@ -76,6 +76,10 @@ def test_ddp_checkpoint_resumes_under_deepspeed_and_on_one_rank(tmp_path):
     ckpt, reference = saved(tmp_path / "ddp", "ddp")
     assert_losses_continue(tmp_path, ckpt, reference, "deepspeed_stage_2")
     assert_state_travels(tmp_path, ckpt, "ddp", "single", devices=1)
+    # Evaluation with ckpt_path travels too: FSDP validates the DDP checkpoint as one device does natively.
+    native = resume(tmp_path / "val-single", ckpt, "single", 1, fit=False)["validate"]
+    travelled = resume(tmp_path / "val-fsdp", ckpt, "fsdp", 1, fit=False)["validate"]
+    assert travelled[0] == pytest.approx(native[0], rel=1e-6) and native[0]
 
 
 def test_deepspeed_checkpoint_resumes_under_fsdp_and_on_one_rank(tmp_path):
