@@ -271,7 +271,8 @@ def write_deepspeed(deepspeed: Any, engine: Any, module: torch.nn.Module, portab
     if len(groups) == len(saved["param_groups"]):  # one engine, one optimizer: its groups in the user's order
         for group, source in zip(groups, saved["param_groups"]):
             group.update({k: v for k, v in source.items() if k in group and k not in IMPLEMENTATION})
-    engine.global_steps = int(step)  # Adam's step: optimizer steps taken (a skipped step counts in neither)
+    if steps:  # Adam's step counts the optimizer steps taken, as engine.global_steps does (SGD keeps none)
+        engine.global_steps = int(step)
 
 
 def _set_full(p: torch.nn.Parameter, value: torch.Tensor, key: str | None = None) -> None:
