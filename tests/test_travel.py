@@ -28,10 +28,10 @@ K, N = 3, 6  # save at step K; the uninterrupted reference runs N steps
 OPTS = dict(warmup=10)  # LR warm-up: a scheduler whose state must travel
 
 
-def saved(root: Path, strategy: str, devices: int = 2) -> tuple[Path, list[float]]:
+def saved(root: Path, strategy: str, devices: int = 2, **opts) -> tuple[Path, list[float]]:
     """Runs `strategy` N steps with a checkpoint at step K: returns (that checkpoint, the run's losses)."""
     root.mkdir(parents=True, exist_ok=True)
-    run = run_workload(root, devices=devices, strategy=strategy, max_steps=N, ckpt_every=K, **OPTS)
+    run = run_workload(root, devices=devices, strategy=strategy, max_steps=N, ckpt_every=K, **{**OPTS, **opts})
     return root / "checkpoints" / f"epoch=0-step={K}", run["losses"]
 
 
@@ -46,8 +46,8 @@ def resume(root: Path, ckpt: Path, strategy: str, devices: int = 2, **opts) -> d
     return run_workload(root, strategy=strategy, resume=str(ckpt), **where, **{**OPTS, **opts})
 
 
-def assert_losses_continue(tmp: Path, ckpt: Path, reference: list[float], strategy: str) -> None:
-    run = resume(tmp / f"to-{strategy}", ckpt, strategy, max_steps=N)
+def assert_losses_continue(tmp: Path, ckpt: Path, reference: list[float], strategy: str, **opts) -> None:
+    run = resume(tmp / f"to-{strategy}", ckpt, strategy, max_steps=N, **opts)
     assert run["global_step"] == N and run["strategy"] == strategy
     assert_close_losses(run["losses"], reference[K:], RTOL, f"{ckpt.parent.parent.name} -> {strategy}")
 
@@ -120,3 +120,10 @@ def test_same_world_size_pairs(tmp_path, source, target):
 def test_other_world_size_pairs(tmp_path, source, target, devices):
     ckpt, _ = saved(tmp_path / source, source)
     assert_state_travels(tmp_path, ckpt, source, target, devices)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("source,target", [("ddp", "fsdp"), ("fsdp", "ddp")])
+def test_sgd_momentum_of_two_optimizers_travels(tmp_path, source, target):
+    ckpt, reference = saved(tmp_path / source, source, two_optimizers=True)  # two SGDs with momentum
+    assert_losses_continue(tmp_path, ckpt, reference, target, two_optimizers=True)
