@@ -48,7 +48,7 @@ from ..launch import DistInfo
 from ..precision import Precision, StepGate, optimizer_step
 from ..specs import RunSpec, StepStats
 from .common import apply_activation_checkpointing, configure_with_plain_twin
-from .portable import Portable, write_fsdp
+from .portable import Portable, read_portable, write_fsdp
 
 STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
 
@@ -320,15 +320,4 @@ def full_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     Raises:
         ConfigError: if `path` holds no DCP checkpoint.
     """
-    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
-
-    ckpt = Path(path) / DCP_DIR
-    if not (ckpt / ".metadata").exists():
-        raise ConfigError(f"{path} is not an FSDP checkpoint: {ckpt / '.metadata'} is missing.")
-    # no_dist: this may run on rank 0 alone inside a distributed job; the planner rebuilds the tensors from the
-    # checkpoint's metadata (no model needed) and reads every shard of the "model" entry.
-    state: dict[str, Any] = {}
-    _load_state_dict(state, storage_reader=dcp.FileSystemReader(str(ckpt)),
-                     planner=_EmptyStateDictLoadPlanner(keys={"model"}), no_dist=True)
-    return dict(state["model"])
+    return read_portable(Path(path), "fsdp", with_optimizer=False)["model"]  # DCP's offline load of every shard
