@@ -37,7 +37,8 @@ from ..memory import cuda_free
 from ..specs import RunSpec, StepStats
 from .common import CHECKPOINT_PREFIX, StepRunner, apply_activation_checkpointing, configure_with_plain_twin
 from .deepspeed_config import cast_floats, engine_dtype, merge, read_config
-from .deepspeed_manual import EngineOptimizer, check_one_optimizer
+from .deepspeed_manual import EngineOptimizer
+from .deepspeed_multi import check_group, engine_tags, initialize_group
 from .host_memory import host_memory_warning, offloaded_bytes_per_param
 from .zero3 import copy_from_rank0, load_weights, whole_numel
 
@@ -262,8 +263,13 @@ class DeepSpeed:
                 optimizers, self.schedulers = build_optimizers_fast(
                     build_optimizers, self.spec, backend="deepspeed", device_type=self.device.type,
                     offload=bool(self.offload_optimizer), is_global_zero=self.dist.is_global_zero)
-            if not self.spec.automatic_optimization:
-                check_one_optimizer(len(optimizers), self.name)
+            if not self.spec.automatic_optimization and len(optimizers) > 1:  # one engine per optimizer (a GAN)
+                check_group(self.stage, self.spec.precision, optimizers, self.name)
+                if self.engine is not None:
+                    self.engine.destroy()  # an evaluation engine built before fit
+                self.engine, self.optimizers = initialize_group(
+                    deepspeed, StepRunner(module), [self._maybe_cpu_adam(o) for o in optimizers], config)
+                return
             if len(optimizers) > 1:
                 raise ConfigError(f"configure_optimizers returned {len(optimizers)} optimizers; DeepSpeed runs one "
                                   "engine with one optimizer. Return a single optimizer (with parameter groups).")
@@ -381,5 +387,7 @@ def full_state_dict(path: Path) -> dict[str, torch.Tensor]:
 
     if not (Path(path) / TAG).is_dir():
         raise ConfigError(f"{path} holds no DeepSpeed checkpoint (expected the directory {Path(path) / TAG}).")
-    state = get_fp32_state_dict_from_zero_checkpoint(str(path), tag=TAG)
+    state = {}
+    for tag in engine_tags(Path(path), TAG):  # several engines under manual optimization (deepspeed_multi.py)
+        state.update(get_fp32_state_dict_from_zero_checkpoint(str(path), tag=tag))
     return {k.removeprefix("module.").replace(CHECKPOINT_PREFIX, ""): v for k, v in state.items()}
