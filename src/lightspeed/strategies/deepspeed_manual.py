@@ -17,8 +17,8 @@ from ..errors import ConfigError
 class EngineOptimizer:
     """The engine's optimizer as a manual-optimization module sees it.
 
-    `step()` runs `engine.step()` (which also zeroes the gradients); `zero_grad()` therefore only matters when a
-    loss reached this engine's parameters since its last step (one of several engines: the group drops them);
+    `step()` runs `engine.step()` (which also zeroes the gradients); `zero_grad()` therefore only matters with one
+    engine per optimizer, where the group holds each engine's gradients until its step and drops them;
     `param_groups`, `state_dict()` and every other attribute are the DeepSpeed optimizer's own, so LR schedulers and
     LearningRateMonitor work on it unchanged. `model_parameters()` lists the module's parameters it trains (what
     `toggle_optimizer` keeps trainable; ZeRO's own param_groups hold flat fp32 partitions)."""
@@ -31,9 +31,10 @@ class EngineOptimizer:
     def step(self, closure=None) -> None:
         if closure is not None:  # Lightning's closure form: forward and backward, then the step
             closure()
-        self.engine.step()
-        if self.group is not None:
-            self.group.stepped(self.engine)
+        if self.group is None:
+            self.engine.step()
+        else:
+            self.group.step(self.engine)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         # engine.step() zeroed them; DeepSpeed keeps its gradients in its own (partitioned) buffers

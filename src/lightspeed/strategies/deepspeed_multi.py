@@ -10,9 +10,11 @@ drive every engine without knowing there are several:
   optimizer, whose parameters must be disjoint from the others'; all share the one process group.
 - the forward calls the module directly: a ZeRO 1/2 engine's forward only casts and adds backward hooks, and hooks of
   one engine on a loss that another engine's backward runs would confuse both.
-- `backward(loss)` walks the loss's autograd graph to the parameters it reaches; the one engine owning them runs its
-  own backward; a loss reaching several engines' parameters is differentiated once and each engine is handed its
-  parameters' gradients through a backward of its own (`backward` says how), so gradients add up as under DDP.
+- `backward(loss)` walks the loss's autograd graph to the parameters it reaches and differentiates it once for those
+  parameters; the gradients are held per engine (summed over backward calls, dropped by `opt.zero_grad()`) and
+  each engine receives its own through one backward of its own in `opt.step()`. So one loss may feed several
+  engines, and two losses may feed one, with DDP's results. The held gradients are whole (not partitioned) until
+  the step, as `.grad` is under DDP.
 - a checkpoint holds every engine: engine 0 under the strategy's tag, engine i under `<tag>_<i>`, each written by
   every rank (its own ZeRO shards), so `full_state_dict` merges the tags and a resume restores every optimizer.
 Stage 3 is refused: a ZeRO-3 engine partitions and hooks the whole module it wraps, and two cannot share one.
@@ -85,7 +87,9 @@ class EngineGroup:
     def __init__(self, runner: torch.nn.Module, engines: list):
         self.runner, self.engines = runner, engines
         self.owner = {id(p): e for e in engines for g in e.optimizer.bit16_groups for p in g}
-        self.pending: set[int] = set()  # engines holding gradients not yet stepped (index in self.engines)
+        self.grads: dict[int, dict] = {}  # id(engine) -> {parameter: gradient summed since its last step}
+        for e in engines:
+            e.set_gradient_accumulation_boundary(True)
 
     # ---- what DeepSpeed.forward / backward use
     @property
@@ -96,49 +100,40 @@ class EngineGroup:
         self.runner.train(mode)
 
     def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
-        for e in self.engines:
-            e.set_gradient_accumulation_boundary(is_boundary)
+        pass  # every engine's backward runs inside its own opt.step(), the end of its window (see backward)
 
     def __call__(self, step, *args):
         return self.runner(step, *args)
 
     def backward(self, loss: torch.Tensor, scale_wrt_gas: bool = False) -> None:
-        """One `loss.backward()`; each engine owning a parameter the loss reaches reduces its gradients."""
+        """Adds the loss's gradients to those of every engine owning a parameter it reaches, as `loss.backward()`
+        adds to `.grad` under DDP; each engine receives them in `step` (torch's semantics: backward accumulates,
+        `zero_grad` drops, a step without gradients does nothing). ZeRO itself cannot keep these: its reduction
+        at a window's boundary replaces what an earlier backward reduced, and stepping an engine that no loss
+        reached fails. `scale_wrt_gas` is unused: the Trainer already divided the loss."""
         reached = {id(self.owner[i]): self.owner[i] for i in reached_parameters(loss) if i in self.owner}
         if not reached:
             raise ConfigError("manual_backward(loss): the loss reaches no parameter of any optimizer (detached, or "
                               "every parameter frozen by toggle_optimizer).")
-        engines = list(reached.values())
-        if len(engines) == 1:  # the usual case (toggle_optimizer, or a detached input): the engine's own backward
-            engines[0].backward(loss, scale_wrt_gas=False)  # the Trainer already divided by the accumulation
-        else:
-            # One loss, several engines: autograd.grad computes every gradient in one pass without touching ZeRO's
-            # hooks, then each engine runs its own backward of sum(p * g) over its parameters, which hands it
-            # exactly g, so each reduces and partitions its gradients as after a backward of its own.
-            params = [[p for g in e.optimizer.bit16_groups for p in g if p.requires_grad] for e in engines]
-            grads = torch.autograd.grad(loss, [p for ps in params for p in ps], allow_unused=True)
-            it = iter(grads)
-            for engine, ps in zip(engines, params):
-                pairs = [(p, g) for p, g in zip(ps, it) if g is not None]
-                engine.backward(sum((p * g).sum() for p, g in pairs), scale_wrt_gas=False)
-        self.pending |= {self.engines.index(e) for e in reached.values()}
+        params = [p for e in reached.values() for g in e.optimizer.bit16_groups for p in g if p.requires_grad]
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        for p, g in zip(params, grads):
+            if g is not None:
+                held = self.grads.setdefault(id(self.owner[id(p)]), {})
+                held[p] = held[p] + g if p in held else g
+
+    def step(self, engine) -> None:
+        """Steps one engine on the gradients held for it: its own backward of sum(p * g) over its parameters hands
+        ZeRO exactly g (reduced and partitioned as after any backward), then `engine.step()`."""
+        held = self.grads.pop(id(engine), None)
+        if not held:
+            return
+        engine.backward(sum((p * g).sum() for p, g in held.items()), scale_wrt_gas=False)
+        engine.step()
 
     def discard_gradients(self, engine) -> None:
-        """Drops gradients an engine holds without stepping (`opt.zero_grad()` after a loss reached it), as the
-        ZeRO optimizer itself does after an overflow."""
-        index = self.engines.index(engine)
-        if index not in self.pending:
-            return
-        opt = engine.optimizer
-        opt.zero_grad(set_to_none=True)
-        opt._release_preflattened_grad_buffers()
-        for k in opt.averaged_gradients:
-            opt.averaged_gradients[k] = None
-            opt.all_grad_tensors[k] = None
-        self.pending.discard(index)
-
-    def stepped(self, engine) -> None:
-        self.pending.discard(self.engines.index(engine))
+        """`opt.zero_grad()`: drops the gradients held for the engine."""
+        self.grads.pop(id(engine), None)
 
     # ---- facts some callers read from "the engine"
     @property
@@ -171,7 +166,7 @@ class EngineGroup:
                               "manual optimizers (one engine each): resume with the same configure_optimizers.")
         for i, e in enumerate(self.engines):
             e.load_checkpoint(load_dir, tag=engine_tag(tag, i), **kwargs)
-        self.pending.clear()
+        self.grads.clear()
 
     def destroy(self) -> None:
         for e in self.engines:
