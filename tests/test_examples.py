@@ -1,9 +1,10 @@
 """Every script in examples/ runs on 2 CPU ranks under ddp, deepspeed_stage_2, deepspeed_stage_3 and fsdp, as a user
 would start it (`python examples/x.py --devices 2 --strategy S`), and prints the result it promises.
 
-The full matrix is 40 runs of ~10-15 s each. By default each example runs under one strategy, rotating (example i
-under STRATEGIES[i % 4]), so every strategy is covered twice; the other runs (and every gan cell, whose default
-cell tests/test_manual_optimization.py runs) are marked `slow` and deselected by pyproject's `addopts`. Run them with `pytest -m slow tests/test_examples.py` (or everything with `-m ""`).
+The full matrix is 44 runs of ~10-15 s each. By default each example runs under one strategy, rotating (example i
+under STRATEGIES[i % 4]), so every strategy is covered twice; the other runs (and every cell of the gan and
+transformer_encoder examples, whose own tests run their default cells) are marked `slow` and deselected by
+pyproject's `addopts`. Run them with `pytest -m slow tests/test_examples.py` (or everything with `-m ""`).
 """
 
 from __future__ import annotations
@@ -40,17 +41,20 @@ EXAMPLES = [
     ("hparams_checkpoint", lambda v, cwd: v == 24),     # rebuilt from the checkpoint's hparams, not the default
     ("predict", lambda v, cwd: v == 20),                 # 40 inputs, half on each rank
     ("gan", _finite_below(1.0)),                         # BCE of a discriminator near chance: about ln 2
+    ("transformer_encoder", _finite_below(2.0)),         # 4 classes: ln 4 = 1.39 at chance
 ]
 # The GAN (two optimizers, manual): under DDP it needs ddp_find_unused_parameters_true (as under Lightning); under
-# deepspeed_stage_3 it is refused (one engine per optimizer is stages 1/2); tests/test_manual_optimization.py runs
-# its deepspeed_stage_2 cell by default, so here every gan cell is slow.
+# deepspeed_stage_3 it is refused (one engine per optimizer is stages 1/2). Their own tests run the cells that
+# matter by default (gan: tests/test_manual_optimization.py; transformer_encoder: tests/test_lightning_zero3.py),
+# so here every cell of these two is slow.
+ELSEWHERE = {"gan", "transformer_encoder"}
 RENAMED = {("gan", "ddp"): "ddp_find_unused_parameters_true"}
 REFUSED = {("gan", "deepspeed_stage_3"): "one DeepSpeed engine per optimizer works with ZeRO stages 1 and 2 only"}
 FSDP_GAN = pytest.mark.xfail(strict=True, reason=(
     "FSDP2: toggle_optimizer inside training_step sees the gathered parameters, not the optimizer's shards (it "
     "freezes all), and self(z) inside training_step reshards the root (strategies/fsdp.py)"))
 CASES = [pytest.param(name, strategy, check, id=f"{name}-{strategy}",
-                      marks=[*(() if strategy == STRATEGIES[i % 4] and name != "gan" else [pytest.mark.slow]),
+                      marks=[*(() if strategy == STRATEGIES[i % 4] and name not in ELSEWHERE else [pytest.mark.slow]),
                              *([FSDP_GAN] if (name, strategy) == ("gan", "fsdp") else [])])
          for i, (name, check) in enumerate(EXAMPLES) for strategy in STRATEGIES]
 

@@ -40,7 +40,7 @@ from .deepspeed_config import cast_floats, engine_dtype, merge, read_config
 from .deepspeed_manual import EngineOptimizer
 from .deepspeed_multi import check_group, engine_tags, initialize_group
 from .host_memory import host_memory_warning, offloaded_bytes_per_param
-from .zero3 import copy_from_rank0, load_weights, whole_numel
+from .zero3 import copy_from_rank0, load_weights, partitioned_init, whole_numel
 
 Offload = Literal["cpu", "nvme"] | None
 TAG = "deepspeed"  # the sub-directory of a lightspeed checkpoint that holds DeepSpeed's files
@@ -226,7 +226,7 @@ class DeepSpeed:
             # ("Signature mismatch ... new_tensor"). Import dynamo with the constructors unpatched.
             import torch._dynamo  # noqa: F401
 
-            with deepspeed.zero.Init(config_dict_or_path=config, remote_device=self.offload_params):
+            with partitioned_init(deepspeed, config, self.offload_params):  # deep copies too (zero3.py)
                 module.configure_model()
 
         def fits() -> bool:  # rank 0's fp32 copy, beside what offload keeps in host memory for the whole run
