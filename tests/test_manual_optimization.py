@@ -16,6 +16,7 @@ import csv
 from pathlib import Path
 
 import pytest
+import torch
 from helpers import ROOT, assert_close_losses, launch, run_workload
 
 RUN = dict(devices=2, batch_size=2, max_steps=6, manual=True)
@@ -93,3 +94,20 @@ def test_deepspeed_two_optimizers_one_engine_each_and_resume(tmp_path):
     assert (step3[0] / "deepspeed").is_dir() and (step3[0] / "deepspeed_1").is_dir()
     resumed = run_workload(tmp_path, strategy="deepspeed_stage_2", resume=str(step3[0]), **two)
     assert_close_losses(resumed["losses"], ds["losses"][3:], 1e-6, "deepspeed_stage_2 manual, resumed at step 3")
+
+
+def test_deepspeed_engine_group_refusals():
+    # Checked on every rank at setup, before any engine: no process group needed.
+    from lightspeed.errors import ConfigError
+    from lightspeed.strategies.deepspeed_multi import check_group
+
+    a, b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    two = [torch.optim.SGD(a.parameters(), lr=0.1), torch.optim.SGD(b.parameters(), lr=0.1)]
+    check_group(2, "32-true", two, "deepspeed_stage_2")  # disjoint parameters: accepted
+    with pytest.raises(ConfigError, match="'deepspeed_stage_3'.*stages 1 and 2 only"):
+        check_group(3, "32-true", two, "deepspeed_stage_3")
+    with pytest.raises(ConfigError, match="16-mixed"):
+        check_group(2, "16-mixed", two, "deepspeed_stage_2")
+    shared = [two[0], torch.optim.SGD([a.weight, *b.parameters()], lr=0.1)]
+    with pytest.raises(ConfigError, match="optimizer 1 .* shares parameters"):
+        check_group(2, "32-true", shared, "deepspeed_stage_2")
