@@ -363,3 +363,18 @@ def test_log_bad_batch_size(tmp_path):
 
     with pytest.raises(ls.ConfigError, match=r"self.log\('x', batch_size=0\) is not valid"):
         make_trainer(tmp_path, max_steps=1).fit(Bad(), regression_data())
+
+
+def test_scheduler_name_keys_learning_rate_monitor(tmp_path):
+    # Lightning's lr_scheduler "name" is LearningRateMonitor's key, and `.lrs` holds every value it logged.
+    class Named(Regress):
+        def configure_optimizers(self):
+            opt = torch.optim.SGD(self.parameters(), lr=0.1)
+            sched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "name": "Sean", "interval": "step"}}
+
+    monitor = ls.LearningRateMonitor(logging_interval="step")
+    trainer = make_trainer(tmp_path, max_steps=3, log_every_n_steps=1, callbacks=[monitor])
+    trainer.fit(Named(), regression_data())
+    assert trainer.lr_scheduler_configs[0].name == "Sean"
+    assert monitor.lrs == {"Sean": [0.05, 0.025, 0.0125]}
