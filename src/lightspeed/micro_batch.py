@@ -62,7 +62,8 @@ class HostBudgetExceeded(MemoryError):
 @dataclass
 class Trial:
     """One row of the search: the micro-batch, its forecast bytes, whether the forecast says it fits, and what the
-    real steps said (None: not run). `freed` is True once the trial's copy of the model was collected."""
+    real steps said (None: not run). `freed`: the trial's copy holds no tensor any more (collected, or its
+    storage dropped) and, on CUDA, the allocated bytes are back within 1 MiB of before the trial."""
 
     size: int
     forecast_bytes: int
@@ -181,7 +182,8 @@ def candidate_of(strategy: Any, world_size: int) -> Candidate:
     if getattr(strategy, "cpu_offload", False):
         name += "_offload"
     name += "+ac" if getattr(strategy, "activation_checkpointing", None) else ""
-    by_name = {c.name: c for c in build_candidates(world_size)}
+    # Every strategy forecasts for any world size (FSDP or ZeRO-1 on one device too), not only the ones planned.
+    by_name = {c.name: c for c in build_candidates(1) + build_candidates(2)}
     if name not in by_name:
         raise ConfigError(f"micro_batch='auto' has no memory forecast for strategy={strategy.name!r}: use one of "
                           f"{', '.join(sorted(n for n in by_name if '+' not in n))}.")
@@ -254,6 +256,8 @@ def search(run: Callable[[int], tuple[bool, bool, str]], forecast: Callable[[int
 def try_steps(plan: MicroBatchPlan, strategy: Any, module: Any, size: int) -> tuple[bool, bool, str]:
     """Builds a copy of `module` on a copy of `strategy`, runs STEPS_PER_TRIAL real training steps at micro-batch
     `size`, then frees everything. Returns (ran on every rank, the copy was collected, a note)."""
+    cuda = strategy.device.type == "cuda"
+    baseline = torch.cuda.memory_allocated(strategy.device) if cuda else 0
     twin, trial = copy.deepcopy(module), copy.deepcopy(strategy)
     object.__setattr__(twin, "_probe_trainer", ProbeTrainer())  # training_step may self.log: a stand-in trainer
     twin.trainer = twin._probe_trainer
@@ -270,14 +274,47 @@ def try_steps(plan: MicroBatchPlan, strategy: Any, module: Any, size: int) -> tu
     except (torch.OutOfMemoryError, HostBudgetExceeded) as e:
         ran, note = False, f"out of memory: {str(e).splitlines()[0][:60]}"
     # Outside the except block: its traceback no longer holds the failed step's frames and tensors.
-    engine = getattr(trial, "engine", None)
-    if engine is not None:
-        engine.destroy()  # DeepSpeed's hooks and partition registries hold the copy until destroyed
-    del twin, trial, engine
+    release_engine(getattr(trial, "engine", None))
+    del twin, trial
     gc.collect()
-    if torch.cuda.is_available():
+    if alive() is not None:  # something outside still holds the copy (DeepSpeed ZeRO-3's autograd functions)
+        strip_tensors(alive())
+        gc.collect()
+    if cuda:
         torch.cuda.empty_cache()
-    return _min_over_ranks(ran), alive() is None, note
+        left = torch.cuda.memory_allocated(strategy.device) - baseline
+        note += f"; {gib(left)} left allocated" if left > 2**20 else ""
+    return _min_over_ranks(ran), (not cuda or left <= 2**20) and not _holds_tensors(alive()), note
+
+
+def strip_tensors(module: torch.nn.Module) -> None:
+    """Drops the storage of a discarded module's parameters, their gradients and DeepSpeed partitions, for when
+    the module object itself cannot be collected."""
+    for p in module.parameters():
+        p.grad = None
+        p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        if getattr(p, "ds_tensor", None) is not None:
+            p.ds_tensor = None
+
+
+def _holds_tensors(module: torch.nn.Module | None) -> bool:
+    if module is None:
+        return False
+    return any(p.numel() or getattr(p, "ds_tensor", None) is not None or p.grad is not None
+               for p in module.parameters())
+
+
+def release_engine(engine: Any) -> None:
+    """Frees a DeepSpeed engine (None: nothing to do) so that its module can be collected: `destroy()` drops its
+    hooks; ZeRO-3 also pushes the top module onto a module-level stack at setup and never pops it
+    (deepspeed.runtime.zero.parameter_offload.FWD_MODULE_STACK), which would keep every trial's copy alive."""
+    if engine is None:
+        return
+    engine.destroy()
+    from deepspeed.runtime.zero import parameter_offload
+
+    stack = parameter_offload.FWD_MODULE_STACK
+    stack[:] = [m for m in stack if m is not engine.module]
 
 
 def _steps(trial: Any, twin: Any, batch: Any, budget: float | None) -> int:
