@@ -328,9 +328,13 @@ def test_micro_batch_auto_recovers_from_out_of_memory_and_frees_each_trial():
     # The quadratic term is real: directly measured, size fits the budget and the forecast's size does not.
     states = plan.forecast(1).forecast_bytes - plan.facts.activations.at(1)
     assert states + saved_activation_bytes(Quadratic(), [torch.randn(plan.size, 64)]) > budget
+    # Inside fit, "power" mode: halving from the forecast's size until a step runs (Lightning's mode name).
+    trainer = ls.Trainer(strategy="single", devices=1, accelerator="cpu", micro_batch="power", memory_budget=budget,
+                         max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False)
     model = Quadratic()
-    trainer.fit(model)  # the same search inside fit, then training at the size found
-    assert model.batch_size == size and trainer.global_step == 2
+    trainer.fit(model)
+    halved = next(plan.size >> k for k in range(12) if plan.size >> k <= size)
+    assert model.batch_size == halved and trainer.global_step == 2
 
 
 def test_micro_batch_bad_input_is_a_config_error_before_any_rank_starts():
