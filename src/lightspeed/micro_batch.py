@@ -52,7 +52,9 @@ from .strategies import build_strategy
 __all__ = ["MicroBatchPlan", "Trial", "HostBudgetExceeded", "plan_fit", "plan_micro_batch", "confirm", "search", "batch_size_owner",
            "trials_table", "STEPS_PER_TRIAL"]
 
-STEPS_PER_TRIAL = 2  # the first step creates torch optimizers' state: the second forward is the steady peak
+# Torch optimizers create their state in the first step, so the second forward is the steady peak; DeepSpeed
+# allocates its optimizer state at setup, so one step shows it.
+STEPS_PER_TRIAL = {"torch": 2, "deepspeed": 1}
 
 
 class HostBudgetExceeded(MemoryError):
@@ -315,16 +317,46 @@ def release_engine(engine: Any) -> None:
 
     stack = parameter_offload.FWD_MODULE_STACK
     stack[:] = [m for m in stack if m is not engine.module]
+    # ZeRO-3's optimizer still outlives destroy() (something outside Python's view holds it, in DeepSpeed 0.19):
+    # its flat partitions, optimizer states and offload buffers are dropped here, so that only small objects leak.
+    optimizer = getattr(engine, "optimizer", None)
+    for obj in (optimizer, getattr(optimizer, "optimizer", None), engine):
+        if obj is not None:
+            drop_tensor_attributes(obj)
+
+
+def drop_tensor_attributes(obj: Any) -> None:
+    """Drops the tensors a discarded object holds in its attributes, directly or in lists, tuples and dicts (one
+    level deep), and an optimizer's state."""
+    if isinstance(getattr(obj, "state", None), dict):
+        obj.state.clear()
+    for name, value in list(vars(obj).items()):
+        if isinstance(value, torch.Tensor):
+            setattr(obj, name, None)
+        elif isinstance(value, (list, tuple)) and any(_has_tensor(v) for v in value):
+            setattr(obj, name, type(value)() if isinstance(value, list) else ())
+        elif isinstance(value, dict) and any(_has_tensor(v) for v in value.values()):
+            setattr(obj, name, {})
+
+
+def _has_tensor(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(isinstance(v, torch.Tensor) for v in value)
+    if isinstance(value, dict):
+        return any(isinstance(v, torch.Tensor) for v in value.values())
+    return False
 
 
 def _steps(trial: Any, twin: Any, batch: Any, budget: float | None) -> int:
-    """STEPS_PER_TRIAL forward/backward/step; returns the peak bytes (CUDA: the allocator's peak; CPU: the measured
+    """STEPS_PER_TRIAL forward/backward/step (by backend); returns the peak bytes (CUDA: the allocator's peak; CPU: the measured
     model states (`memory.measure`) plus the bytes autograd saves). On CPU raises HostBudgetExceeded as soon as a
     saved tensor, or the gradients, take the total past `budget`."""
     if torch.cuda.is_available() and trial.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(trial.device)
     peak = 0
-    for _ in range(STEPS_PER_TRIAL):
+    for _ in range(STEPS_PER_TRIAL["deepspeed" if getattr(trial, "engine", None) is not None else "torch"]):
         held = sum(measure(trial).values())
         saved = _HostMeter(held, budget)
         with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
