@@ -4,9 +4,9 @@
     python benchmarks/plan_cap.py --tiny           # 2 CPU ranks, a tiny GPT, memory_budget as the cap (a smoke run)
 
 How the model is sized, from the forecast: the largest depth whose plain single-device training (Candidate
-"single": weights, gradients, AdamW states, autocast's weight cache) fits the cap less the planner's 10% headroom,
-counting model states only (the meta device; no activations), so what plain training really fits is at most that;
-then the depth with `--factor` (5) times its parameters. The run itself sets nothing about memory: it is
+"single": weights, gradients, AdamW states, autocast's weight cache; model states only, from the meta device, at
+micro-batch 1) fits the cap less the planner's 10% headroom; then the depth with `--factor` (5) times its
+parameters. (Measured on one H200 at seq 1024, plain training fitted 0.97B under 16 GiB: docs/benchmarks.md.) The run itself sets nothing about memory: it is
 `Trainer(strategy="auto", micro_batch="auto")` with the accelerator, precision and a few steps. It prints the plan
 chosen (the planner's table, the micro-batch search), then one table: parameters, × plain, strategy, micro-batch,
 peak GPU memory of the training steps, seconds per step and tokens/s.
@@ -66,11 +66,13 @@ class Clock(ls.Callback):
         self.times.append(time.perf_counter())
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if trainer.device.type == "cuda":
+            torch.cuda.synchronize(trainer.device)
         self.times.append(time.perf_counter())
 
 
 def plain_layers(cfg: GPTConfig, cap: float, precision: str) -> int:
-    """The most layers whose plain single-device model states fit `cap` less 10%: an upper bound on plain training."""
+    """The most layers whose plain single-device model states (the forecast) fit `cap` less 10%."""
     layers = 1
     while _states(replace(cfg, n_layer=layers + 1), precision) <= 0.9 * cap:
         layers += 1
@@ -97,6 +99,10 @@ def sized(cfg: GPTConfig, cap: float, precision: str, factor: float) -> tuple[GP
     while params(replace(cfg, n_layer=layers)) < target:
         layers += 1
     return replace(cfg, n_layer=layers), base, params(replace(cfg, n_layer=base))
+
+
+def count(n: float) -> str:
+    return f"{n / 1e9:.3f}B" if n >= 1e8 else f"{n / 1e6:.3f}M"
 
 
 def child(args: argparse.Namespace) -> None:
@@ -142,8 +148,8 @@ def main() -> None:
     else:
         base_cfg, cap, precision, factor = GPU_MODEL, (args.cap or 16) * GIB, "bf16-mixed", args.factor or 5.0
     cfg, base, base_params = sized(base_cfg, cap, precision, factor)
-    print(f"cap {cap / GIB:.3f} GiB; plain training fits at most {base} layers ({base_params / 1e9:.3f}B parameters, "
-          f"model states only); running {cfg.n_layer} layers ({params(cfg) / 1e9:.3f}B, "
+    print(f"cap {cap / GIB:.3f} GiB; the forecast fits plain training up to {base} layers ({count(base_params)} "
+          f"parameters, model states); running {cfg.n_layer} layers ({count(params(cfg))}, "
           f"{params(cfg) / base_params:.2f}×)", flush=True)
     cmd = [sys.executable, __file__, "--child", json.dumps(cfg.__dict__), "--cap-bytes", str(cap), "--steps",
            str(args.steps), "--out", args.out] + (["--tiny"] if args.tiny else [])
@@ -172,7 +178,7 @@ def main() -> None:
     for name in ("parameters", "× plain max", "strategy", "micro-batch", "peak GiB", "s/step", "tok/s", "wall s"):
         table.add_column(name, justify="right")
     peak = f"{result['peak_gib']:.2f}" if result["peak_gib"] is not None else "(CPU)"
-    table.add_row(f"{result['params'] / 1e9:.3f}B", f"{result['params'] / base_params:.2f}", result["strategy"],
+    table.add_row(count(result["params"]), f"{result['params'] / base_params:.2f}", result["strategy"],
                   str(result["micro_batch"]), peak, f"{result['step_s']:.2f}", f"{result['tok_s']:,.0f}",
                   f"{time.perf_counter() - start:.0f}")
     Console(width=140).print(table)

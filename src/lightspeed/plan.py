@@ -226,7 +226,9 @@ def _deepspeed(c: Candidate, facts: ModelFacts, devices: int, precision: str, ac
         step = part * 4 if wd == 2 else 0
         return Forecast(c, params, grads, optim, master, act, buffers, step_buffers=step)
     host = offloaded_bytes_per_param(stage, "cpu", "cpu" if c.offload_params else None) * part
-    return Forecast(c, 0 if c.offload_params else params, 0, 0, 0, act, buffers, host)
+    # Stage 1 reduces and copies gradients to the host only at the boundary: until then this rank's half-precision
+    # gradients stay on the device (the rest is in `buffers`); stages 2 and 3 move them bucket by bucket.
+    return Forecast(c, 0 if c.offload_params else params, grads if stage == 1 else 0, 0, 0, act, buffers, host)
 
 
 def zero1_partition(groups: list[list[tuple[int, ...]]], devices: int) -> tuple[int, int]:
