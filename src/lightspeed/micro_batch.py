@@ -52,9 +52,9 @@ from .strategies import build_strategy
 __all__ = ["MicroBatchPlan", "Trial", "HostBudgetExceeded", "plan_fit", "plan_micro_batch", "confirm", "search", "batch_size_owner",
            "trials_table", "STEPS_PER_TRIAL"]
 
-# Torch optimizers create their state in the first step, so the second forward is the steady peak; DeepSpeed
-# allocates its optimizer state at setup, so one step shows it.
-STEPS_PER_TRIAL = {"torch": 2, "deepspeed": 1}
+# The first step creates what persists between steps (torch optimizers' state, DeepSpeed ZeRO-3's gradient
+# partitions): the second forward is the steady peak.
+STEPS_PER_TRIAL = 2
 
 
 class HostBudgetExceeded(MemoryError):
@@ -309,14 +309,15 @@ def _holds_tensors(module: torch.nn.Module | None) -> bool:
 def release_engine(engine: Any) -> None:
     """Frees a DeepSpeed engine (None: nothing to do) so that its module can be collected: `destroy()` drops its
     hooks; ZeRO-3 also pushes the top module onto a module-level stack at setup and never pops it
-    (deepspeed.runtime.zero.parameter_offload.FWD_MODULE_STACK), which would keep every trial's copy alive."""
+    (deepspeed.runtime.zero.parameter_offload.FWD_MODULE_STACK), which would keep every trial's copy alive.
+    Reaches into DeepSpeed's internals (0.19) on purpose: a trial engine must leave no memory behind."""
     if engine is None:
         return
     engine.destroy()
     from deepspeed.runtime.zero import parameter_offload
 
-    stack = parameter_offload.FWD_MODULE_STACK
-    stack[:] = [m for m in stack if m is not engine.module]
+    stack, mine = parameter_offload.FWD_MODULE_STACK, {id(m) for m in engine.module.modules()}
+    stack[:] = [m for m in stack if id(m) not in mine]  # also submodules a forward cut short by OOM left there
     # ZeRO-3's optimizer still outlives destroy() (something outside Python's view holds it, in DeepSpeed 0.19):
     # its flat partitions, optimizer states and offload buffers are dropped here, so that only small objects leak.
     optimizer = getattr(engine, "optimizer", None)
@@ -350,13 +351,13 @@ def _has_tensor(value: Any) -> bool:
 
 
 def _steps(trial: Any, twin: Any, batch: Any, budget: float | None) -> int:
-    """STEPS_PER_TRIAL forward/backward/step (by backend); returns the peak bytes (CUDA: the allocator's peak; CPU: the measured
+    """STEPS_PER_TRIAL forward/backward/step; returns the peak bytes (CUDA: the allocator's peak; CPU: the measured
     model states (`memory.measure`) plus the bytes autograd saves). On CPU raises HostBudgetExceeded as soon as a
     saved tensor, or the gradients, take the total past `budget`."""
     if torch.cuda.is_available() and trial.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(trial.device)
     peak = 0
-    for _ in range(STEPS_PER_TRIAL["deepspeed" if getattr(trial, "engine", None) is not None else "torch"]):
+    for _ in range(STEPS_PER_TRIAL):
         held = sum(measure(trial).values())
         saved = _HostMeter(held, budget)
         with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
