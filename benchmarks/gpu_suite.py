@@ -198,11 +198,12 @@ def run_plain_pytorch(cfg, micro_batch: int, steps: int, warmup: int, device) ->
 
 
 def run_plain_deepspeed(cfg, micro_batch: int, steps: int, warmup: int, device, zero: dict | None = None,
-                        seed: int = 0) -> list[float]:
+                        seed: int = 0, on_step=None) -> list[float]:
     """A hand-written DeepSpeed loop, bf16, DeepSpeed's own (fused) Adam from the config: what users write today.
 
     `zero` is the zero_optimization section (default: stage 2 with DeepSpeed's defaults). Under torchrun (RANK set)
-    each rank joins the launcher's group; alone, it makes a group of one. Stage 3 builds the model in zero.Init."""
+    each rank joins the launcher's group; alone, it makes a group of one. Stage 3 builds the model in zero.Init.
+    `on_step(engine)`, if given, is called after each step (profile_step.py's probe)."""
     import deepspeed
 
     if "RANK" not in os.environ:
@@ -231,6 +232,8 @@ def run_plain_deepspeed(cfg, micro_batch: int, steps: int, warmup: int, device, 
         if device.type == "cuda":
             torch.cuda.synchronize()
         stamps.append(time.perf_counter())
+        if on_step is not None:
+            on_step(engine)
     return _step_times(stamps, warmup)
 
 
