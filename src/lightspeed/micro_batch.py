@@ -266,7 +266,7 @@ def try_steps(plan: MicroBatchPlan, strategy: Any, module: Any, size: int) -> tu
     alive, note, ran = weakref.ref(twin), "", True
     try:
         trial.configure_model(twin)
-        trial.setup(twin, lambda: parse_optimizers(twin.configure_optimizers()), size)
+        trial.setup(twin, lambda m=twin: parse_optimizers(m.configure_optimizers()), size)
         batch = move_to_device(batch_of(plan.sample, size), trial.device)
         budget = None if trial.device.type == "cuda" else plan.device_bytes
         peak = _steps(trial, twin, batch, budget)
