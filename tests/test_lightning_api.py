@@ -43,7 +43,8 @@ def test_deepspeed_strategy_config_from_env_and_offload_false(tmp_path, monkeypa
     assert DeepSpeedStrategy(config={"zero_optimization": {"stage": 3}}).stage == 3  # config= wins over the variable
     monkeypatch.delenv("PL_DEEPSPEED_CONFIG_PATH")
     # `"offload_optimizer": false` / null in a config means no offload (it used to fail on bool.get)
-    off = DeepSpeedStrategy(config={"zero_optimization": {"stage": 2, "offload_optimizer": False, "offload_param": None}})
+    off = DeepSpeedStrategy(config={"zero_optimization": {"stage": 2, "offload_optimizer": False,
+                                                          "offload_param": None}})
     assert off.offload_optimizer is None and off.offload_params is None
     assert "offload_optimizer" not in off.config["zero_optimization"]  # DeepSpeed's schema refuses false
 

@@ -11,8 +11,6 @@ from typing import Any
 
 import torch
 
-from ..errors import ConfigError
-
 
 class EngineOptimizer:
     """The engine's optimizer as a manual-optimization module sees it.
