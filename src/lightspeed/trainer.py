@@ -27,8 +27,8 @@ from . import hooks
 from .callbacks import Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint
 from .checkpoint import Checkpointer, resolve
 from .config import TrainerConfig
-from .data import (accumulation_windows, check_batch_counts, move_to_device, num_batches, resumed_iterator, set_epoch,
-                   with_distributed_sampler)
+from .data import (accumulation_windows, check_batch_counts, estimated_stepping_batches, move_to_device, num_batches,
+                   resumed_iterator, set_epoch, with_distributed_sampler)
 from .distributed import broadcast_from_rank0
 from .errors import ConfigError
 from .kernels import compiled_frames, compiled_ran
@@ -39,9 +39,9 @@ from .inputs import checked_callbacks
 from .launch import DistInfo, end_with_os_exit, export_env, read_dist_info, start_local_ranks, watch_parent
 from .loggers import Logger, build_loggers
 from .metrics import MetricStore, infer_batch_size
+from .micro_batch import plan_fit
 from .module import Module
 from .optim import parse_optimizers, step_schedulers
-from .plan import plan_auto
 from .preemption import Preemption
 from .progress import ProgressBar, metrics_table, print_table, start_progress
 from .rng import rng_state, seed_everything, set_rng_state
@@ -80,8 +80,7 @@ class Trainer:
         self.strategy = build_strategy(strategy, self._world_size)
         # "auto" plans from a memory forecast at fit (plan.py) on GPUs, or on CPU given a memory budget.
         self._plans = strategy in ("auto", None) and (cfg.device_type == "cuda" or cfg.memory_budget is not None)
-        # fast_dev_run saves, stops early and logs nothing: Lightning's list of what it turns off
-        off = (ModelCheckpoint, EarlyStopping, LearningRateMonitor) if cfg.fast_dev_run else ()
+        off = (ModelCheckpoint, EarlyStopping, LearningRateMonitor) if cfg.fast_dev_run else ()  # as Lightning
         self.callbacks = [c for c in checked_callbacks(callbacks) if not isinstance(c, off)]
         if cfg.enable_checkpointing and not any(isinstance(c, ModelCheckpoint) for c in self.callbacks):
             self.callbacks.append(ModelCheckpoint())
@@ -128,6 +127,7 @@ class Trainer:
     progress_bar_metrics = property(lambda self: self.metrics.prog_bar_values())
     optimizers = property(lambda self: self.strategy.optimizers)
     lr_scheduler_configs = property(lambda self: self.strategy.schedulers)  # specs.SchedulerConfig each
+    estimated_stepping_batches = property(lambda t: estimated_stepping_batches(vars(t).get("_train_data"), t.cfg))
 
     @property
     def checkpoint_callback(self) -> ModelCheckpoint | None:
@@ -197,6 +197,7 @@ class Trainer:
         module.trainer = self
         hooks.setup(self, module, self.datamodule, stage)  # prepare_data, then setup(stage): callbacks, data, module
         loaders = data()
+        self._train_data = self._distribute(loaders[0]) if stage == "fit" else None  # estimated_stepping_batches
         if self._module is not module:
             self.strategy.configure_model(module)
             self._module, self._phase = module, None
@@ -245,19 +246,19 @@ class Trainer:
     # ------------------------------------------------------------------ fit
     def fit(self, model: Module, train_dataloaders: Any = None, val_dataloaders: Any = None, datamodule: Any = None,
             ckpt_path: str | Path | None = None) -> None:
-        """Trains `model` on the loaders given, else the DataModule's, else the Module's own. `ckpt_path` ("last",
-        "best" or a checkpoint directory) resumes exactly where it was saved. Validation runs only when
-        `validation_step` is overridden (as in Lightning)."""
+        """Trains `model` on the given loaders, else the DataModule's, else the Module's. `ckpt_path` ("last", "best",
+        a directory) resumes where it was saved. Validation runs only if `validation_step` is overridden."""
         if train_dataloaders is None and datamodule is None and not hooks.is_overridden(model, "train_dataloader"):
             raise ConfigError(f"fit needs training data: pass train_dataloaders= or define train_dataloader() on "
                               f"{type(model).__name__}.")
         self.datamodule = datamodule
         with self._entry(model):
-            if self._plans and self.dist is None and train_dataloaders is not None:  # before any rank starts
-                self.strategy = build_strategy(plan_auto(model, train_dataloaders, self.world_size, self.cfg,
-                                                         show=self._env.rank == 0), self.world_size)
-            resume, (train, val) = self._prepare("fit", model, ckpt_path, lambda: fit_loaders(
-                model, datamodule, train_dataloaders, val_dataloaders, bool(self.cfg.overfit_batches)))
+            data = lambda: fit_loaders(model, datamodule, train_dataloaders, val_dataloaders,  # noqa: E731
+                                       bool(self.cfg.overfit_batches))
+            if self.dist is None and (self._plans or self.cfg.micro_batch):  # before any rank starts (micro_batch.py)
+                self.strategy, data = plan_fit(model, train_dataloaders, datamodule, self.strategy, self._plans,
+                                               self.world_size, self.cfg, data, show=self._env.rank == 0)
+            resume, (train, val) = self._prepare("fit", model, ckpt_path, data)
             self._preemption.install()  # a signal only sets a flag; `_train_epoch` acts on it at a step boundary
             train, val = self._distribute(train), self._distribute(val)
             n = num_batches(train, self.cfg.limit_train_batches)

@@ -33,6 +33,7 @@ import torch
 from ..checkpoint_io import DCP_DIR, DEEPSPEED_DIR, FSDP_EXTRA, OPTIMIZER, WEIGHTS, load_weights
 from ..errors import ConfigError
 from .common import CHECKPOINT_PREFIX
+from .deepspeed_multi import engine_tags
 
 Portable = dict[str, Any]
 # Optimizer options that choose an implementation, not the update: the target keeps its own.
@@ -119,9 +120,19 @@ def _read_dcp(path: Path, with_optimizer: bool) -> Portable:
 
 
 def _read_deepspeed(path: Path, with_optimizer: bool) -> Portable:
+    """Every engine's part (one, or one per optimizer under manual optimization), merged."""
+    out: Portable = {"model": {}, "optim": {"state": {}, "param_groups": []}}
+    for tag in engine_tags(path, DEEPSPEED_DIR) or [DEEPSPEED_DIR]:
+        part = _read_engine(path, path / tag, with_optimizer)
+        out["model"].update(part["model"])
+        out["optim"]["state"].update(part["optim"]["state"])
+        out["optim"]["param_groups"] += part["optim"]["param_groups"]
+    return out
+
+
+def _read_engine(path: Path, src: Path, with_optimizer: bool) -> Portable:
     """DeepSpeed's own `ds_to_universal` merges the ZeRO shards into one folder per parameter
     (`zero/<name>/fp32.pt`, `exp_avg.pt`, `exp_avg_sq.pt`, and under stages 1-2 `step.pt`), which this reads."""
-    src = path / DEEPSPEED_DIR
     model_states = sorted(src.glob("*model_states.pt"))
     if not model_states:
         raise ConfigError(f"checkpoint {path} has no DeepSpeed model states in {src}.")
@@ -131,7 +142,10 @@ def _read_deepspeed(path: Path, with_optimizer: bool) -> Portable:
                                str(src), "--output_folder", tmp, "--num_extract_workers", "1",
                                "--num_merge_workers", "1"], capture_output=True, text=True)
         if done.returncode != 0:
-            raise ConfigError(f"checkpoint {path}: DeepSpeed's ds_to_universal failed on {src}:\n"
+            hint = (" It converts Adam's state (exp_avg, exp_avg_sq) only: a DeepSpeed checkpoint of another "
+                    "optimizer (SGD's momentum) resumes under the same DeepSpeed stage and world size only."
+                    if "KeyError: 'exp_avg'" in done.stderr else "")
+            raise ConfigError(f"checkpoint {path}: DeepSpeed's ds_to_universal failed on {src}.{hint}\n"
                               f"{done.stderr[-2000:]}")
         zero = Path(tmp) / "zero"
         optimizer_state = torch.load(zero / "optimizer_state.pt", weights_only=False)
@@ -250,7 +264,8 @@ def write_deepspeed(deepspeed: Any, engine: Any, module: torch.nn.Module, portab
 
     check_model(portable, module, path)
     load_module_weights(deepspeed, module, portable["model"])
-    if engine.optimizer is None:  # an evaluation engine: no fp32 master weights, no optimizer state
+    engines = getattr(engine, "engines", [engine])  # one per optimizer under manual optimization
+    if engines[0].optimizer is None:  # an evaluation engine: no fp32 master weights, no optimizer state
         return
     names = param_names(module)
     params = [p for p in module.parameters() if p.requires_grad]
@@ -258,21 +273,23 @@ def write_deepspeed(deepspeed: Any, engine: Any, module: torch.nn.Module, portab
         _set_full(p, portable["model"][names[id(p)]].float())
     if not with_optimizer:
         return
-    zero, saved = engine.optimizer, portable["optim"]
+    saved = portable["optim"]
     steps = [st["step"] for st in saved["state"].values() if st.get("step") is not None]
     step = float(steps[0]) if steps else 0.0
     keys = {k for st in saved["state"].values() for k, v in st.items() if k != "step" and torch.is_tensor(v)}
-    _create_optimizer_state(zero, keys, step)
+    for e in engines:
+        _create_optimizer_state(e.optimizer, keys, step)
     for p in params:
         for key, value in saved["state"].get(names[id(p)], {}).items():
             if key in keys:
                 _set_full(p, value.float(), key)
-    groups = zero.optimizer.param_groups
-    if len(groups) == len(saved["param_groups"]):  # one engine, one optimizer: its groups in the user's order
+    groups = [g for e in engines for g in e.optimizer.optimizer.param_groups]
+    if len(groups) == len(saved["param_groups"]):  # engines in optimizer order, groups in the user's order
         for group, source in zip(groups, saved["param_groups"]):
             group.update({k: v for k, v in source.items() if k in group and k not in IMPLEMENTATION})
-    if steps:  # Adam's step counts the optimizer steps taken, as engine.global_steps does (SGD keeps none)
-        engine.global_steps = int(step)
+    for e in engines:
+        if steps:  # Adam's step counts the optimizer steps taken, as engine.global_steps does (SGD keeps none)
+            e.global_steps = int(step)
 
 
 def _set_full(p: torch.nn.Parameter, value: torch.Tensor, key: str | None = None) -> None:
