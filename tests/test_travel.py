@@ -123,7 +123,9 @@ def test_other_world_size_pairs(tmp_path, source, target, devices):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("source,target", [("ddp", "fsdp"), ("fsdp", "ddp")])
-def test_sgd_momentum_of_two_optimizers_travels(tmp_path, source, target):
-    ckpt, reference = saved(tmp_path / source, source, two_optimizers=True)  # two SGDs with momentum
-    assert_losses_continue(tmp_path, ckpt, reference, target, two_optimizers=True)
+@pytest.mark.parametrize("source,target,manual", [("ddp", "fsdp", False), ("fsdp", "ddp", False),
+                                                  ("ddp", "deepspeed_stage_2", True)])
+def test_sgd_momentum_of_two_optimizers_travels(tmp_path, source, target, manual):
+    """Two SGDs with momentum; under DeepSpeed (manual optimization) one engine each."""
+    ckpt, reference = saved(tmp_path / source, source, two_optimizers=True, manual=manual)
+    assert_losses_continue(tmp_path, ckpt, reference, target, two_optimizers=True, manual=manual)
