@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Literal
 
+from . import heartbeat
+
 Launcher = Literal["none", "lightspeed", "torchrun", "slurm", "deepspeed"]
 
 # Set on the ranks that lightspeed itself started, so they never spawn again.
@@ -183,7 +185,7 @@ def rendezvous_server():
     return _rendezvous_server[0] if _rendezvous_server else None
 
 
-def start_local_ranks(n: int) -> DistInfo:
+def start_local_ranks(n: int, timeout_s: float = 600.0) -> DistInfo:
     """Re-runs this script as ranks 1..n-1 and returns rank 0's DistInfo for the calling process.
 
     Rank 0 opens the rendezvous store (torch's TCPStore) on a port the OS picks before any child starts, and keeps
@@ -192,6 +194,9 @@ def start_local_ranks(n: int) -> DistInfo:
 
     A watchdog thread in rank 0 polls the children: if one exits non-zero, rank 0 kills the others and exits
     with that code (the child's traceback is already on stderr). Children stop themselves if rank 0 dies.
+    The same thread reads the ranks' heartbeats (heartbeat.py): when no rank has moved for 1.5 x `timeout_s`
+    (the collective timeout; every rank stuck outside a collective, which no collective timeout ends), it says
+    which rank is where and ends the job with status 1.
     """
     import torch.distributed as dist
 
@@ -220,8 +225,15 @@ def start_local_ranks(n: int) -> DistInfo:
             except subprocess.TimeoutExpired:
                 c.kill()
 
+    stalled = _stall_check(n, port, 1.5 * timeout_s)
+
     def watch() -> None:
         while True:
+            if not failed and (report := stalled()):  # (a rank 0 that failed reports and stops by itself)
+                print(f"[lightspeed] no rank has moved for {1.5 * timeout_s:.0f} s (1.5 x Trainer(timeout=)): "
+                      f"{report} Stopping every rank.", file=sys.__stderr__, flush=True)
+                kill_children(grace_s=0)
+                os._exit(1)
             for c in children:
                 code = c.poll()
                 if code not in (None, 0):
@@ -247,6 +259,29 @@ def start_local_ranks(n: int) -> DistInfo:
     atexit.register(_wait_then_kill, children, kill_children, failed)
     threading.Thread(target=watch, name="lightspeed-rank-watchdog", daemon=True).start()
     return DistInfo(rank=0, local_rank=0, world_size=n, local_world_size=n, master_port=port, launcher="lightspeed")
+
+
+def _stall_check(n: int, port: int, limit_s: float):
+    """A function that returns the heartbeat report once no live rank has moved for `limit_s`, else None.
+    It reads the store at most once a second."""
+    state = {"store": None, "next": 0.0}
+
+    def stalled() -> str | None:
+        now = time.time()
+        if now < state["next"]:
+            return None
+        state["next"] = now + heartbeat.INTERVAL_S
+        try:
+            state["store"] = state["store"] or heartbeat.connect("127.0.0.1", port)
+            beats = heartbeat.read(state["store"], n)
+        except Exception:  # the store is not up yet, or going down with the job
+            return None
+        live = [b for b in beats if b is not None and not b.left]
+        if live and all(now - b.since > limit_s for b in live):
+            return heartbeat.describe(beats, now)
+        return None
+
+    return stalled
 
 
 def _status(code: int) -> str:

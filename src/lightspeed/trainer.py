@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import hooks
+from . import heartbeat, hooks
 from .callbacks import Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint
 from .checkpoint import Checkpointer, resolve
 from .config import TrainerConfig
@@ -218,7 +218,7 @@ class Trainer:
         if self.world_size > 1:
             end_with_os_exit()  # before start_local_ranks, whose exit handler must run first
         if self._env.launcher == "none" and self.world_size > 1:
-            self.dist = start_local_ranks(self.world_size)
+            self.dist = start_local_ranks(self.world_size, self.cfg.timeout)
         else:
             self.dist = self._env
             if self._env.launcher == "lightspeed":
@@ -316,6 +316,7 @@ class Trainer:
         """One optimizer step: every micro-batch forward and backward (gradients synchronised on the last one
         only), then `strategy.step()`. Returns the last micro-batch's `training_step` output."""
         out = None
+        heartbeat.note_step(self.global_step)  # no I/O: the heartbeat thread publishes it (heartbeat.py)
         self.guard.begin(self.global_step, self.current_epoch, [i for i, _ in window])
         for i, (batch_idx, batch) in enumerate(window):
             batch = move_to_device(batch, self.device)
