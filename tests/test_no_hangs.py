@@ -71,7 +71,10 @@ def test_heartbeat_locates_a_thread_and_names_who_is_behind():
     assert (phase, waiting) == ("training_step", False) and where.startswith("threading.py:"), (phase, where)
 
     now = time.time()
-    beat = lambda r, step, phase, waiting, since=now - 30, seen=now: Beat(r, step, phase, "x.py:1", waiting, since, seen)
+
+    def beat(r, step, phase, waiting, since=now - 30, seen=now):
+        return Beat(r, step, phase, "x.py:1", waiting, since, seen)
+
     assert describe([beat(0, 4, "all_reduce", True), beat(1, 3, "training_step", False)], now) == (
         "rank 1 stopped answering at step 3 (last seen in training_step (x.py:1) 30 s ago); "
         "rank 0 answered up to step 4 and waited in all_reduce (x.py:1).")
