@@ -202,16 +202,16 @@ def describe(beats: list[Beat | None], now: float | None = None) -> str:
     parts = [f"rank {r} never sent a heartbeat (it did not join, or died before)" for r in silent]
     for b in stuck:
         quiet = f"; no heartbeat for {now - b.seen:.0f} s" if b in stale else ""
-        parts.append(f"rank {b.rank} stopped answering at {_step(b)} (last seen in {b.phase} ({b.where}) "
+        parts.append(f"rank {b.rank} stopped answering {_at(b)} (last seen in {b.phase} ({b.where}) "
                      f"{now - b.since:.0f} s ago{quiet})")
     groups: dict[tuple, list[int]] = {}
     for b in fresh:
         if b not in stuck:
-            groups.setdefault((_step(b), b.phase, b.where, b.waiting), []).append(b.rank)
+            groups.setdefault((_upto(b), b.phase, b.where, b.waiting), []).append(b.rank)
     for (step, phase, where, waiting), ranks in groups.items():
         who = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
         verb = "waited in" if waiting else "was in"
-        parts.append(f"{who} answered up to {step} and {verb} {phase} ({where})")
+        parts.append(f"{who} answered {step} and {verb} {phase} ({where})")
     if not stuck and not silent:
         parts.insert(0, "no rank is behind: every rank waits in a collective (do the ranks call the same ones?)")
     return "; ".join(parts) + "."
@@ -228,5 +228,9 @@ def _behind(beats: list[Beat]) -> list[Beat]:
     return working or ([] if len(last) == len(beats) else last)
 
 
-def _step(b: Beat) -> str:
-    return f"step {b.step}" if b.step is not None else "before the first step"
+def _at(b: Beat) -> str:
+    return f"at step {b.step}" if b.step is not None else "before the first step"
+
+
+def _upto(b: Beat) -> str:
+    return f"up to step {b.step}" if b.step is not None else "before the first step"

@@ -225,11 +225,11 @@ def start_local_ranks(n: int, timeout_s: float = 600.0) -> DistInfo:
             except subprocess.TimeoutExpired:
                 c.kill()
 
-    stalled = _stall_check(n, port, 1.5 * timeout_s)
+    beats = _Heartbeats(n, port, 1.5 * timeout_s)
 
     def watch() -> None:
         while True:
-            if not failed and (report := stalled()):  # (a rank 0 that failed reports and stops by itself)
+            if not failed and (report := beats.stalled()):  # (a rank 0 that failed reports and stops by itself)
                 print(f"[lightspeed] no rank has moved for {1.5 * timeout_s:.0f} s (1.5 x Trainer(timeout=)): "
                       f"{report} Stopping every rank.", file=sys.__stderr__, flush=True)
                 kill_children(grace_s=0)
@@ -238,8 +238,11 @@ def start_local_ranks(n: int, timeout_s: float = 600.0) -> DistInfo:
                 code = c.poll()
                 if code not in (None, 0):
                     # sys.__stderr__: torch's excepthook may have swapped sys.stderr for a buffer just now.
+                    # Killed by a signal (SIGKILL of the OOM killer, NCCL's watchdog abort): no traceback says
+                    # where the ranks were, the heartbeats do.
+                    where = beats.report() if code < 0 else ""
                     print(f"[lightspeed] rank {children.index(c) + 1} failed ({_status(code)}); "
-                          "stopping every rank.", file=sys.__stderr__, flush=True)
+                          f"stopping every rank.{where}", file=sys.__stderr__, flush=True)
                     kill_children()
                     os._exit(code if code > 0 else 1)
             if all(c.poll() is not None for c in children):
@@ -261,27 +264,39 @@ def start_local_ranks(n: int, timeout_s: float = 600.0) -> DistInfo:
     return DistInfo(rank=0, local_rank=0, world_size=n, local_world_size=n, master_port=port, launcher="lightspeed")
 
 
-def _stall_check(n: int, port: int, limit_s: float):
-    """A function that returns the heartbeat report once no live rank has moved for `limit_s`, else None.
-    It reads the store at most once a second."""
-    state = {"store": None, "next": 0.0}
+class _Heartbeats:
+    """Rank 0's view of every rank's heartbeat (heartbeat.py), read through its own store connection."""
 
-    def stalled() -> str | None:
-        now = time.time()
-        if now < state["next"]:
-            return None
-        state["next"] = now + heartbeat.INTERVAL_S
+    def __init__(self, n: int, port: int, limit_s: float):
+        self.n, self.port, self.limit_s = n, port, limit_s
+        self.store, self.next = None, 0.0
+
+    def read(self) -> list | None:
         try:
-            state["store"] = state["store"] or heartbeat.connect("127.0.0.1", port)
-            beats = heartbeat.read(state["store"], n)
+            self.store = self.store or heartbeat.connect("127.0.0.1", self.port)
+            return heartbeat.read(self.store, self.n)
         except Exception:  # the store is not up yet, or going down with the job
             return None
-        live = [b for b in beats if b is not None and not b.left]
-        if live and all(now - b.since > limit_s for b in live):
-            return heartbeat.describe(beats, now)
-        return None
 
-    return stalled
+    def stalled(self) -> str | None:
+        """The report once no rank still in the group has moved for `limit_s`, else None (reads once a second)."""
+        now = time.time()
+        if now < self.next:
+            return None
+        self.next = now + heartbeat.INTERVAL_S
+        beats = self.read()
+        live = [b for b in beats or () if b is not None and not b.left]
+        return heartbeat.describe(beats, now) if live and all(now - b.since > self.limit_s for b in live) else None
+
+    def report(self) -> str:
+        """Where every rank was last seen, when one of them had not moved for a third of the stall limit (half
+        the collective timeout: a hang came first), else ''. A rank that just died mid-step is better named by
+        its exit than by heartbeats up to a second old."""
+        now, beats = time.time(), self.read()
+        live = [b for b in beats or () if b is not None and not b.left]
+        if not any(now - b.since >= self.limit_s / 3 for b in live):
+            return ""
+        return f" Last heartbeats: {heartbeat.describe(beats, now)}"
 
 
 def _status(code: int) -> str:
