@@ -84,6 +84,11 @@ class _Heart:
     """This process's publisher: the step the loop noted, a thread that writes where the loop is."""
 
     def __init__(self) -> None:
+        self.hooked = False  # the excepthook is installed
+        self.group: tuple = ()  # (world size, store host, store port)
+        self.reset()
+
+    def reset(self) -> None:
         self.step: int | None = None
         self.rank = 0
         self.store: Any = None
@@ -135,22 +140,31 @@ def start(rank: int, world_size: int, host: str, port: int) -> None:
     process group is joined."""
     if _heart.thread is not None:
         return
+    _heart.reset()
     _heart.rank, _heart.target, _heart.store = rank, threading.get_ident(), connect(host, port)
     _heart.publish(_heart.sample())
     _heart.thread = threading.Thread(target=_heart.run, name="lightspeed-heartbeat", daemon=True)
     _heart.thread.start()
-    previous = sys.excepthook
+    _heart.group = (world_size, host, port)
+    if not _heart.hooked:  # once per process, however many groups it joins
+        _heart.hooked = True
+        previous = sys.excepthook
 
-    def on_uncaught(kind, exc, tb) -> None:
-        if is_timeout(exc):
-            try:
-                report = describe(read(_heart.store, world_size))
-            except Exception as e:  # the store went with rank 0
-                report = f"no heartbeat could be read ({e})"
-            print(f"[lightspeed] rank {rank}: a collective timed out. {report}", file=sys.__stderr__, flush=True)
-        previous(kind, exc, tb)
+        def on_uncaught(kind, exc, tb) -> None:
+            if is_timeout(exc):
+                print(f"[lightspeed] rank {_heart.rank}: a collective timed out. {_report()}", file=sys.__stderr__,
+                      flush=True)
+            previous(kind, exc, tb)
 
-    sys.excepthook = on_uncaught
+        sys.excepthook = on_uncaught
+
+
+def _report() -> str:
+    world_size, host, port = _heart.group
+    try:  # a connection of its own: the heartbeat thread may still be using the other one
+        return describe(read(connect(host, port), world_size))
+    except Exception as e:  # the store went with rank 0
+        return f"no heartbeat could be read ({e})"
 
 
 def stop() -> None:
@@ -160,6 +174,7 @@ def stop() -> None:
         return
     _heart.stop_event.set()
     _heart.thread.join(timeout=2 * INTERVAL_S)
+    _heart.thread = None  # a later process group starts a new one
     try:
         beat = _heart.latest or _heart.sample()
         beat.left = True
