@@ -33,7 +33,8 @@ def init_process_group(info: DistInfo, device: torch.device, timeout_s: float = 
         # One process still gets a group of one (DDP, ZeRO and FSDP need a group): an in-memory store, no port.
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, **bind)
         return
-    join_s = max(timeout_s, JOIN_TIMEOUT_S)
+    # (torch has no public setter for a group's timeout; without the private one, joining gets `timeout_s` too)
+    join_s = max(timeout_s, JOIN_TIMEOUT_S) if hasattr(dist.distributed_c10d, "_set_pg_timeout") else timeout_s
     if info.launcher == "lightspeed":  # ranks we spawned meet at the store rank 0 opened before spawning them
         store = rendezvous_server() if info.rank == 0 else None
         if store is None:
@@ -44,7 +45,7 @@ def init_process_group(info: DistInfo, device: torch.device, timeout_s: float = 
         rendezvous = {"init_method": f"tcp://{info.master_addr}:{info.master_port}"}
     dist.init_process_group(backend, **rendezvous, rank=info.rank, world_size=info.world_size,
                             timeout=timedelta(seconds=join_s), **bind)
-    if join_s != timeout_s:  # torch has no public setter; this one sets the backends' collective timeout
+    if join_s != timeout_s:  # from now on, a collective waits `timeout_s`
         dist.distributed_c10d._set_pg_timeout(timedelta(seconds=timeout_s))
     # Every rank says where it is, so a collective timeout (or the local launcher) can name the rank that hangs.
     heartbeat.start(info.rank, info.world_size, info.master_addr, info.master_port)
