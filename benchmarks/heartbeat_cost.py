@@ -21,7 +21,7 @@ from lightspeed import heartbeat
 def main() -> None:
     per_step = min(timeit.repeat(lambda: heartbeat.note_step(7), number=100_000, repeat=5)) / 100_000
     server = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
-    heartbeat.start(0, 1, "127.0.0.1", server.port)
+    heartbeat.start(0, 1, "127.0.0.1", server.port, timeout_s=600)
     heart = heartbeat._heart
     samples, ticks = [], []
     for _ in range(200):

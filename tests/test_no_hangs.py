@@ -26,8 +26,8 @@ def test_stuck_rank_is_named_after_the_timeout(tmp_path):
     run = run_workload(tmp_path, devices=2, strategy="ddp", max_steps=8, timeout=120, check=False,
                        **{"collective_timeout": 5, "stall_at": {"step": 3, "rank": 1, "seconds": 100}})
     assert run.returncode != 0 and run.seconds < 60, (run.seconds, run.stderr[-3000:])
-    assert ("rank 0: a collective timed out. rank 1 stopped answering at step 3 (last seen in training_step "
-            "(workload.py:") in run.stderr, run.stderr[-3000:]
+    assert "rank 1 stopped answering at step 3 (last seen in training_step (workload.py:" in run.stderr, \
+        run.stderr[-3000:]
     assert "rank 0 answered up to step 3 and waited in all_reduce (metrics.py:" in run.stderr, run.stderr[-3000:]
 
 
@@ -37,7 +37,8 @@ def test_stuck_rank_0_is_named_by_rank_1_under_torchrun(tmp_path):
     run = run_workload(tmp_path, devices=2, strategy="ddp", max_steps=8, timeout=120, check=False, launcher="torchrun",
                        **{"collective_timeout": 5, "stall_at": {"step": 3, "rank": 0, "seconds": 100}})
     assert run.returncode != 0 and run.seconds < 60, (run.seconds, run.stderr[-3000:])
-    assert "rank 1: a collective timed out. rank 0 stopped answering at step 3" in run.stderr, run.stderr[-3000:]
+    assert "[lightspeed] rank 1: " in run.stderr and "rank 0 stopped answering at step 3" in run.stderr, \
+        run.stderr[-3000:]
 
 
 @pytest.mark.slow

@@ -48,7 +48,7 @@ def init_process_group(info: DistInfo, device: torch.device, timeout_s: float = 
     if join_s != timeout_s:  # from now on, a collective waits `timeout_s`
         dist.distributed_c10d._set_pg_timeout(timedelta(seconds=timeout_s))
     # Every rank says where it is, so a collective timeout (or the local launcher) can name the rank that hangs.
-    heartbeat.start(info.rank, info.world_size, info.master_addr, info.master_port)
+    heartbeat.start(info.rank, info.world_size, info.master_addr, info.master_port, timeout_s)
 
 
 def destroy_process_group() -> None:

@@ -1,7 +1,7 @@
 """Heartbeat: each rank says where it is, so a hang ends with a message naming the rank that stopped answering.
 
-    rank 1 stopped answering at step 3 (last seen in training_step (workload.py:72) 9 s ago); rank 0 answered
-    up to step 3 and waited in backward (ddp.py:121)
+    rank 1 stopped answering at step 3 (last seen in training_step (workload.py:74) 5 s ago); rank 0 answered
+    up to step 3 and waited in all_reduce (metrics.py:154).
 
 The training loop only notes its step (`note_step`, one attribute write per step, no I/O). A daemon thread in each
 rank wakes every second, reads where the training thread is from its Python stack (`sys._current_frames`: in
@@ -10,8 +10,10 @@ store (torch's TCPStore on MASTER_ADDR:MASTER_PORT, through its own connection) 
 Nothing on the training thread touches the store or the device.
 
 Who reads it:
-- a rank whose collective times out (`Trainer(timeout=)`): an uncaught timeout prints `describe(read(...))`
-  before the traceback; under torchrun or SLURM that is the only report;
+- a rank waiting in a collective: its heartbeat thread prints `describe(read(...))` shortly before the collective
+  timeout (`Trainer(timeout=)`) ends the wait (NCCL's watchdog then aborts the process, and nothing else could
+  speak); an uncaught timeout the thread did not report prints it before the traceback. Under torchrun or SLURM
+  these are the only reports;
 - the local launcher (`launch.start_local_ranks`): when no rank has moved for 1.5 x the timeout (every rank stuck
   outside a collective, which no collective timeout catches), it prints the report and ends the job.
 """
@@ -97,6 +99,8 @@ class _Heart:
         self.stop_event = threading.Event()
         self.last: tuple = ()
         self.latest: Beat | None = None  # the last beat the thread published
+        self.timeout_s = 600.0  # the collective timeout
+        self.warned = False  # the current wait was reported
         self.since = time.time()
 
     def sample(self) -> Beat:
@@ -113,10 +117,24 @@ class _Heart:
     def run(self) -> None:
         while not self.stop_event.wait(INTERVAL_S):
             try:
-                self.latest = self.sample()
-                self.publish(self.latest)
+                self.latest = beat = self.sample()
+                self.publish(beat)
+                self.warn(beat)
             except Exception:  # the store's host (rank 0) is gone: the launcher or the timeout reports that
                 return
+
+    def warn(self, beat: Beat) -> None:
+        # Said shortly before the collective timeout ends the wait, because NCCL's watchdog then aborts the
+        # process (SIGABRT) and no excepthook runs; gloo raises, and the excepthook stays quiet after this.
+        waited = beat.seen - beat.since
+        if beat.waiting and waited >= max(self.timeout_s - 3 * INTERVAL_S, self.timeout_s / 2):
+            if not self.warned:
+                self.warned = True
+                print(f"[lightspeed] rank {self.rank}: waited {waited:.0f} s in {beat.phase} ({beat.where}) of the "
+                      f"{self.timeout_s:g} s collective timeout. {describe(read(self.store, self.group[0]))}",
+                      file=sys.__stderr__, flush=True)
+        else:
+            self.warned = False
 
 
 _heart = _Heart()
@@ -134,24 +152,25 @@ def connect(host: str, port: int, timeout_s: float = 10.0) -> Any:
     return dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s))
 
 
-def start(rank: int, world_size: int, host: str, port: int) -> None:
-    """Starts this rank's heartbeat thread (once per process) and makes an uncaught collective timeout print
-    `describe` of every rank's last heartbeat before its traceback. Call on the training thread, after the
-    process group is joined."""
+def start(rank: int, world_size: int, host: str, port: int, timeout_s: float = 600.0) -> None:
+    """Starts this rank's heartbeat thread (once per process group). When the training thread has waited in a
+    collective for nearly `timeout_s` (the collective timeout), the thread prints `describe` of every rank's
+    last heartbeat; an uncaught collective timeout prints it before its traceback if the thread did not.
+    Call on the training thread, after the process group is joined."""
     if _heart.thread is not None:
         return
     _heart.reset()
     _heart.rank, _heart.target, _heart.store = rank, threading.get_ident(), connect(host, port)
+    _heart.group, _heart.timeout_s = (world_size, host, port), timeout_s
     _heart.publish(_heart.sample())
     _heart.thread = threading.Thread(target=_heart.run, name="lightspeed-heartbeat", daemon=True)
     _heart.thread.start()
-    _heart.group = (world_size, host, port)
     if not _heart.hooked:  # once per process, however many groups it joins
         _heart.hooked = True
         previous = sys.excepthook
 
         def on_uncaught(kind, exc, tb) -> None:
-            if is_timeout(exc):
+            if is_timeout(exc) and not _heart.warned:
                 print(f"[lightspeed] rank {_heart.rank}: a collective timed out. {_report()}", file=sys.__stderr__,
                       flush=True)
             previous(kind, exc, tb)
