@@ -33,7 +33,7 @@ chromium:
 test: venv chromium
 	$(BIN)/python -c "import sys; from deepspeed.accelerator import get_accelerator as acc; \
 	[acc().create_op_builder(n).load() for n in sys.argv[1:]]; print('DeepSpeed ops ready')" $(DS_OPS)
-	$(BIN)/python -m pytest -q -x tests
+	$(BIN)/python -m pytest -q -x --durations=25 tests
 
 clean:
 	rm -rf $(VENV)

@@ -9,7 +9,9 @@
 Each configuration runs in its own subprocess (clean memory, clean peak statistics) on the same GPT (d=2048,
 24 layers, 16 heads, vocab 32000, seq 1024, micro-batch 8, random tokens). Warm-up steps are excluded; the
 figure is the median step time of the timed steps. Each setup runs `--repeats` times (round robin over the setups,
-so drift spreads evenly); the table gives the median run and the spread (max - min) / median. MFU counts 6·N + 12·L·d·T FLOPs per token (N without the
+so drift spreads evenly); the table gives the median run and the spread (max - min) / median. With `--windows W`
+each run's timed steps are also cut into W consecutive windows, each window's median step a sample of its own, so
+one process gives W samples (the median and spread are then over every window of every run). MFU counts 6·N + 12·L·d·T FLOPs per token (N without the
 position embedding) against 989 TFLOP/s (H100/H200 dense bf16).
 """
 
@@ -51,6 +53,7 @@ LIGHTSPEED = {
     "deepspeed_stage_2+user+compile": lambda: "deepspeed_stage_2",
     "deepspeed_stage_3+user+compile": lambda: "deepspeed_stage_3",
     "fsdp+user": lambda: "fsdp",
+    "ddp+user": lambda: "ddp",  # DDP in a group of one: the one-GPU end of the scaling table
     "fsdp+user+compile": lambda: "fsdp",
     # lightspeed's stage 3 with the same zero_optimization settings as the two hand-written ZeRO-3 loops
     "deepspeed_stage_3+ds_defaults": lambda: ls.DeepSpeed(stage=3, config={"zero_optimization": ZERO3_DEFAULTS}),
@@ -171,6 +174,13 @@ def _step_times(stamps: list[float], warmup: int) -> list[float]:
     return [b - a for a, b in zip(stamps, stamps[1:])][warmup - 1:]
 
 
+def windows(times: list[float], n: int) -> list[float]:
+    """The median step time of each of `n` consecutive, equal windows of `times` (the last takes the remainder)."""
+    size = max(1, len(times) // n)
+    cuts = [times[i * size:(i + 1) * size if i < n - 1 else len(times)] for i in range(min(n, len(times)))]
+    return [statistics.median(c) for c in cuts if c]
+
+
 def _loader(cfg, micro_batch: int, steps: int):
     return torch.utils.data.DataLoader(RandomTokens(cfg.vocab_size, cfg.block_size, micro_batch * steps),
                                        batch_size=micro_batch)
@@ -198,11 +208,12 @@ def run_plain_pytorch(cfg, micro_batch: int, steps: int, warmup: int, device) ->
 
 
 def run_plain_deepspeed(cfg, micro_batch: int, steps: int, warmup: int, device, zero: dict | None = None,
-                        seed: int = 0) -> list[float]:
+                        seed: int = 0, on_step=None) -> list[float]:
     """A hand-written DeepSpeed loop, bf16, DeepSpeed's own (fused) Adam from the config: what users write today.
 
     `zero` is the zero_optimization section (default: stage 2 with DeepSpeed's defaults). Under torchrun (RANK set)
-    each rank joins the launcher's group; alone, it makes a group of one. Stage 3 builds the model in zero.Init."""
+    each rank joins the launcher's group; alone, it makes a group of one. Stage 3 builds the model in zero.Init.
+    `on_step(engine)`, if given, is called after each step (profile_step.py's probe)."""
     import deepspeed
 
     if "RANK" not in os.environ:
@@ -231,6 +242,8 @@ def run_plain_deepspeed(cfg, micro_batch: int, steps: int, warmup: int, device, 
         if device.type == "cuda":
             torch.cuda.synchronize()
         stamps.append(time.perf_counter())
+        if on_step is not None:
+            on_step(engine)
     return _step_times(stamps, warmup)
 
 
@@ -279,6 +292,7 @@ def run_one(name: str, args) -> dict:
         "mfu": tokens / step_s * flops_per_token(meta_model) / PEAK_FLOPS,
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan"),
         "timed_steps": len(times),
+        "window_tok_s": [tokens / w for w in windows(times, args.windows)],
         "first_step_s": getattr(run_lightspeed, "first_step_s", None),
         # Peak resident host memory of this process (ru_maxrss, KiB on Linux): what offload costs the host.
         "host_peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
@@ -294,7 +308,7 @@ def _model_cfg(args):
 def _subprocess(name: str, args, extra: list[str] | None = None, timeout: float = 900) -> dict:
     cmd = [sys.executable, __file__, "--run", name, "--steps", str(args.steps), "--warmup", str(args.warmup),
            "--micro-batch", str(args.micro_batch), "--accumulate", str(args.accumulate),
-           *(["--tiny"] if args.tiny else []), *(extra or [])]
+           "--windows", str(args.windows), *(["--tiny"] if args.tiny else []), *(extra or [])]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
@@ -320,11 +334,14 @@ def speed_table(args) -> list[dict]:
             r = _subprocess(name, args, timeout=args.per_run_timeout)
             print(f"[gpu_suite] {json.dumps(r)}", file=sys.stderr, flush=True)
             runs[name].append(r)
+            if args.json:  # every run as it arrives, so a session cut short keeps what it measured
+                Path(args.json).write_text(json.dumps([summarize(n, rs) for n, rs in runs.items() if rs], indent=1))
     results = [summarize(name, rs) for name, rs in runs.items()]
     base = {r["name"]: r["tok_s"] for r in results if r["name"] in BASELINES and "tok_s" in r}
     params = next((r["params"] for r in results if "params" in r), 0)
     table = Table(title=f"GPT {params / 1e9:.2f}B, micro-batch {args.micro_batch}, seq {_model_cfg(args).block_size}, "
-                        f"bf16; median step of {args.steps}, median of {args.repeats} runs")
+                        f"bf16; median step of {args.steps // args.windows}, median of {args.repeats} runs × "
+                        f"{args.windows} windows")
     columns = ("setup", "tok/s", "spread", "× plain PyTorch", "× DS Z2 loop", "× DS Z3 loop", "× DS Z3 tuned",
                "MFU", "peak GiB", "first step s")
     for col in columns:
@@ -335,7 +352,7 @@ def speed_table(args) -> list[dict]:
             continue
         ratio = lambda b: f"{r['tok_s'] / base[b]:.3f}" if b in base else "-"  # noqa: E731
         first = f"{r['first_step_s']:.1f}" if r.get("first_step_s") else "-"
-        table.add_row(r["name"], f"{r['tok_s']:,.0f}", f"{r['spread']:.1%} ({r['runs']})", ratio("plain_pytorch"),
+        table.add_row(r["name"], f"{r['tok_s']:,.0f}", f"{r['spread']:.1%} ({r['samples']})", ratio("plain_pytorch"),
                       ratio("plain_deepspeed_zero2"), ratio("plain_deepspeed_zero3"),
                       ratio("plain_deepspeed_zero3_tuned"), f"{r['mfu']:.3f}", f"{r['peak_gib']:.1f}", first)
     Console(width=160).print(table)
@@ -343,13 +360,17 @@ def speed_table(args) -> list[dict]:
 
 
 def summarize(name: str, runs: list[dict]) -> dict:
-    """The median run of a setup (by tok/s) with the spread of all its runs: (max - min) / median, in tok/s."""
+    """The median run of a setup (by tok/s) with the median and spread, (max - min) / median, of its samples: every
+    window of every run (`--windows`), or each run's tok/s with one window."""
     ok = sorted((r for r in runs if "tok_s" in r), key=lambda r: r["tok_s"])
     if not ok:
         return {"name": name, "error": runs[-1].get("error", "no run"), "all": runs}
     median = ok[(len(ok) - 1) // 2]
-    return median | {"tok_s": statistics.median(r["tok_s"] for r in ok), "runs": len(ok), "all": runs,
-                     "spread": (ok[-1]["tok_s"] - ok[0]["tok_s"]) / statistics.median(r["tok_s"] for r in ok)}
+    samples = [w for r in ok for w in r.get("window_tok_s", [])] if all(
+        len(r.get("window_tok_s", [])) > 1 for r in ok) else [r["tok_s"] for r in ok]
+    mid = statistics.median(samples)
+    return median | {"tok_s": mid, "runs": len(ok), "samples": len(samples), "all": runs,
+                     "spread": (max(samples) - min(samples)) / mid}
 
 
 def memory_cap(args) -> list[dict]:
@@ -435,6 +456,7 @@ def main() -> None:
     p.add_argument("--per-run-timeout", type=float, default=900)
     p.add_argument("--repeats", type=int, help="runs of each setup in the speed table (median, spread); default 3, "
                    "1 with --tiny")
+    p.add_argument("--windows", type=int, default=1, help="timed windows per run (samples of the median/spread)")
     p.add_argument("--tiny", action="store_true", help="CPU smoke run with the tiny model")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()

@@ -15,8 +15,11 @@ rank 0 prints one RESULT line, and this script collects them into tables:
   activations);
 - scaling: tokens/s per GPU at 1 and N GPUs for ddp, fsdp, deepspeed_stage_2/3 and the hand-written DeepSpeed
   ZeRO-3 loops (gpu_suite.py's, under torchrun: DeepSpeed's default stage-3 settings, and tuned), each pair
-  `--repeats` times round robin (median, spread = (max - min) / median); efficiency = per-GPU ratio of the medians;
-  the first N-GPU run of a strategy that parity already made in this invocation is reused;
+  `--repeats` times round robin (median, spread = (max - min) / median; with `--windows W` each run's timed steps
+  give W samples, as in gpu_suite.py); efficiency = per-GPU ratio of the medians; `--counts` picks the GPU counts
+  (default 1 and N); `--module user` trains the model as users write it (gpu_suite.py's UserGPT: the user's torch
+  AdamW, no per-step loss reduction) instead of the parity module; the first N-GPU run of a strategy that parity
+  already made in this invocation is reused;
 - fit: the deepest GPT that DDP trains for 5 steps, then deepspeed_stage_3 at N times its parameters (and, where
   plain stage 3 does not fit there, stage 3 with CPU offload). `--cap-gib` caps every GPU, to find the edge quickly.
 
@@ -65,7 +68,8 @@ class Recorder(ls.Callback):
         if trainer.device.type == "cuda":
             torch.cuda.synchronize()
         self.stamps.append(time.perf_counter())
-        self.losses.append(float(trainer.callback_metrics["loss"]))
+        if "loss" in trainer.callback_metrics:  # the parity module logs it; the user's module does not
+            self.losses.append(float(trainer.callback_metrics["loss"]))
 
 
 class SyncedLossGPT(GPTModule):
@@ -86,7 +90,7 @@ def model_cfg(args, layers: int | None = None, d: int | None = None):
 
 def run_plain(args, cfg) -> dict:
     """One rank of a hand-written DeepSpeed ZeRO-3 loop (started by torchrun); rank 0 returns the figures."""
-    from gpu_suite import ZERO3_DEFAULTS, run_plain_deepspeed, zero3_tuned
+    from gpu_suite import ZERO3_DEFAULTS, run_plain_deepspeed, windows, zero3_tuned
 
     rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     device = torch.device("cpu") if args.cpu else torch.device("cuda", local)
@@ -97,8 +101,10 @@ def run_plain(args, cfg) -> dict:
     with torch.device("meta"):
         n_params = GPT(cfg).num_params()
     step_s = statistics.median(times)
+    tokens = args.micro_batch * cfg.block_size
     return {"strategy": args.strategy, "devices": args.devices, "params": n_params, "losses": [],
-            "tok_s_per_gpu": args.micro_batch * cfg.block_size / step_s, "step_s": step_s,
+            "tok_s_per_gpu": tokens / step_s, "step_s": step_s,
+            "window_tok_s": [tokens / w for w in windows(times, args.windows)],
             "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if not args.cpu else float("nan"),
             "host_peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
 
@@ -119,15 +125,25 @@ def run_one(args) -> dict:
     trainer = ls.Trainer(strategy=args.strategy, devices=args.devices, accelerator="cpu" if args.cpu else "gpu",
                          precision="32-true" if args.cpu else "bf16-mixed", max_steps=steps, seed=0, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, callbacks=[rec])
-    trainer.fit(SyncedLossGPT(cfg), torch.utils.data.DataLoader(data, batch_size=args.micro_batch))
+    if args.module == "user":
+        from gpu_suite import UserGPT
+
+        module = UserGPT(cfg)
+    else:
+        module = SyncedLossGPT(cfg)
+    trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=args.micro_batch))
     if not trainer.is_global_zero:
         return {}
     with torch.device("meta"):
         n_params = GPT(cfg).num_params()
     times = [b - a for a, b in zip(rec.stamps, rec.stamps[1:])][args.warmup - 1:]
     step_s = statistics.median(times)
+    from gpu_suite import windows
+
+    tokens = args.micro_batch * cfg.block_size
     return {"strategy": args.strategy, "devices": args.devices, "params": n_params, "losses": rec.losses,
-            "tok_s_per_gpu": args.micro_batch * cfg.block_size / step_s, "step_s": step_s,
+            "tok_s_per_gpu": tokens / step_s, "step_s": step_s,
+            "window_tok_s": [tokens / w for w in windows(times, args.windows)],
             "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if not args.cpu else float("nan"),
             "host_peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
 
@@ -159,6 +175,7 @@ def _launch(args, strategy: str, devices: int, extra: list[str] | None, timeout:
              if strategy in PLAIN else [sys.executable])
     cmd = [*start, __file__, "--run", "--strategy", strategy, "--devices", str(devices),
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--micro-batch", str(args.micro_batch),
+           "--windows", str(args.windows), "--module", args.module,
            *(["--cpu"] if args.cpu else []), *(["--tiny"] if args.tiny else []),
            *(["--cap-gib", str(args.cap_gib)] if args.cap_gib else []), *(extra or [])]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "NCCL_NVLS_ENABLE": "0",
@@ -223,10 +240,13 @@ def memory(args) -> list[dict]:
 def scaling(args) -> list[dict]:
     strategies = args.strategies or SCALING
     runs: dict[tuple[str, int], list[dict]] = {}
+    counts = [int(c) for c in args.counts.split(",")] if args.counts else [1, args.devices]
     for repeat in range(args.repeats):  # round robin, so drift over the session spreads over every setup alike
         for s in strategies:
-            for n in (1, args.devices):
+            for n in counts:
                 runs.setdefault((s, n), []).append(launch(args, s, n, repeat=repeat))
+    if counts != [1, args.devices]:  # no efficiency without both ends; gpu_suite / issue12_table.py pair them
+        return [r for v in runs.values() for r in v]
     med = {k: _median(v) for k, v in runs.items()}
     z3 = med.get(("plain_deepspeed_zero3", args.devices))
     rows = []
@@ -246,8 +266,11 @@ def scaling(args) -> list[dict]:
 
 
 def _median(results: list[dict]) -> tuple[float, float] | None:
-    """(median tokens/s per GPU, spread (max - min) / median) over the runs that succeeded, or None."""
-    ok = [r["tok_s_per_gpu"] for r in results if "tok_s_per_gpu" in r]
+    """(median tokens/s per GPU, spread (max - min) / median) over the samples of the runs that succeeded (every
+    window of every run, with `--windows` > 1), or None."""
+    done = [r for r in results if "tok_s_per_gpu" in r]
+    ok = [w for r in done for w in r.get("window_tok_s", [])] if all(
+        len(r.get("window_tok_s", [])) > 1 for r in done) else [r["tok_s_per_gpu"] for r in done]
     if not ok:
         return None
     m = statistics.median(ok)
@@ -305,6 +328,10 @@ def main() -> None:
     p.add_argument("--d", type=int)
     p.add_argument("--parity-rtol", type=float, default=2e-2)
     p.add_argument("--repeats", type=int, default=3, help="scaling: runs of each (strategy, GPU count)")
+    p.add_argument("--windows", type=int, default=1, help="scaling: timed windows per run (samples)")
+    p.add_argument("--counts", help="scaling: comma-separated GPU counts (default 1 and --devices)")
+    p.add_argument("--module", choices=("parity", "user"), default="parity",
+                   help="scaling: the parity module or the model as users write it")
     p.add_argument("--cap-gib", type=float, help="cap each GPU's memory (set_per_process_memory_fraction)")
     p.add_argument("--fit-lo", type=int, default=4, help="fit: fewest layers DDP is tried at")
     p.add_argument("--fit-hi", type=int, default=200, help="fit: most layers DDP is tried at")

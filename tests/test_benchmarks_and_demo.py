@@ -69,3 +69,25 @@ def test_multi_gpu_script_parity_section_on_cpu_ranks(tmp_path):
         assert "error" not in r, r
         assert len(r["losses"]) == 4
         assert max(abs(a - b) / b for a, b in zip(r["losses"], ref)) <= 1e-5, r["strategy"]
+
+
+def test_issue12_table_pairs_each_figure_with_its_baseline(tmp_path):
+    """Windows of one run are samples (median, spread); the table takes each ratio against the same run's baseline
+    and each scaling efficiency against the suite's one-GPU run of the same strategy."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from gpu_suite import summarize, windows
+
+    assert windows([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0], 3) == [1.5, 3.5, 6.0]
+    s = summarize("single+user", [{"name": "single+user", "tok_s": 99.0, "window_tok_s": [98.0, 99.0, 103.0]}])
+    assert (s["tok_s"], s["samples"], round(s["spread"], 4)) == (99.0, 3, round(5 / 99, 4))
+    suite = [summarize(n, [{"name": n, "tok_s": t, "window_tok_s": [t, t, t], "peak_gib": 1.0}])
+             for n, t in (("plain_pytorch", 100.0), ("single+user", 99.5), ("ddp+user", 90.0))]
+    (tmp_path / "suite_a.json").write_text(json.dumps(suite))
+    (tmp_path / "scaling.json").write_text(json.dumps({"ddp 2": {"strategy": "ddp", "devices": 2, "tok_s_per_gpu": 81.0,
+                                                                  "window_tok_s": [80.0, 81.0, 82.0]}}))
+    proc = _run([str(ROOT / "benchmarks" / "issue12_table.py"), str(tmp_path / "suite_a.json"), "--scaling",
+                 str(tmp_path / "scaling.json")], tmp_path, timeout=60)
+    row = {ln.split("│")[1].strip(): ln for ln in proc.stdout.splitlines() if ln.count("│") > 2}
+    single, ddp = row["single+user"], row["ddp"]
+    assert "0.995" in single and "met" in single and "NOT" not in single, proc.stdout
+    assert "0.90" in ddp and "NOT met" in ddp, proc.stdout

@@ -72,3 +72,35 @@ def test_stop_single_device_with_clipping(tmp_path):
     run = run_workload(tmp_path, launcher="python", nproc=1, devices=1, max_steps=6, clip=1.0,
                        nan_at={"step": 2}, check=False)
     assert run.returncode != 0 and "step 2, epoch 0, batch_idx 2" in run.stderr, run.stderr[-2000:]
+
+
+@pytest.mark.gpu
+def test_guard_unit_on_cuda_reads_the_flags_published_behind_the_forward():
+    """On CUDA `observe` queues the flags' copy to pinned memory; the verdict and the message are the CPU path's."""
+    guard = NonFiniteGuard("stop")
+    guard.begin(step=7, epoch=2, batch_indices=[14, 15])
+    guard.observe(torch.tensor(1.0, device="cuda"), 0)
+    guard.observe(torch.tensor(float("inf"), device="cuda"), 1)
+    with pytest.raises(NonFiniteError, match=r"step 7, epoch 2, batch_idx 15: the loss was NaN/Inf on rank\(s\) \[0\]"):
+        guard.should_step(None)  # DeepSpeed's path: only the published flags
+    skip = NonFiniteGuard("skip", print0=lambda *a: None)
+    skip.begin(0, 0, [0])
+    skip.observe(torch.tensor(1.0, device="cuda"), 0)
+    assert skip.should_step(torch.tensor(2.0, device="cuda")) is True
+    assert skip.should_step(torch.tensor(float("nan"), device="cuda")) is False and skip.skipped_steps == 1
+
+
+@pytest.mark.gpu
+def test_nan_on_one_gpu_rank_stops_both_and_skip_under_deepspeed(tmp_path):
+    """NCCL: the flags reduced in `observe` name the rank and the step (DDP, with a norm); DeepSpeed on one GPU
+    (no norm before its step) skips the step and keeps the weights finite."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    run = run_workload(tmp_path, devices=2, accelerator="gpu", strategy="ddp", max_steps=8,
+                       nan_at={"step": 5, "rank": 1}, check=False)
+    text = run.stdout + run.stderr
+    assert run.returncode != 0 and "NonFiniteError" in text, text[-3000:]
+    assert "step 5, epoch 0, batch_idx 5" in text and "rank(s) [1]" in text, text[-3000:]
+    res = run_workload(tmp_path, launcher="python", nproc=1, devices=1, accelerator="gpu",
+                       strategy="deepspeed_stage_2", max_steps=6, nan_at={"step": 3}, on_nonfinite="skip")
+    assert res["global_step"] == 6 and res["skipped_steps"] == 1 and res["finite_weights"]

@@ -9,6 +9,7 @@ there for 3 steps.
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 
 import pytest
@@ -229,3 +230,128 @@ def test_accumulation_keeps_gradients_beside_activations(facts):
     f = once["ddp"]
     assert f.device_total == f.params + f.optim + f.buffers + max(f.grads, f.activations)
     assert accumulating["ddp"].device_total == f.params + f.optim + f.buffers + f.grads + f.activations
+
+
+# ---------------------------------------------------------------------------------------------------- micro_batch="auto"
+
+MICRO_BATCH_SCRIPT = '''
+import dataclasses, json, sys, torch
+from torch.utils.data import DataLoader
+import lightspeed as ls
+from lightspeed.examples.gpt import SIZES, GPTModule, ByteWindows, stdlib_corpus
+
+class Model(GPTModule):
+    def __init__(self, batch_size=2):
+        super().__init__(dataclasses.replace(SIZES["tiny"], bias=False))
+        self.batch_size = batch_size
+    def train_dataloader(self):
+        return DataLoader(ByteWindows(stdlib_corpus(60_000), 32), batch_size=self.batch_size)
+
+if __name__ == "__main__":
+    model = Model()
+    trainer = ls.Trainer(strategy="auto", devices=2, accelerator="cpu", micro_batch="auto",
+                         memory_budget=float(sys.argv[1]), max_steps=2, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, seed=0)
+    trainer.fit(model)
+    batch = next(iter(model.train_dataloader()))
+    print("RANK", json.dumps({"rank": trainer.global_rank, "batch_size": model.batch_size, "rows": len(batch[0]),
+                              "strategy": trainer.strategy.name, "step": trainer.global_step}), flush=True)
+'''
+
+
+def test_micro_batch_auto_on_2_ranks_takes_the_forecasts_largest(tmp_path):
+    """strategy="auto", micro_batch="auto" under an 8 MB budget: DDP fits at the starting micro-batch 2, and every
+    rank trains at the forecast's largest micro-batch for DDP, which a real step confirmed."""
+    from lightspeed.micro_batch import candidate_of
+    from lightspeed.plan import largest_micro_batch
+    from lightspeed.strategies import build_strategy
+    from helpers import launch
+
+    budget = 8e6
+    script = tmp_path / "train.py"
+    script.write_text(MICRO_BATCH_SCRIPT)
+    run = launch([str(script), str(budget)], tmp_path, "python", 2, timeout=300)
+    assert run.returncode == 0, run.stderr[-4000:]
+    ranks = [json.loads(line[5:]) for line in run.stdout.splitlines() if line.startswith("RANK ")]
+    import runpy
+    scope = runpy.run_path(str(script), run_name="__plan__")
+    facts = inspect_model(scope["Model"](), scope["Model"]().train_dataloader().__iter__().__next__())
+    want = largest_micro_batch(candidate_of(build_strategy("ddp", 2), 2), facts, 2, "32-true", budget)
+    assert want > 8 and len(ranks) == 2, run.stdout[-3000:]
+    for r in ranks:
+        assert r == {"rank": r["rank"], "batch_size": want, "rows": want, "strategy": "ddp", "step": 2}
+    assert "micro_batch='auto'" in run.stdout and f"micro_batch: {want} under ddp" in run.stdout
+
+
+class Quadratic(ls.Module):
+    """Saved activations grow with the square of the micro-batch (an n×n product): the probe's line, fitted at
+    micro-batch 1 and 2, underestimates large micro-batches, so the real step is what stops it."""
+
+    def __init__(self, batch_size: int = 4):
+        super().__init__()
+        self.batch_size = batch_size
+
+    def configure_model(self):
+        self.net = torch.nn.Linear(64, 64)
+
+    def train_dataloader(self):
+        return DataLoader(torch.utils.data.TensorDataset(torch.randn(2048, 64)), batch_size=self.batch_size)
+
+    def training_step(self, batch, batch_idx):
+        h = self.net(batch[0])
+        return (h @ h.T).tanh().mean()
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+
+def test_micro_batch_auto_recovers_from_out_of_memory_and_frees_each_trial():
+    """On CPU the budget is enforced on real allocations: the forecast's size goes past it, the trial is freed
+    (its model copy collected) and the search bisects down to the largest size that ran; fit then trains there."""
+    from lightspeed.launch import read_dist_info
+    from lightspeed.micro_batch import confirm, plan_micro_batch
+
+    budget = 3e5
+    trainer = ls.Trainer(strategy="single", devices=1, accelerator="cpu", micro_batch="auto", memory_budget=budget,
+                         max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    module = Quadratic()
+    plan = plan_micro_batch(module, None, trainer.strategy, 1, trainer.cfg)
+    trainer.strategy.connect(trainer.cfg.run_spec(True), read_dist_info(), torch.device("cpu"))
+    assert confirm(plan, trainer.strategy, module, lambda: "rebuilt") == "rebuilt"
+    runs = [t for t in plan.trials if t.confirmed is not None]
+    first = runs[-1]  # rows in size order: the forecast's own size is the largest tried
+    assert first.size == plan.size and first.confirmed is False and "out of memory" in first.note
+    size = module.batch_size
+    assert size == max(t.size for t in runs if t.confirmed) and 1 < size < plan.size
+    assert {t.size: t for t in plan.trials}[size + 1].confirmed is False  # bisected to the edge
+    assert all(t.freed for t in runs) and len(runs) <= trainer.cfg.micro_batch_trials
+    # The quadratic term is real: directly measured, size fits the budget and the forecast's size does not.
+    states = plan.forecast(1).forecast_bytes - plan.facts.activations.at(1)
+    assert states + saved_activation_bytes(Quadratic(), [torch.randn(plan.size, 64)]) > budget
+    # Inside fit, "power" mode: halving from the forecast's size until a step runs (Lightning's mode name).
+    trainer = ls.Trainer(strategy="single", devices=1, accelerator="cpu", micro_batch="power", memory_budget=budget,
+                         max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    model = Quadratic()
+    trainer.fit(model)
+    halved = next(plan.size >> k for k in range(12) if plan.size >> k <= size)
+    assert model.batch_size == halved and trainer.global_step == 2
+
+
+def test_micro_batch_bad_input_is_a_config_error_before_any_rank_starts():
+    for bad in (0, "big"):
+        with pytest.raises(ls.ConfigError, match=rf"micro_batch={bad!r} is not valid: use 'auto'"):
+            ls.Trainer(micro_batch=bad)
+
+    class NoBatchSize(Quadratic):
+        def __init__(self):
+            ls.Module.__init__(self)
+
+        def train_dataloader(self):
+            return DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 64)), batch_size=4)
+
+    trainer = ls.Trainer(devices=2, accelerator="cpu", micro_batch="auto", logger=False, enable_progress_bar=False)
+    with pytest.raises(ls.ConfigError, match=r"micro_batch='auto' needs a batch size .*self.batch_size"):
+        trainer.fit(NoBatchSize())
+    with pytest.raises(ls.ConfigError, match=r"micro_batch='auto' rebuilds the training loader"):
+        trainer.fit(Quadratic(), Quadratic().train_dataloader())
+    assert trainer.dist is None  # refused before any rank started

@@ -54,3 +54,16 @@ def test_last_dangling_after_a_kill_between_renames(tmp_path):
     (ckpts / ".tmp-epoch=1" / "meta.json").unlink()
     with pytest.raises(ConfigError, match="points to 'epoch=1', which does not exist"):
         resolve("last", ckpts)
+
+
+@pytest.mark.gpu
+def test_sigterm_on_gpu_ranks_stops_both_one_step_later(tmp_path):
+    """Under NCCL the check reads the previous step's reduction (no host wait): both ranks stop one step later."""
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    run = run_workload(tmp_path, devices=2, accelerator="gpu", strategy="ddp", max_steps=10,
+                       sigterm_at={"step": 4, "rank": 1}, check=False)
+    assert run.returncode == 143, (run.returncode, run.stderr[-3000:])
+    assert "received SIGTERM" in run.stdout and "preempted-step=6" in run.stdout, run.stdout[-2000:]

@@ -58,6 +58,9 @@ class TrainerConfig:
     default_root_dir: str = "."
     seed: int | None = None
     memory_budget: float | None = None  # bytes per device that strategy="auto" plans for (default: what is free)
+    # "auto" (= "binsearch") or "power": the largest micro-batch that fits, forecast then tried (micro_batch.py)
+    micro_batch: Literal["auto", "binsearch", "power"] | None = None
+    micro_batch_trials: int = 25  # at most this many trial runs (Lightning's max_trials)
     deterministic: bool = False
     enable_progress_bar: bool = True
     enable_checkpointing: bool = True
@@ -116,6 +119,11 @@ class TrainerConfig:
                                                self.memory_budget <= 0):
             raise ConfigError(f"memory_budget={self.memory_budget!r} is not valid: expected bytes per device (> 0) "
                               "or None.")
+        if self.micro_batch not in (None, "auto", "binsearch", "power"):
+            raise ConfigError(f"micro_batch={self.micro_batch!r} is not valid: use 'auto' (the largest that fits: "
+                              "forecast, then real steps, bisecting on out-of-memory), 'binsearch' (the same), "
+                              "'power' (halving only) or None (the loader's batch size as given).")
+        _positive_int("micro_batch_trials", self.micro_batch_trials)
         if self.seed is not None and not isinstance(self.seed, int):
             raise ConfigError(f"seed={self.seed!r} is not valid: expected an integer or None.")
         if not isinstance(self.num_sanity_val_steps, int) or isinstance(self.num_sanity_val_steps, bool) or (

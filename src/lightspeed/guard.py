@@ -10,6 +10,11 @@ are complete and BEFORE any optimizer steps (precision.optimizer_step for the to
 own overflow check skips a non-finite gradient). The verdict is one all_reduce (MAX) of a vector with one slot
 per rank, so every rank agrees, and the message can name the ranks that saw it. Under "stop" no non-finite
 update ever reaches the weights, so no checkpoint can hold one.
+
+On CUDA the loss flags never stall the GPU: `observe` all-reduces them and queues their copy to pinned host memory
+right behind the forward, so `should_step` waits only for the forward, not for the backward queued after it (a
+host sync there would leave the GPU idle while the host launches the optimizer step: ZeRO-3's step is long).
+Where a norm is given, one all_reduce and one read after the norm remain (the norm is only known then).
 """
 
 from __future__ import annotations
@@ -48,12 +53,15 @@ class NonFiniteGuard:
         self._bad_loss: torch.Tensor | None = None
         self._where: dict[str, int] = {}
         self._first_bad_batch: torch.Tensor | None = None
+        self._host: torch.Tensor | None = None  # pinned; the reduced slots of the window (CUDA only)
+        self._slots: torch.Tensor | None = None  # the same on the device
+        self._landed: Any = None  # a torch.cuda.Event: the copy to `_host` is done
 
     def begin(self, step: int, epoch: int, batch_indices: list[int]) -> None:
         """Starts an accumulation window: the step and epoch it belongs to, the batch indices it holds."""
         self._where = {"step": step, "epoch": epoch}
         self._batches = batch_indices
-        self._bad_loss = self._first_bad_batch = None
+        self._bad_loss = self._first_bad_batch = self._slots = self._landed = None
 
     def observe(self, loss: torch.Tensor, i: int) -> None:
         """Notes whether micro-batch `i` of the window has a finite loss. Stays on the device: no host sync."""
@@ -64,23 +72,32 @@ class NonFiniteGuard:
         else:
             self._first_bad_batch = torch.where(bad & ~self._bad_loss, i, self._first_bad_batch)
             self._bad_loss = self._bad_loss | bad
+        if bad.is_cuda:
+            self._publish()
+
+    def _publish(self) -> None:
+        """The window's flags so far as a slot vector on the device, reduced (MAX) across ranks, and their copy to
+        pinned host memory, queued now (behind the forward); an event marks when the copy has landed."""
+        slots = torch.zeros(self.world_size + 1, dtype=torch.float64, device=self._bad_loss.device)
+        slots[self.rank] = self._bad_loss.to(torch.float64) * _LOSS
+        slots[-1] = (self._first_bad_batch + 1).to(torch.float64)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(slots, op=dist.ReduceOp.MAX)
+        if self._host is None or self._host.numel() != slots.numel():
+            self._host = torch.empty(slots.numel(), dtype=torch.float64, pin_memory=True)
+        self._host.copy_(slots, non_blocking=True)
+        self._slots, self._landed = slots, torch.cuda.Event()
+        self._landed.record()
 
     def should_step(self, grad_norm: torch.Tensor | float | None) -> bool:
         """Collective: every rank calls it once per optimizer step, before stepping. True means step.
 
         `grad_norm` is the global norm (None where the strategy cannot give it before its step, or under an fp16
         loss scaler, whose overflows are routine and handled by the scaler). Raises NonFiniteError under "stop"."""
-        slots = torch.zeros(self.world_size + 1, dtype=torch.float64)  # the last slot: first bad batch, as a max
-        if self._bad_loss is not None and bool(self._bad_loss):
-            slots[self.rank] += _LOSS
-            slots[-1] = float(self._first_bad_batch) + 1
-        if grad_norm is not None and not bool(torch.isfinite(torch.as_tensor(grad_norm, dtype=torch.float64))):
-            slots[self.rank] += _NORM
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            device = self._bad_loss.device if self._bad_loss is not None else torch.device("cpu")
-            reduced = slots.to(device if dist.get_backend() == "nccl" else "cpu")
-            dist.all_reduce(reduced, op=dist.ReduceOp.MAX)
-            slots = reduced.cpu()
+        if self._landed is not None:
+            slots = self._published_slots(grad_norm)
+        else:
+            slots = self._reduced_slots(grad_norm)
         flags = [int(v) for v in slots[:-1].tolist()]
         self.last_skipped = False
         if not any(flags):
@@ -97,6 +114,33 @@ class NonFiniteGuard:
             return False
         self.print0(f"{message} on_nonfinite='warn': stepping anyway.")
         return True
+
+    def _published_slots(self, grad_norm: torch.Tensor | float | None) -> torch.Tensor:
+        """CUDA: the slots `observe` reduced; with a norm, its bit added and the vector reduced once more."""
+        if grad_norm is None:
+            self._landed.synchronize()  # the last forward's flags: the backward queued behind stays queued
+            return self._host.clone()
+        slots = self._slots.clone()
+        norm = torch.as_tensor(grad_norm, device=slots.device).to(torch.float64)
+        slots[self.rank] += torch.where(torch.isfinite(norm), 0.0, _NORM)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(slots, op=dist.ReduceOp.MAX)
+        return slots.cpu()
+
+    def _reduced_slots(self, grad_norm: torch.Tensor | float | None) -> torch.Tensor:
+        """Off CUDA (or with no loss observed): the slots built on the host and reduced now."""
+        slots = torch.zeros(self.world_size + 1, dtype=torch.float64)  # the last slot: first bad batch, as a max
+        if self._bad_loss is not None and bool(self._bad_loss):
+            slots[self.rank] += _LOSS
+            slots[-1] = float(self._first_bad_batch) + 1
+        if grad_norm is not None and not bool(torch.isfinite(torch.as_tensor(grad_norm, dtype=torch.float64))):
+            slots[self.rank] += _NORM
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            device = self._bad_loss.device if self._bad_loss is not None else torch.device("cpu")
+            reduced = slots.to(device if dist.get_backend() == "nccl" else "cpu")
+            dist.all_reduce(reduced, op=dist.ReduceOp.MAX)
+            slots = reduced.cpu()
+        return slots
 
     def _message(self, flags: list[int], first_bad: int) -> str:
         loss_ranks = [r for r, f in enumerate(flags) if f & int(_LOSS)]

@@ -51,7 +51,7 @@ from .strategies.host_memory import offloaded_bytes_per_param
 __all__ = ["Candidate", "Forecast", "Choice", "MicroBatch", "Activations", "ModelFacts", "build_candidates",
            "inspect_model", "probe_activations", "saved_activation_bytes", "batch_of", "forecast",
            "forecast_candidate", "choose", "speed_order", "device_memory", "auto_strategy", "find_micro_batch",
-           "confirm_micro_batch", "plan_cli"]
+           "largest_micro_batch", "confirm_micro_batch", "plan_cli"]
 
 # ---------------------------------------------------------------------------------------------------- candidates
 
@@ -226,7 +226,9 @@ def _deepspeed(c: Candidate, facts: ModelFacts, devices: int, precision: str, ac
         step = part * 4 if wd == 2 else 0
         return Forecast(c, params, grads, optim, master, act, buffers, step_buffers=step)
     host = offloaded_bytes_per_param(stage, "cpu", "cpu" if c.offload_params else None) * part
-    return Forecast(c, 0 if c.offload_params else params, 0, 0, 0, act, buffers, host)
+    # Stage 1 reduces and copies gradients to the host only at the boundary: until then this rank's half-precision
+    # gradients stay on the device (the rest is in `buffers`); stages 2 and 3 move them bucket by bucket.
+    return Forecast(c, 0 if c.offload_params else params, grads if stage == 1 else 0, 0, 0, act, buffers, host)
 
 
 def zero1_partition(groups: list[list[tuple[int, ...]]], devices: int) -> tuple[int, int]:
@@ -337,16 +339,17 @@ def device_memory(device_type: str, world_size: int, memory_budget: float | None
 
 def auto_strategy(module: torch.nn.Module, world_size: int, precision: str = "32-true", micro_batch: int = 1,
                   device_type: str = "cpu", memory_budget: float | None = None, batch: Any = None,
-                  headroom: float = 0.1, show: bool = True) -> tuple[str, Any]:
+                  headroom: float = 0.1, show: bool = True, facts: ModelFacts | None = None) -> tuple[str, Any]:
     """`Trainer(strategy="auto")`: the fastest named strategy that fits this machine, and its rich table.
 
     Only candidates with a Trainer strategy string are considered, so the name can be handed to spawned ranks;
     on CPU the offloaded ones are left out (the host is the device). Run it once, before ranks start.
-    Raises ConfigError when nothing fits (see `choose`)."""
+    `facts` reuses an earlier `inspect_model` (the probe then runs once). Raises ConfigError when nothing fits
+    (see `choose`)."""
     device_bytes, host_bytes = device_memory(device_type, world_size, memory_budget)
     candidates = [c for c in build_candidates(world_size, deepspeed=_has_deepspeed())
                   if c.is_named and not (device_type == "cpu" and c.offload_optimizer)]
-    rows = forecast(module, world_size, precision, micro_batch, batch=batch, candidates=candidates)
+    rows = forecast(module, world_size, precision, micro_batch, batch=batch, candidates=candidates, facts=facts)
     choice = choose(rows, device_bytes, host_bytes, headroom, show=show)
     return choice.name, choice.table
 
@@ -393,6 +396,22 @@ def find_micro_batch(module: torch.nn.Module, batch: Any, devices: int, strategy
     if strategy not in by_name:
         raise ConfigError(f"strategy={strategy!r} is not valid here: use one of {', '.join(sorted(by_name))}.")
     candidate, facts = by_name[strategy], inspect_model(module, batch, precision)
+    size = largest_micro_batch(candidate, facts, devices, precision, device_bytes, headroom, max_micro_batch)
+    if device_type != "cuda":
+        return MicroBatch(size, size, "forecast only: on CPU no step is run to confirm it")
+    confirmed = confirm_micro_batch(step_fn or (lambda n: plain_cuda_step(module, batch, n, precision)), size)
+    return MicroBatch(confirmed, size, f"confirmed by a real step at {confirmed}"
+                      + (f" (the forecast's {size} ran out of memory)" if confirmed < size else ""))
+
+
+def largest_micro_batch(candidate: Candidate, facts: ModelFacts, devices: int, precision: str,
+                        device_bytes: float, headroom: float = 0.1, max_micro_batch: int = 4096) -> int:
+    """The forecast's largest micro-batch for `candidate` within `device_bytes` less `headroom`: model states and
+    buffers are fixed, activations grow by the probe's measured bytes per sample (capped at `max_micro_batch`).
+
+    Raises:
+        ConfigError: not even micro-batch 1 fits, naming what it needs and what is available.
+    """
     limit = device_bytes * (1 - headroom)
     fixed = forecast_candidate(candidate, facts, devices, precision, 1)
     act = facts.activations
@@ -402,13 +421,10 @@ def find_micro_batch(module: torch.nn.Module, batch: Any, devices: int, strategy
     room = limit - (fixed.params + fixed.optim + fixed.master + fixed.buffers)
     size = max_micro_batch if per_sample <= 0 else min(max_micro_batch, int((room - base) // per_sample))
     if room < fixed.grads or fixed.model_states + fixed.step_buffers > limit or size < 1:
-        raise ConfigError(f"micro_batch: not even 1 fits under {strategy}: it needs {gib(fixed.device_total)} per "
-                          f"device and {gib(limit)} is available ({headroom:.0%} kept free).")
-    if device_type != "cuda":
-        return MicroBatch(size, size, "forecast only: on CPU no step is run to confirm it")
-    confirmed = confirm_micro_batch(step_fn or (lambda n: plain_cuda_step(module, batch, n, precision)), size)
-    return MicroBatch(confirmed, size, f"confirmed by a real step at {confirmed}"
-                      + (f" (the forecast's {size} ran out of memory)" if confirmed < size else ""))
+        raise ConfigError(f"micro_batch: not even 1 fits under {candidate.name}: it needs "
+                          f"{gib(fixed.device_total)} per device and {gib(limit)} is available "
+                          f"({headroom:.0%} kept free).")
+    return size
 
 
 def confirm_micro_batch(step_fn, size: int) -> int:

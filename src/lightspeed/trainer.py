@@ -39,9 +39,9 @@ from .inputs import checked_callbacks
 from .launch import DistInfo, end_with_os_exit, export_env, read_dist_info, start_local_ranks, watch_parent
 from .loggers import Logger, build_loggers
 from .metrics import MetricStore, infer_batch_size
+from .micro_batch import plan_fit
 from .module import Module
 from .optim import parse_optimizers, step_schedulers
-from .plan import plan_auto
 from .preemption import Preemption
 from .progress import ProgressBar, metrics_table, print_table, start_progress
 from .rng import rng_state, seed_everything, set_rng_state
@@ -253,11 +253,12 @@ class Trainer:
                               f"{type(model).__name__}.")
         self.datamodule = datamodule
         with self._entry(model):
-            if self._plans and self.dist is None and train_dataloaders is not None:  # before any rank starts
-                self.strategy = build_strategy(plan_auto(model, train_dataloaders, self.world_size, self.cfg,
-                                                         show=self._env.rank == 0), self.world_size)
-            resume, (train, val) = self._prepare("fit", model, ckpt_path, lambda: fit_loaders(
-                model, datamodule, train_dataloaders, val_dataloaders, bool(self.cfg.overfit_batches)))
+            data = lambda: fit_loaders(model, datamodule, train_dataloaders, val_dataloaders,  # noqa: E731
+                                       bool(self.cfg.overfit_batches))
+            if self.dist is None and (self._plans or self.cfg.micro_batch):  # before any rank starts (micro_batch.py)
+                self.strategy, data = plan_fit(model, train_dataloaders, datamodule, self.strategy, self._plans,
+                                               self.world_size, self.cfg, data, show=self._env.rank == 0)
+            resume, (train, val) = self._prepare("fit", model, ckpt_path, data)
             self._preemption.install()  # a signal only sets a flag; `_train_epoch` acts on it at a step boundary
             train, val = self._distribute(train), self._distribute(val)
             n = num_batches(train, self.cfg.limit_train_batches)

@@ -15,7 +15,6 @@ import warnings
 from typing import Any
 
 import torch
-from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from .. import kernels
 from ..errors import ConfigError
@@ -33,7 +32,7 @@ def apply_zero1(optimizers: list, schedulers: list[SchedulerConfig],
     return sharded, rebind_schedulers(schedulers, optimizers, sharded)
 
 
-def build_zero_optimizer(opt: Any, parameters_as_bucket_view: bool = False) -> ZeroRedundancyOptimizer:
+def build_zero_optimizer(opt: Any, parameters_as_bucket_view: bool = False) -> torch.optim.Optimizer:
     """Rebuilds the torch optimizer `opt` as a ZeroRedundancyOptimizer: same class, same param groups with their
     own options, same defaults. `opt` must not have stepped yet (its state is not carried over).
 
@@ -41,6 +40,9 @@ def build_zero_optimizer(opt: Any, parameters_as_bucket_view: bool = False) -> Z
         ConfigError: if `opt` is not a `torch.optim.Optimizer` (ZeroRedundancyOptimizer needs the class to
             build one local optimizer per partition).
     """
+    # Imported here: torch.distributed.optim pulls in FSDP and DTensor, a second of start-up every rank pays.
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
     if isinstance(opt, ZeroRedundancyOptimizer):
         return opt  # the user built it already
     if not isinstance(opt, torch.optim.Optimizer):

@@ -1,0 +1,179 @@
+"""Where a training step's time goes: one setup of gpu_suite.py / multi_gpu.py, profiled on the GPU.
+
+    python benchmarks/profile_step.py --setup plain_deepspeed_zero3            # DeepSpeed's own ZeRO-3 loop
+    python benchmarks/profile_step.py --setup deepspeed_stage_3                # lightspeed, the user's AdamW
+    python benchmarks/profile_step.py --setup fsdp --devices 2 --micro-batch 4
+    python benchmarks/profile_step.py --setup deepspeed_stage_3 --legacy-guard # a host sync before every step
+
+For `--timed` steps after `--warmup` it reports the median step (the clock between batch ends, as the suite),
+then, over 3 more steps, every synchronising CUDA call (torch.cuda.set_sync_debug_mode) counted by where it was
+made, then a torch.profiler table over 2 more steps (CPU time by op, including the `record_function` labels
+torch and DeepSpeed put on forward, backward, optimizer and communication calls, and GPU time by kernel), the
+sum of GPU kernel time against the wall clock, and, for DeepSpeed, the effective ZeRO settings of the engine
+(`engine._config.zero_config`). `--legacy-guard` puts back a full host sync before each optimizer step, which
+the non-finite guard made before it published its flags behind the forward. Rank 0 reports; lightspeed's
+setups run through `Trainer(devices=N)`, the plain loop alone (one GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import lightspeed as ls  # noqa: E402
+from gpu_suite import LIGHTSPEED, ZERO3_DEFAULTS, UserGPT, _model_cfg, run_plain_deepspeed  # noqa: E402
+from lightspeed.examples.gpt import RandomTokens  # noqa: E402
+
+if os.environ.get("LS_PROFILE_LEGACY_GUARD") == "1":  # set by --legacy-guard; inherited by the spawned ranks
+    from lightspeed.guard import NonFiniteGuard
+
+    _should_step = NonFiniteGuard.should_step
+
+    def _synced_should_step(self, grad_norm):
+        torch.cuda.synchronize()  # the old guard read its flags after the backward: the host waited for it
+        return _should_step(self, grad_norm)
+
+    NonFiniteGuard.should_step = _synced_should_step
+
+CUDA = torch.cuda.is_available()
+
+
+class Probe:
+    """Called after every step with the engine (or None): times steps, then counts syncs, then profiles."""
+
+    def __init__(self, warmup: int, timed: int, report: bool):
+        self.warmup, self.timed, self.report = warmup, timed, report
+        self.stamps: list[float] = []
+        self.syncs: collections.Counter = collections.Counter()
+        self.prof = None
+        self.config_printed = False
+        self._saved_showwarning = None
+
+    @property
+    def total_steps(self) -> int:
+        return self.warmup + self.timed + 3 + 2 + 1
+
+    def __call__(self, engine) -> None:
+        if CUDA:
+            torch.cuda.synchronize()
+        self.stamps.append(time.perf_counter())
+        k = len(self.stamps)  # steps done
+        if k == 1 and engine is not None and self.report:
+            zero = engine._config.zero_config.model_dump()
+            print("ZERO_CONFIG " + json.dumps(zero, default=str, sort_keys=True), flush=True)
+            top = {k: v for k, v in vars(engine._config).items() if isinstance(v, (int, float, str, bool, type(None)))}
+            print("ENGINE_CONFIG " + json.dumps(top, default=str, sort_keys=True), flush=True)
+            print(f"OPTIMIZER {type(engine.optimizer).__name__} / {type(getattr(engine.optimizer, 'optimizer', None)).__name__}")
+        if k == self.warmup + self.timed:
+            self._start_sync_count()
+        elif k == self.warmup + self.timed + 3:
+            self._stop_sync_count()
+            activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if CUDA else [])
+            self.prof = torch.profiler.profile(activities=activities)
+            self.prof.__enter__()
+            self._prof_start = time.perf_counter()
+        elif k == self.warmup + self.timed + 5:
+            self.prof.__exit__(None, None, None)
+            self._prof_wall = time.perf_counter() - self._prof_start
+            if self.report:
+                self._print()
+
+    def _start_sync_count(self) -> None:
+        def record(message, category, filename, lineno, file=None, line=None):
+            if "synchronizing" not in str(message):
+                return
+            frames = [f for f in traceback.extract_stack()[:-1]
+                      if "/torch/" not in f.filename and "warnings" not in f.filename]
+            where = " <- ".join(f"{_short(f.filename)}:{f.lineno}:{f.name}" for f in frames[::-1][:3])
+            self.syncs[where] += 1
+
+        self._saved_showwarning = warnings.showwarning
+        warnings.showwarning = record
+        warnings.simplefilter("always")
+        if CUDA:
+            torch.cuda.set_sync_debug_mode(1)
+
+    def _stop_sync_count(self) -> None:
+        if CUDA:
+            torch.cuda.set_sync_debug_mode(0)
+        warnings.showwarning = self._saved_showwarning
+        if self.report:
+            print(f"SYNCS over 3 steps: {sum(self.syncs.values())}")
+            for where, n in self.syncs.most_common(15):
+                print(f"  {n:4d}  {where}")
+
+    def _print(self) -> None:
+        times = [b - a for a, b in zip(self.stamps, self.stamps[1:])][self.warmup - 1:self.warmup - 1 + self.timed]
+        print(f"STEP median {statistics.median(times) * 1e3:.1f} ms (min {min(times) * 1e3:.1f}, "
+              f"max {max(times) * 1e3:.1f}, {len(times)} steps)")
+        events = self.prof.key_averages()
+        gpu = sum(e.self_device_time_total for e in events) / 1e3
+        print(f"PROFILE 2 steps: wall {self._prof_wall * 1e3:.1f} ms, GPU kernel time {gpu:.1f} ms "
+              f"({gpu / (self._prof_wall * 1e3):.0%} of the wall clock; streams may overlap)")
+        print(events.table(sort_by="cpu_time_total", row_limit=30, max_name_column_width=60))
+        print(events.table(sort_by="self_device_time_total", row_limit=20, max_name_column_width=60))
+
+
+def _short(path: str) -> str:
+    for marker in ("site-packages/", "src/", "benchmarks/"):
+        if marker in path:
+            return path.split(marker, 1)[1]
+    return path
+
+
+class ProbeCallback(ls.Callback):
+    def __init__(self, probe: Probe):
+        self.probe = probe
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.probe(getattr(trainer.strategy, "engine", None))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--setup", required=True, help="plain_deepspeed_zero3, or a lightspeed strategy name")
+    p.add_argument("--devices", type=int, default=1)
+    p.add_argument("--micro-batch", type=int, default=8)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--timed", type=int, default=10)
+    p.add_argument("--legacy-guard", action="store_true")
+    p.add_argument("--tiny", action="store_true", help="CPU smoke run with the tiny GPT")
+    args = p.parse_args()
+    if args.legacy_guard and os.environ.get("LS_PROFILE_LEGACY_GUARD") != "1":  # re-run with the patch in place
+        os.environ["LS_PROFILE_LEGACY_GUARD"] = "1"
+        os.execv(sys.executable, [sys.executable, *sys.argv])
+    cfg = _model_cfg(argparse.Namespace(tiny=args.tiny, layers=None))
+    rank = int(os.environ.get("RANK", "0"))
+    probe = Probe(args.warmup, args.timed, report=rank == 0)
+    print(f"SETUP {args.setup} devices={args.devices} micro_batch={args.micro_batch} "
+          f"legacy_guard={args.legacy_guard}", flush=True)
+    if args.setup == "plain_deepspeed_zero3":
+        device = torch.device("cuda", 0) if CUDA else torch.device("cpu")
+        run_plain_deepspeed(cfg, args.micro_batch, probe.total_steps, 1, device, ZERO3_DEFAULTS, on_step=probe)
+        return
+    torch.manual_seed(0)
+    strategy = LIGHTSPEED[args.setup]() if args.setup in LIGHTSPEED else args.setup  # e.g. deepspeed_stage_3+ds_defaults
+    trainer = ls.Trainer(strategy=strategy, devices=args.devices, accelerator="gpu" if CUDA else "cpu",
+                         precision="bf16-mixed",
+                         max_steps=probe.total_steps, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, callbacks=[ProbeCallback(probe)])
+    data = RandomTokens(cfg.vocab_size, cfg.block_size, args.micro_batch * args.devices * probe.total_steps)
+    trainer.fit(UserGPT(cfg), torch.utils.data.DataLoader(data, batch_size=args.micro_batch))
+
+
+if __name__ == "__main__":
+    main()
