@@ -3,11 +3,11 @@
     rank 1 stopped answering at step 3 (last seen in training_step (workload.py:74) 5 s ago); rank 0 answered
     up to step 3 and waited in all_reduce (metrics.py:154).
 
-The training loop only notes its step (`note_step`, one attribute write per step, no I/O). A daemon thread in each
-rank wakes every second, reads where the training thread is from its Python stack (`sys._current_frames`: in
-`training_step`, in `backward`, waiting in `all_reduce`, ...) and writes that with the step to the rendezvous
-store (torch's TCPStore on MASTER_ADDR:MASTER_PORT, through its own connection) under `lightspeed/heartbeat/<rank>`.
-Nothing on the training thread touches the store or the device.
+The training loop only notes its step (`note_step` from `hooks.on_train_batch_start`, one attribute write per
+batch, no I/O). A daemon thread in each rank wakes every second, reads where the training thread is from its
+Python stack (`sys._current_frames`: in `training_step`, in `backward`, waiting in `all_reduce`, ...) and writes
+that with the step to the rendezvous store (torch's TCPStore on MASTER_ADDR:MASTER_PORT, through its own
+connection) under `lightspeed/heartbeat/<rank>`. Nothing on the training thread touches the store or the device.
 
 Who reads it:
 - a rank waiting in a collective: its heartbeat thread prints `describe(read(...))` shortly before the collective
@@ -141,7 +141,7 @@ _heart = _Heart()
 
 
 def note_step(step: int) -> None:
-    """Called by the loop once per optimizer step, at its start: the step the heartbeat reports. No I/O."""
+    """Called at each training batch's start (hooks.on_train_batch_start): the step the heartbeat reports. No I/O."""
     _heart.step = step
 
 

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import heartbeat, hooks
+from . import hooks
 from .callbacks import Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint
 from .checkpoint import Checkpointer, resolve
 from .config import TrainerConfig
@@ -317,7 +317,6 @@ class Trainer:
         """One optimizer step: every micro-batch forward and backward (gradients synchronised on the last one
         only), then `strategy.step()`. Returns the last micro-batch's `training_step` output."""
         out = None
-        heartbeat.note_step(self.global_step)  # no I/O: the heartbeat thread publishes it (heartbeat.py)
         self.guard.begin(self.global_step, self.current_epoch, [i for i, _ in window])
         for i, (batch_idx, batch) in enumerate(window):
             batch = move_to_device(batch, self.device)
