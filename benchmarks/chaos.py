@@ -62,7 +62,7 @@ def kill9(tmp: Path, trial: int, a) -> dict:
 
 
 def midsave(tmp: Path, trial: int, a) -> dict:
-    opts = {"strategy": a.strategy, "max_steps": 400, "ckpt_every": 2, "batch_size": 4, "root": str(tmp),
+    opts = {"strategy": a.strategy, "devices": 2, "max_steps": 400, "ckpt_every": 2, "batch_size": 4, "root": str(tmp),
             "out": str(tmp / "killed.json")}
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, str(WORKLOAD), json.dumps(opts)], cwd=tmp, env=env,
