@@ -46,6 +46,7 @@ def _run(tmp: Path, timeout: float, **opts):
         return run_workload(tmp, devices=2, check=False, timeout=timeout, **opts), False
     except AssertionError as e:  # helpers.launch: a hang, every process killed
         if "hung" in str(e):
+            print(f"--- a hang ({opts}):\n{str(e)[-3000:]}", file=sys.stderr)  # what the ranks said last
             return None, True
         raise
 
