@@ -1,9 +1,10 @@
 """Every script in examples/ runs on 2 CPU ranks under ddp, deepspeed_stage_2, deepspeed_stage_3 and fsdp, as a user
 would start it (`python examples/x.py --devices 2 --strategy S`), and prints the result it promises.
 
-The full matrix is 36 runs of ~10-15 s each. By default each example runs under one strategy, rotating (example i
-under STRATEGIES[i % 4]), so every strategy is covered twice; the other 27 runs are marked `slow` and deselected
-by pyproject's `addopts`. Run them with `pytest -m slow tests/test_examples.py` (or everything with `-m ""`).
+The full matrix is 44 runs of ~10-15 s each. By default each example runs under one strategy, rotating (example i
+under STRATEGIES[i % 4]), so every strategy is covered twice; the other runs (and every cell of the gan and
+transformer_encoder examples, whose own tests run their default cells) are marked `slow` and deselected by
+pyproject's `addopts`. Run them with `pytest -m slow tests/test_examples.py` (or everything with `-m ""`).
 """
 
 from __future__ import annotations
@@ -39,9 +40,22 @@ EXAMPLES = [
     ("deepspeed_zero3", _finite_below(10.0)),
     ("hparams_checkpoint", lambda v, cwd: v == 24),     # rebuilt from the checkpoint's hparams, not the default
     ("predict", lambda v, cwd: v == 20),                 # 40 inputs, half on each rank
+    ("gan", _finite_below(1.0)),                         # BCE of a discriminator near chance: about ln 2
+    ("transformer_encoder", _finite_below(2.0)),         # 4 classes: ln 4 = 1.39 at chance
 ]
+# The GAN (two optimizers, manual): under DDP it needs ddp_find_unused_parameters_true (as under Lightning); under
+# deepspeed_stage_3 it is refused (one engine per optimizer is stages 1/2). Their own tests run the cells that
+# matter by default (gan: tests/test_manual_optimization.py; transformer_encoder: tests/test_lightning_zero3.py),
+# so here every cell of these two is slow.
+ELSEWHERE = {"gan", "transformer_encoder"}
+RENAMED = {("gan", "ddp"): "ddp_find_unused_parameters_true"}
+REFUSED = {("gan", "deepspeed_stage_3"): "one DeepSpeed engine per optimizer works with ZeRO stages 1 and 2 only"}
+FSDP_GAN = pytest.mark.xfail(strict=True, reason=(
+    "FSDP2: toggle_optimizer inside training_step sees the gathered parameters, not the optimizer's shards (it "
+    "freezes all), and self(z) inside training_step reshards the root (strategies/fsdp.py)"))
 CASES = [pytest.param(name, strategy, check, id=f"{name}-{strategy}",
-                      marks=() if strategy == STRATEGIES[i % 4] else pytest.mark.slow)
+                      marks=[*(() if strategy == STRATEGIES[i % 4] and name not in ELSEWHERE else [pytest.mark.slow]),
+                             *([FSDP_GAN] if (name, strategy) == ("gan", "fsdp") else [])])
          for i, (name, check) in enumerate(EXAMPLES) for strategy in STRATEGIES]
 
 
@@ -53,7 +67,12 @@ def test_every_example_is_listed():
 def test_example(tmp_path, name, strategy, check):
     if name == "deepspeed_zero3" and strategy == "deepspeed_stage_3":
         strategy = "deepspeed"  # the script's own DeepSpeedStrategy(stage=3)
+    refusal = REFUSED.get((name, strategy))
+    strategy = RENAMED.get((name, strategy), strategy)
     run = launch([str(ROOT / "examples" / f"{name}.py"), "--devices", "2", "--strategy", strategy], tmp_path)
+    if refusal:
+        assert run.returncode != 0 and refusal in run.stderr, run.stderr[-3000:]
+        return
     assert run.returncode == 0, f"{name} under {strategy} failed:\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
     found = re.findall(r"^result: (\w+)=(\S+)$", run.stdout, re.MULTILINE)
     assert len(found) == 1, f"{name}: expected one result line from rank 0:\n{run.stdout[-2000:]}"

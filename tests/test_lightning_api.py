@@ -33,6 +33,22 @@ def test_deepspeed_strategy_stage_from_config_and_defaults():
     assert DeepSpeedStrategy().stage == 2 and DeepSpeedStrategy().offload_optimizer is None
 
 
+def test_deepspeed_strategy_config_from_env_and_offload_false(tmp_path, monkeypatch):
+    # Lightning's PL_DEEPSPEED_CONFIG_PATH names the config file when config= is not given.
+    path = tmp_path / "ds.json"
+    path.write_text('{"zero_optimization": {"stage": 1, "offload_optimizer": false}, "steps_per_print": 7}')
+    monkeypatch.setenv("PL_DEEPSPEED_CONFIG_PATH", str(path))
+    s = DeepSpeedStrategy()
+    assert s.stage == 1 and s.config["steps_per_print"] == 7 and s.offload_optimizer is None
+    assert DeepSpeedStrategy(config={"zero_optimization": {"stage": 3}}).stage == 3  # config= wins over the variable
+    monkeypatch.delenv("PL_DEEPSPEED_CONFIG_PATH")
+    # `"offload_optimizer": false` / null in a config means no offload (it used to fail on bool.get)
+    off = DeepSpeedStrategy(config={"zero_optimization": {"stage": 2, "offload_optimizer": False,
+                                                          "offload_param": None}})
+    assert off.offload_optimizer is None and off.offload_params is None
+    assert "offload_optimizer" not in off.config["zero_optimization"]  # DeepSpeed's schema refuses false
+
+
 def test_fsdp_and_ddp_strategy_keywords():
     block = torch.nn.Linear
     f = FSDPStrategy(sharding_strategy="SHARD_GRAD_OP", cpu_offload=True, activation_checkpointing_policy={block},

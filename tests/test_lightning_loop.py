@@ -88,6 +88,7 @@ def test_unknown_hooks_are_warned_about(tmp_path):
     class Typo(Regress):
         def on_train_epoch_ends(self): ...
         def configure_gradient_clipping(self, *a): ...
+        def backward(self, loss): loss.backward()  # Lightning's loop override: the strategy runs backward here
 
     class CbTypo(Callback):
         def on_validation_epoch_stop(self, trainer, module): ...
@@ -95,7 +96,8 @@ def test_unknown_hooks_are_warned_about(tmp_path):
     with pytest.warns(UserWarning) as record:
         make_trainer(tmp_path, max_steps=1, callbacks=[CbTypo()]).fit(Typo(), regression_data())
     text = " ".join(str(r.message) for r in record)
-    for name in ("Typo.on_train_epoch_ends", "Typo.configure_gradient_clipping", "CbTypo.on_validation_epoch_stop"):
+    for name in ("Typo.on_train_epoch_ends", "Typo.configure_gradient_clipping", "Typo.backward",
+                 "CbTypo.on_validation_epoch_stop"):
         assert name in text
     assert "Regress" not in text  # known hooks are not reported
 
@@ -363,3 +365,44 @@ def test_log_bad_batch_size(tmp_path):
 
     with pytest.raises(ls.ConfigError, match=r"self.log\('x', batch_size=0\) is not valid"):
         make_trainer(tmp_path, max_steps=1).fit(Bad(), regression_data())
+
+
+def test_scheduler_name_keys_learning_rate_monitor(tmp_path):
+    # Lightning's lr_scheduler "name" is LearningRateMonitor's key, and `.lrs` holds every value it logged.
+    class Named(Regress):
+        def configure_optimizers(self):
+            opt = torch.optim.SGD(self.parameters(), lr=0.1)
+            sched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "name": "Sean", "interval": "step"}}
+
+    monitor = ls.LearningRateMonitor(logging_interval="step")
+    trainer = make_trainer(tmp_path, max_steps=3, log_every_n_steps=1, callbacks=[monitor])
+    trainer.fit(Named(), regression_data())
+    assert trainer.lr_scheduler_configs[0].name == "Sean"
+    assert monitor.lrs == {"Sean": [0.05, 0.025, 0.0125]}
+
+
+class OneCycle(Regress):
+    """Lightning's common use of estimated_stepping_batches: OneCycleLR sized inside configure_optimizers (it raises
+    when stepped past total_steps, so a count too small fails the fit)."""
+
+    def configure_optimizers(self):
+        self.total = self.trainer.estimated_stepping_batches
+        opt = torch.optim.SGD(self.parameters(), lr=0.1)
+        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=self.total)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (dict(max_epochs=3, accumulate_grad_batches=3), 3 * 3),    # 8 batches → ceil(8/3) = 3 steps per epoch
+    (dict(max_epochs=2, limit_train_batches=5), 2 * 5),
+    (dict(max_epochs=50, max_steps=7), 7),                    # max_steps caps the epochs' count
+    (dict(max_steps=11), 11),                                 # epochs unbounded: max_steps
+])
+def test_estimated_stepping_batches_sizes_one_cycle(tmp_path, flags, expected):
+    model = OneCycle()
+    trainer = make_trainer(tmp_path, num_sanity_val_steps=0, **flags)
+    trainer.fit(model, regression_data(n=32, batch_size=4))
+    assert model.total == expected
+    assert trainer.global_step == expected  # the scheduler stepped exactly total_steps times without raising
+

@@ -291,16 +291,23 @@ class LearningRateMonitor(Callback):
             raise ConfigError(f"logging_interval={logging_interval!r} is not valid: use None, 'step' or 'epoch'.")
         self.logging_interval, self.log_momentum = logging_interval, log_momentum
         self._last_step = -1
+        self.lrs: dict[str, list[float]] = {}  # every value logged, by key (Lightning's attribute)
 
     def _values(self, trainer: Trainer) -> dict[str, float]:
         out: dict[str, float] = {}
+        names = {id(c.scheduler.optimizer): c.name for c in trainer.strategy.schedulers if c.name}
         for i, opt in enumerate(trainer.strategy.optimizers):
-            base = f"lr-{type(opt).__name__}" + (f"-{i}" if len(trainer.strategy.optimizers) > 1 else "")
+            inner = opt
+            while hasattr(inner, "optimizer"):  # DeepSpeed's wrappers: the key names the user's optimizer class
+                inner = inner.optimizer
+            base = names.get(id(inner)) or names.get(id(opt)) or (
+                f"lr-{type(inner).__name__}" + (f"-{i}" if len(trainer.strategy.optimizers) > 1 else ""))
             groups = opt.param_groups
             for j, group in enumerate(groups):
                 key = base if len(groups) == 1 else f"{base}/pg{j + 1}"
                 lr = group["lr"]
                 out[key] = float(lr.item() if isinstance(lr, torch.Tensor) else lr)
+                self.lrs.setdefault(key, []).append(out[key])
                 if self.log_momentum and "betas" in group:
                     out[key.replace("lr-", "momentum-", 1)] = float(group["betas"][0])
                 elif self.log_momentum and "momentum" in group:

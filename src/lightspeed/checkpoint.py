@@ -9,6 +9,9 @@ A checkpoint is a directory:
     <name>/...                whatever the strategy writes: model.safetensors + optimizer.pt (single, DDP),
                               DeepSpeed's ZeRO shards, torch.distributed.checkpoint shards (FSDP)
 
+Any strategy resumes any other's checkpoint, on any world size: where the on-disk layouts differ, `load` reads the
+checkpoint into a neutral form and the strategy writes that into its shards (strategies/portable.py).
+
 Every rank calls `save` (DeepSpeed and DCP require it). The data goes to `.tmp-<name>` and is renamed to `<name>`
 only when every rank has finished; the `last` symlink moves only after that rename. A crash at any point leaves
 `last` pointing at a complete checkpoint. `resolve` checks a checkpoint cheaply (sizes and file headers, not full
@@ -30,10 +33,11 @@ from typing import Any, Callable
 
 import torch
 
-from .distributed import barrier
+from .distributed import barrier, broadcast_from_rank0
 from .errors import ConfigError
 from .rng import rng_state
 from .specs import LoopState
+from .strategies.portable import layout, read_portable
 
 FORMAT = "lightspeed-checkpoint"
 VERSION = 1
@@ -89,14 +93,11 @@ class Checkpointer:
     def load(self, path: Path, with_optimizer: bool = True) -> tuple[LoopState, dict, dict | None]:
         """Collective. Restores the strategy, schedulers and callbacks from `path`; returns (the loop state, the
         saved state dict for the `on_load_checkpoint` hooks, this rank's RNG state or None on another world
-        size). The caller restores the RNG at the point the loop reaches the saved position."""
-        try:
-            self.strategy.load(path, with_optimizer=with_optimizer)
-        except (ConfigError, KeyboardInterrupt, SystemExit):
-            raise
-        except BaseException as e:  # DeepSpeed's bare AssertionError, DCP's CheckpointException (a BaseException)
-            raise ConfigError(f"checkpoint {path} could not be loaded by {self.strategy.name}: {_culprit(path, e)}"
-                              ) from e
+        size). The caller restores the RNG at the point the loop reaches the saved position.
+
+        A checkpoint another strategy or world size wrote travels through the neutral form (`_read_portable`);
+        one line on rank 0 says what was carried over and what was not."""
+        meta = self.load_strategy(path, with_optimizer)
         state = _torch_load(path / TRAINER_STATE)
         for cb in self.callbacks:
             if cb.state_key in state["callbacks"]:
@@ -105,7 +106,56 @@ class Checkpointer:
             sched.scheduler.load_state_dict(sd)
         rng_file = path / f"rng-rank{self.rank}.pt"
         loop = LoopState(**{f.name: state[f.name] for f in dataclasses.fields(LoopState)})
-        return loop, state, _torch_load(rng_file) if rng_file.exists() else None
+        same_ranks = meta.get("world_size") == self.world_size  # rank r's random stream means nothing on another
+        return loop, state, _torch_load(rng_file) if same_ranks and rng_file.exists() else None
+
+    def load_strategy(self, path: Path, with_optimizer: bool = False) -> dict:
+        """Collective. Loads the model (and with `with_optimizer` the optimizer state) from `path` into the set-up
+        strategy, natively or through the neutral form; what evaluation with `ckpt_path` needs. Returns meta.json.
+        Raises ConfigError naming the checkpoint (and the file at fault, where one is) when it cannot be loaded."""
+        meta = read_meta(path)
+        portable = self._read_portable(path, meta, with_optimizer)
+        self._say_what_travels(meta, with_optimizer)
+        try:
+            self.strategy.load(path, with_optimizer=with_optimizer, portable=portable)
+        except (ConfigError, KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # DeepSpeed's bare AssertionError, DCP's CheckpointException (a BaseException)
+            raise ConfigError(f"checkpoint {path} could not be loaded by {self.strategy.name}: {_culprit(path, e)}"
+                              ) from e
+        return meta
+
+    def _read_portable(self, path: Path, meta: dict, with_optimizer: bool) -> dict | None:
+        """None when this strategy reads `path` natively (same on-disk layout); else the checkpoint in the neutral
+        form, read by rank 0 and broadcast (every rank then holds the whole model and optimizer state on CPU for
+        the moment of the load: the price of not needing a shared temporary directory). Collective."""
+        saved, ranks = meta.get("strategy", "?"), meta.get("world_size", 0)
+        if layout(saved, ranks) == layout(self.strategy.name, self.world_size):
+            return None
+        found: Any = None
+        if self.rank == 0:
+            try:
+                found = read_portable(path, saved, with_optimizer)
+            except Exception as e:  # noqa: BLE001 - every rank must learn of it, or the others wait forever
+                found = e if isinstance(e, ConfigError) else ConfigError(
+                    f"checkpoint {path} ({saved} on {ranks} ranks) could not be read for {self.strategy.name}: "
+                    f"{type(e).__name__}: {e}")
+        found = broadcast_from_rank0(found)
+        if isinstance(found, ConfigError):
+            raise found
+        return found
+
+    def _say_what_travels(self, meta: dict, with_optimizer: bool) -> None:
+        saved, ranks = meta.get("strategy", "?"), meta.get("world_size", 0)
+        if self.rank != 0 or (saved, ranks) == (self.strategy.name, self.world_size):
+            return
+        same = ranks == self.world_size
+        print(f"{'Resuming' if with_optimizer else 'Loading'} a {saved} checkpoint from {ranks} rank{'s' * (ranks != 1)} under {self.strategy.name} on "
+              f"{self.world_size} rank{'s' * (self.world_size != 1)}: carried weights"
+              + (f", optimizer state, LR schedulers, loop state (epoch, global step){', RNG states' if same else ''}"
+                 "; not carried: " + ("nothing." if same else "RNG states and the data order (on another world "
+                                      "size each rank's share of the data and its random stream differ).")
+                 if with_optimizer else "."), flush=True)
 
 
 def _replace_dir(src: Path, dst: Path) -> None:

@@ -11,6 +11,11 @@ from .errors import ConfigError
 
 WEIGHTS = "model.safetensors"
 OPTIMIZER = "optimizer.pt"
+# The other strategies' parts of a checkpoint directory (named here so that the readers of strategies/portable.py
+# share them with the writers).
+DCP_DIR = "dcp"  # FSDP: the torch.distributed.checkpoint shards
+FSDP_EXTRA = "fsdp_extra.pt"  # FSDP: rank 0's small non-tensor state (the fp16 loss scaler)
+DEEPSPEED_DIR = "deepspeed"  # DeepSpeed: its own checkpoint, saved under this tag
 
 
 def full_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -38,7 +43,8 @@ def load_weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 def save_replicated(path: Path, model: torch.nn.Module, optimizers: list, extra: dict | None = None) -> None:
-    """Rank 0 writes the replicated model and optimizer state (single device, DDP)."""
+    """Rank 0 writes the replicated model and optimizer state (single device, DDP). `extra` (the precision state,
+    the optimizers' parameter names) goes into the optimizer file beside the optimizers' state dicts."""
     save_weights(model.state_dict(), path / WEIGHTS)
     torch.save({"optimizers": [o.state_dict() for o in optimizers], **(extra or {})}, path / OPTIMIZER)
 

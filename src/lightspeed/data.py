@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable, Iterator
 
 import torch
@@ -76,6 +77,19 @@ def num_batches(loader: Any, limit: int | float | None) -> int | float:
     if isinstance(limit, float) and limit <= 1.0:
         return int(total * limit) if total != float("inf") else float("inf")
     return min(total, int(limit))
+
+
+def estimated_stepping_batches(loader: Any, cfg: Any) -> int | float:
+    """Lightning's `trainer.estimated_stepping_batches`: the optimizer steps fit will take, from this rank's
+    (already distributed) training loader, `limit_train_batches`, `accumulate_grad_batches`, `max_epochs` and
+    `max_steps`. Infinite for an unsized loader without `max_steps`; `max_steps` when epochs are unbounded."""
+    per_epoch = num_batches(loader, cfg.limit_train_batches)
+    if per_epoch != float("inf"):
+        per_epoch = math.ceil(per_epoch / cfg.accumulate_grad_batches)
+    if cfg.max_epochs is None and cfg.max_steps != -1:
+        return cfg.max_steps
+    total = per_epoch * max(cfg.epochs_limit, 1)
+    return min(total, cfg.max_steps) if cfg.max_steps != -1 else total
 
 
 def check_batch_counts(n: int | float, limit: Any) -> None:

@@ -37,15 +37,22 @@ def accepts(fn: Callable, n: int, name: str) -> bool:
     return len([p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]) >= n
 
 
+# Lightning methods a LightningModule overrides to change the loop itself; lightspeed's strategies own these steps
+# (DeepSpeed runs backward and step itself), so an override here would be silently skipped.
+LIGHTNING_OVERRIDES = ("backward", "optimizer_step", "optimizer_zero_grad", "lr_scheduler_step",
+                       "transfer_batch_to_device")
+
+
 def warn_unknown_hooks(module: Module, callbacks: list[Callback]) -> None:
-    """Warns once per fit about each `on_*` / `configure_*` method that a Module or Callback subclass defines and
-    lightspeed never calls (a Lightning hook not implemented here, or a typo): it would be silently ignored."""
+    """Warns once per fit about each `on_*` / `configure_*` method (or Lightning loop override such as `backward`,
+    `optimizer_step`) that a Module or Callback subclass defines and lightspeed never calls (a Lightning hook not implemented here, or a typo): it would be silently ignored."""
     for obj, base in [(module, Module), *((cb, Callback) for cb in callbacks)]:
         for cls in type(obj).__mro__:
             if cls is base or not issubclass(cls, base):
                 continue
             for name in vars(cls):
-                if name.startswith(("on_", "configure_")) and not hasattr(base, name) and callable(vars(cls)[name]):
+                hook_like = name.startswith(("on_", "configure_")) or name in LIGHTNING_OVERRIDES
+                if hook_like and not hasattr(base, name) and callable(vars(cls)[name]):
                     warnings.warn(f"{cls.__name__}.{name} is not a hook lightspeed calls: it will never run. "
                                   f"Known hooks are the on_*/configure_* methods of lightspeed.{base.__name__}.",
                                   stacklevel=3)

@@ -193,7 +193,10 @@ class Module(torch.nn.Module):
     def toggle_optimizer(self, optimizer: Any) -> None:
         """Freezes every parameter that `optimizer` does not train (for one of several optimizers);
         `untoggle_optimizer` restores what was trainable."""
-        mine = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        # A DeepSpeed handle's param_groups hold ZeRO's flat partitions; it lists the module's own parameters.
+        params = (optimizer.model_parameters() if hasattr(optimizer, "model_parameters")
+                  else [p for group in optimizer.param_groups for p in group["params"]])
+        mine = {id(p) for p in params}
         saved = self.__dict__.setdefault("_toggled", {})
         for p in self.parameters():
             saved.setdefault(id(p), (p, p.requires_grad))

@@ -24,7 +24,7 @@ def _scheduler(entry: Any) -> SchedulerConfig:
         if "scheduler" not in entry:
             raise ConfigError(f"configure_optimizers returned an lr_scheduler dict without 'scheduler': {entry!r}.")
         cfg = SchedulerConfig(entry["scheduler"], entry.get("interval", "epoch"), entry.get("frequency", 1),
-                              entry.get("monitor"))
+                              entry.get("monitor"), entry.get("name"))
     else:
         cfg = SchedulerConfig(entry)
     if cfg.interval not in ("step", "epoch"):

@@ -39,6 +39,7 @@ class SchedulerConfig:
     interval: Literal["step", "epoch"] = "epoch"
     frequency: int = 1
     monitor: str | None = None
+    name: str | None = None  # LearningRateMonitor's key for it (Lightning's "name")
 
 
 class StepStats(TypedDict, total=False):

@@ -27,8 +27,8 @@ from . import hooks
 from .callbacks import Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint
 from .checkpoint import Checkpointer, resolve
 from .config import TrainerConfig
-from .data import (accumulation_windows, check_batch_counts, move_to_device, num_batches, resumed_iterator, set_epoch,
-                   with_distributed_sampler)
+from .data import (accumulation_windows, check_batch_counts, estimated_stepping_batches, move_to_device, num_batches,
+                   resumed_iterator, set_epoch, with_distributed_sampler)
 from .distributed import broadcast_from_rank0
 from .errors import ConfigError
 from .kernels import compiled_frames, compiled_ran
@@ -80,8 +80,7 @@ class Trainer:
         self.strategy = build_strategy(strategy, self._world_size)
         # "auto" plans from a memory forecast at fit (plan.py) on GPUs, or on CPU given a memory budget.
         self._plans = strategy in ("auto", None) and (cfg.device_type == "cuda" or cfg.memory_budget is not None)
-        # fast_dev_run saves, stops early and logs nothing: Lightning's list of what it turns off
-        off = (ModelCheckpoint, EarlyStopping, LearningRateMonitor) if cfg.fast_dev_run else ()
+        off = (ModelCheckpoint, EarlyStopping, LearningRateMonitor) if cfg.fast_dev_run else ()  # as Lightning
         self.callbacks = [c for c in checked_callbacks(callbacks) if not isinstance(c, off)]
         if cfg.enable_checkpointing and not any(isinstance(c, ModelCheckpoint) for c in self.callbacks):
             self.callbacks.append(ModelCheckpoint())
@@ -128,6 +127,7 @@ class Trainer:
     progress_bar_metrics = property(lambda self: self.metrics.prog_bar_values())
     optimizers = property(lambda self: self.strategy.optimizers)
     lr_scheduler_configs = property(lambda self: self.strategy.schedulers)  # specs.SchedulerConfig each
+    estimated_stepping_batches = property(lambda t: estimated_stepping_batches(vars(t).get("_train_data"), t.cfg))
 
     @property
     def checkpoint_callback(self) -> ModelCheckpoint | None:
@@ -197,6 +197,7 @@ class Trainer:
         module.trainer = self
         hooks.setup(self, module, self.datamodule, stage)  # prepare_data, then setup(stage): callbacks, data, module
         loaders = data()
+        self._train_data = self._distribute(loaders[0]) if stage == "fit" else None  # estimated_stepping_batches
         if self._module is not module:
             self.strategy.configure_model(module)
             self._module, self._phase = module, None
@@ -245,9 +246,8 @@ class Trainer:
     # ------------------------------------------------------------------ fit
     def fit(self, model: Module, train_dataloaders: Any = None, val_dataloaders: Any = None, datamodule: Any = None,
             ckpt_path: str | Path | None = None) -> None:
-        """Trains `model` on the loaders given, else the DataModule's, else the Module's own. `ckpt_path` ("last",
-        "best" or a checkpoint directory) resumes exactly where it was saved. Validation runs only when
-        `validation_step` is overridden (as in Lightning)."""
+        """Trains `model` on the given loaders, else the DataModule's, else the Module's. `ckpt_path` ("last", "best",
+        a directory) resumes where it was saved. Validation runs only if `validation_step` is overridden."""
         if train_dataloaders is None and datamodule is None and not hooks.is_overridden(model, "train_dataloader"):
             raise ConfigError(f"fit needs training data: pass train_dataloaders= or define train_dataloader() on "
                               f"{type(model).__name__}.")
@@ -438,7 +438,7 @@ class Trainer:
         resume, loaders = self._prepare(stage, model, ckpt_path, lambda: eval_loaders(
             stage, model, self.datamodule, given))
         if resume:
-            self.strategy.load(resume, with_optimizer=False)
+            self._checkpointer.load_strategy(resume)  # any strategy's checkpoint, on any world size
         self.stage, self.metrics.stage = stage, stage
         return self._distribute(loaders)
 

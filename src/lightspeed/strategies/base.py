@@ -76,8 +76,10 @@ class Strategy(Protocol):
     def save(self, path: Path) -> None:
         """Collective: every rank calls it. Writes model and optimizer state under the directory `path`."""
 
-    def load(self, path: Path, with_optimizer: bool = True) -> None:
-        """Collective: restores what `save` wrote (optimizer state too unless `with_optimizer` is False)."""
+    def load(self, path: Path, with_optimizer: bool = True, portable: dict | None = None) -> None:
+        """Collective: restores what `save` wrote (optimizer state too unless `with_optimizer` is False). Given
+        `portable`, the neutral form of a checkpoint another strategy or world size wrote (strategies/portable.py,
+        the same on every rank), writes that into its model and optimizers instead."""
 
     def teardown(self) -> None:
         """Frees the engine and leaves the process group. Safe to call twice."""

@@ -25,6 +25,7 @@ from ..launch import DistInfo
 from ..precision import Precision, StepGate, optimizer_step
 from ..specs import RunSpec, StepStats
 from .common import StepRunner
+from .portable import Portable, optimizer_param_names, write_torch
 from .zero1 import apply_zero1
 
 CommHook = Literal["fp16", "bf16", "powersgd"]
@@ -144,10 +145,16 @@ class DDP:
             for opt in self.optimizers:
                 opt.consolidate_state_dict(to=0)
         if self.dist.is_global_zero:
-            save_replicated(path, self.module, self.optimizers, {"precision": self.precision.state_dict()})
+            save_replicated(path, self.module, self.optimizers, {
+                "precision": self.precision.state_dict(),
+                "param_names": optimizer_param_names(self.module, self.optimizers)})  # read on other strategies
         barrier()
 
-    def load(self, path: Path, with_optimizer: bool = True) -> None:
+    def load(self, path: Path, with_optimizer: bool = True, portable: Portable | None = None) -> None:
+        if portable is not None:  # another strategy's checkpoint, in the neutral form (strategies/portable.py)
+            write_torch(portable, self.module, self.optimizers, with_optimizer, path)
+            self.precision.load_state_dict(portable.get("precision", {}))
+            return
         # A ZeroRedundancyOptimizer takes the consolidated state and keeps this rank's partition, so a checkpoint
         # saved on any world size loads here.
         state = load_replicated(path, self.module, self.optimizers, with_optimizer)

@@ -29,6 +29,7 @@ import psutil
 import torch
 import torch.distributed as dist
 
+from ..checkpoint_io import DEEPSPEED_DIR as TAG  # the sub-directory that holds DeepSpeed's files
 from ..distributed import broadcast_from_rank0, destroy_process_group, init_process_group
 from ..errors import ConfigError
 from ..kernels import apply_compile, build_optimizers_fast, rebind_schedulers
@@ -37,12 +38,13 @@ from ..memory import cuda_free
 from ..specs import RunSpec, StepStats
 from .common import CHECKPOINT_PREFIX, StepRunner, apply_activation_checkpointing, configure_with_plain_twin
 from .deepspeed_config import cast_floats, engine_dtype, merge, read_config
-from .deepspeed_manual import EngineOptimizer, check_one_optimizer
+from .deepspeed_manual import EngineOptimizer
+from .deepspeed_multi import check_group, engine_tags, initialize_group
 from .host_memory import host_memory_warning, offloaded_bytes_per_param
-from .zero3 import copy_from_rank0, load_weights, whole_numel
+from .portable import Portable, write_deepspeed
+from .zero3 import copy_from_rank0, load_weights, partitioned_init, whole_numel
 
 Offload = Literal["cpu", "nvme"] | None
-TAG = "deepspeed"  # the sub-directory of a lightspeed checkpoint that holds DeepSpeed's files
 
 
 def _import_deepspeed():
@@ -225,7 +227,7 @@ class DeepSpeed:
             # ("Signature mismatch ... new_tensor"). Import dynamo with the constructors unpatched.
             import torch._dynamo  # noqa: F401
 
-            with deepspeed.zero.Init(config_dict_or_path=config, remote_device=self.offload_params):
+            with partitioned_init(deepspeed, config, self.offload_params):  # deep copies too (zero3.py)
                 module.configure_model()
 
         def fits() -> bool:  # rank 0's fp32 copy, beside what offload keeps in host memory for the whole run
@@ -262,8 +264,13 @@ class DeepSpeed:
                 optimizers, self.schedulers = build_optimizers_fast(
                     build_optimizers, self.spec, backend="deepspeed", device_type=self.device.type,
                     offload=bool(self.offload_optimizer), is_global_zero=self.dist.is_global_zero)
-            if not self.spec.automatic_optimization:
-                check_one_optimizer(len(optimizers), self.name)
+            if not self.spec.automatic_optimization and len(optimizers) > 1:  # one engine per optimizer (a GAN)
+                check_group(self.stage, self.spec.precision, optimizers, self.name)
+                if self.engine is not None:
+                    self.engine.destroy()  # an evaluation engine built before fit
+                self.engine, self.optimizers = initialize_group(
+                    deepspeed, StepRunner(module), [self._maybe_cpu_adam(o) for o in optimizers], config)
+                return
             if len(optimizers) > 1:
                 raise ConfigError(f"configure_optimizers returned {len(optimizers)} optimizers; DeepSpeed runs one "
                                   "engine with one optimizer. Return a single optimizer (with parameter groups).")
@@ -349,7 +356,9 @@ class DeepSpeed:
         client = {"lightspeed_strategy": self.name, UNIVERSAL_CHECKPOINT_INFO: {"universal_checkpoint_version": 0.2}}
         self.engine.save_checkpoint(str(path), tag=TAG, client_state=client, save_latest=True)
 
-    def load(self, path: Path, with_optimizer: bool = True) -> None:
+    def load(self, path: Path, with_optimizer: bool = True, portable: Portable | None = None) -> None:
+        if portable is not None:  # another strategy's or world size's checkpoint (strategies/portable.py)
+            return write_deepspeed(_import_deepspeed(), self.engine, self.module, portable, with_optimizer, path)
         if not self.optimizers:
             # An evaluation engine has no optimizer, and ZeRO keeps the fp32 weights with the optimizer state
             # (DeepSpeed's own weights-only load needs one), so merge the shards and load them.
@@ -381,5 +390,7 @@ def full_state_dict(path: Path) -> dict[str, torch.Tensor]:
 
     if not (Path(path) / TAG).is_dir():
         raise ConfigError(f"{path} holds no DeepSpeed checkpoint (expected the directory {Path(path) / TAG}).")
-    state = get_fp32_state_dict_from_zero_checkpoint(str(path), tag=TAG)
+    state = {}
+    for tag in engine_tags(Path(path), TAG):  # several engines under manual optimization (deepspeed_multi.py)
+        state.update(get_fp32_state_dict_from_zero_checkpoint(str(path), tag=tag))
     return {k.removeprefix("module.").replace(CHECKPOINT_PREFIX, ""): v for k, v in state.items()}

@@ -2,23 +2,26 @@
 
 DeepSpeed's engine owns the optimizer step (ZeRO's sharded update, clipping, the bf16/fp16 master weights), so the
 user's `opt.step()` must be the engine's step. One engine holds one optimizer; a module with several (a GAN's
-generator and discriminator) would need one engine per optimizer over disjoint parameters, which lightspeed does
-not build: `check_one_optimizer` refuses it with the alternatives.
+generator and discriminator) gets one engine per optimizer (deepspeed_multi.py), each handle driving its own.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..errors import ConfigError
+import torch
 
 
 class EngineOptimizer:
     """The engine's optimizer as a manual-optimization module sees it.
 
-    `step()` runs `engine.step()` (which also zeroes the gradients); `zero_grad()` is therefore a no-op between
-    steps; `param_groups`, `state_dict()` and every other attribute are the DeepSpeed optimizer's own, so LR
-    schedulers and LearningRateMonitor work on it unchanged."""
+    `step()` runs `engine.step()` (which also zeroes the gradients); `zero_grad()` therefore only matters with one
+    engine per optimizer, where the group holds each engine's gradients until its step and drops them;
+    `param_groups`, `state_dict()` and every other attribute are the DeepSpeed optimizer's own, so LR schedulers and
+    LearningRateMonitor work on it unchanged. `model_parameters()` lists the module's parameters it trains (what
+    `toggle_optimizer` keeps trainable; ZeRO's own param_groups hold flat fp32 partitions)."""
+
+    group = None  # the EngineGroup when there is one engine per optimizer
 
     def __init__(self, engine: Any, optimizer: Any):
         self.engine, self.optimizer = engine, optimizer
@@ -26,10 +29,19 @@ class EngineOptimizer:
     def step(self, closure=None) -> None:
         if closure is not None:  # Lightning's closure form: forward and backward, then the step
             closure()
-        self.engine.step()
+        if self.group is None:
+            self.engine.step()
+        else:
+            self.group.step(self.engine)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        pass  # engine.step() zeroed them; DeepSpeed keeps its gradients in its own (partitioned) buffers
+        # engine.step() zeroed them; DeepSpeed keeps its gradients in its own (partitioned) buffers
+        if self.group is not None:
+            self.group.discard_gradients(self.engine)
+
+    def model_parameters(self) -> list[torch.nn.Parameter]:
+        groups = getattr(self.optimizer, "bit16_groups", None) or getattr(self.optimizer, "fp16_groups", None)
+        return [p for g in groups for p in g] if groups else [p for g in self.param_groups for p in g["params"]]
 
     @property
     def param_groups(self) -> list[dict]:
@@ -38,12 +50,3 @@ class EngineOptimizer:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.__dict__["optimizer"], name)
 
-
-def check_one_optimizer(count: int, strategy_name: str) -> None:
-    """Raises ConfigError when a manual-optimization module returns more than one optimizer under DeepSpeed."""
-    if count > 1:
-        raise ConfigError(
-            f"configure_optimizers returned {count} optimizers with automatic_optimization=False under strategy "
-            f"{strategy_name!r}: lightspeed runs one DeepSpeed engine with one optimizer, and one engine per "
-            "optimizer (how a GAN would train under DeepSpeed) is not supported. Use strategy 'fsdp' or 'ddp' for "
-            "several optimizers, or one optimizer with parameter groups.")

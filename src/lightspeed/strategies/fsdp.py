@@ -40,6 +40,7 @@ from torch.distributed.fsdp import (
 )
 from torch.distributed.tensor import DTensor
 
+from ..checkpoint_io import DCP_DIR, FSDP_EXTRA
 from ..distributed import barrier, destroy_process_group, init_process_group
 from ..errors import ConfigError
 from ..kernels import apply_compile, build_optimizers_fast
@@ -47,9 +48,8 @@ from ..launch import DistInfo
 from ..precision import Precision, StepGate, optimizer_step
 from ..specs import RunSpec, StepStats
 from .common import apply_activation_checkpointing, configure_with_plain_twin
+from .portable import Portable, read_portable, write_fsdp
 
-DCP_DIR = "dcp"  # the DCP checkpoint inside a lightspeed checkpoint directory
-EXTRA = "fsdp_extra.pt"  # rank 0's small non-tensor state (the fp16 loss scaler)
 STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
 
 
@@ -211,10 +211,14 @@ class FSDP:
             state["optim"] = get_optimizer_state_dict(self.module, self.optimizers)
         dcp.save(state, checkpoint_id=str(path / DCP_DIR))
         if dist.get_rank() == 0:
-            torch.save({"precision": self.precision.state_dict()}, path / EXTRA)
+            torch.save({"precision": self.precision.state_dict()}, path / FSDP_EXTRA)
         barrier()
 
-    def load(self, path: Path, with_optimizer: bool = True) -> None:
+    def load(self, path: Path, with_optimizer: bool = True, portable: Portable | None = None) -> None:
+        if portable is not None:  # another strategy's checkpoint, in the neutral form (strategies/portable.py)
+            write_fsdp(portable, self.module, self.optimizers, with_optimizer, path)
+            self.precision.load_state_dict(portable.get("precision", {}))
+            return
         # DCP loads in place into tensors shaped like this run's shards, resharding from the saved layout.
         state: dict[str, Any] = {"model": get_model_state_dict(self.module)}
         if with_optimizer and self.optimizers:
@@ -223,8 +227,8 @@ class FSDP:
         set_model_state_dict(self.module, state["model"])
         if "optim" in state:
             set_optimizer_state_dict(self.module, self.optimizers, state["optim"])
-        if with_optimizer and (path / EXTRA).exists():
-            self.precision.load_state_dict(torch.load(path / EXTRA, weights_only=False).get("precision", {}))
+        if with_optimizer and (path / FSDP_EXTRA).exists():
+            self.precision.load_state_dict(torch.load(path / FSDP_EXTRA, weights_only=False).get("precision", {}))
 
     def teardown(self) -> None:
         destroy_process_group()
@@ -316,15 +320,4 @@ def full_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     Raises:
         ConfigError: if `path` holds no DCP checkpoint.
     """
-    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
-
-    ckpt = Path(path) / DCP_DIR
-    if not (ckpt / ".metadata").exists():
-        raise ConfigError(f"{path} is not an FSDP checkpoint: {ckpt / '.metadata'} is missing.")
-    # no_dist: this may run on rank 0 alone inside a distributed job; the planner rebuilds the tensors from the
-    # checkpoint's metadata (no model needed) and reads every shard of the "model" entry.
-    state: dict[str, Any] = {}
-    _load_state_dict(state, storage_reader=dcp.FileSystemReader(str(ckpt)),
-                     planner=_EmptyStateDictLoadPlanner(keys={"model"}), no_dist=True)
-    return dict(state["model"])
+    return read_portable(Path(path), "fsdp", with_optimizer=False)["model"]  # DCP's offline load of every shard

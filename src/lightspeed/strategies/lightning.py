@@ -13,6 +13,7 @@ naming it. The DeepSpeed keywords that are plain DeepSpeed config entries (`cont
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +65,8 @@ def DeepSpeedStrategy(stage: int | None = None, offload_optimizer: bool = False,
     `stage` defaults to 2, or to the stage in `config` when one is given (as in Lightning). `offload_optimizer` and
     `offload_parameters` are booleans; the device comes from `offload_optimizer_device` / `offload_params_device`
     ("cpu" or "nvme", with `nvme_path`). `pin_memory` applies to offloaded buffers only. `config` (a dict or a JSON
-    file) is merged over what the keywords set. `logging_batch_size_per_gpu` and the keywords in `_DS_IGNORED`
+    file; without one, the file named by the PL_DEEPSPEED_CONFIG_PATH environment variable, as in Lightning) is
+    merged over what the keywords set. `logging_batch_size_per_gpu` and the keywords in `_DS_IGNORED`
     are accepted and ignored (the reason is listed there). Raises ConfigError for an unknown keyword,
     `zero_optimization=False` or the errors of `DeepSpeed` itself.
     """
@@ -75,13 +77,16 @@ def DeepSpeedStrategy(stage: int | None = None, offload_optimizer: bool = False,
     if kwargs.get("zero_optimization", True) is not True:
         raise ConfigError("DeepSpeedStrategy(zero_optimization=False) is not supported: lightspeed runs DeepSpeed "
                           "with ZeRO (stages 1-3). Use strategy='ddp' for plain data parallelism.")
+    if config is None and os.environ.get("PL_DEEPSPEED_CONFIG_PATH"):  # Lightning's way to name a config file
+        config = os.environ["PL_DEEPSPEED_CONFIG_PATH"]
     user = read_config(config)
     user_zero = user.get("zero_optimization", {})
     stage = stage if stage is not None else user_zero.get("stage", 2)
+    # A config may turn offload off with `"offload_optimizer": false` (or null) instead of leaving it out.
     opt_device = kwargs.get("offload_optimizer_device", "cpu") if offload_optimizer else \
-        user_zero.get("offload_optimizer", {}).get("device")
+        (user_zero.get("offload_optimizer") or {}).get("device")
     param_device = kwargs.get("offload_params_device", "cpu") if offload_parameters else \
-        user_zero.get("offload_param", {}).get("device")
+        (user_zero.get("offload_param") or {}).get("device")
     opt_device, param_device = (d if d not in ("none", None) else None for d in (opt_device, param_device))
     zero: dict[str, Any] = {"stage": stage}
     zero.update({_DS_ZERO_KEYS[k]: v for k, v in kwargs.items() if k in _DS_ZERO_KEYS})
@@ -99,6 +104,9 @@ def DeepSpeedStrategy(stage: int | None = None, offload_optimizer: bool = False,
     if any(k in kwargs for k in _DS_ACTIVATION_KEYS):
         effective["activation_checkpointing"] = {k: kwargs[k] for k in _DS_ACTIVATION_KEYS if k in kwargs}
     merged = merge(effective, user)  # the user's config wins, as in Lightning
+    for key in ("offload_optimizer", "offload_param"):  # DeepSpeed's schema takes a section or nothing, not false
+        if key in merged["zero_optimization"] and not merged["zero_optimization"][key]:
+            del merged["zero_optimization"][key]
     offloaded = bool(opt_device or param_device)
     pin = kwargs.get("pin_memory")
     return DeepSpeed(

@@ -12,6 +12,7 @@ from ..kernels import apply_compile, build_optimizers_fast
 from ..launch import DistInfo
 from ..precision import Precision, StepGate, optimizer_step
 from ..specs import RunSpec, StepStats
+from .portable import Portable, optimizer_param_names, write_torch
 
 
 @dataclass
@@ -53,9 +54,15 @@ class SingleDevice:
         return optimizer_step(self.optimizers, self.precision, self.spec, should_step=should_step)
 
     def save(self, path: Path) -> None:
-        save_replicated(path, self.module, self.optimizers, {"precision": self.precision.state_dict()})
+        save_replicated(path, self.module, self.optimizers, {
+            "precision": self.precision.state_dict(),
+            "param_names": optimizer_param_names(self.module, self.optimizers)})  # read on other strategies
 
-    def load(self, path: Path, with_optimizer: bool = True) -> None:
+    def load(self, path: Path, with_optimizer: bool = True, portable: Portable | None = None) -> None:
+        if portable is not None:  # another strategy's checkpoint, in the neutral form (strategies/portable.py)
+            write_torch(portable, self.module, self.optimizers, with_optimizer, path)
+            self.precision.load_state_dict(portable.get("precision", {}))
+            return
         state = load_replicated(path, self.module, self.optimizers, with_optimizer)
         self.precision.load_state_dict(state.get("precision", {}))
 

@@ -1,12 +1,45 @@
-"""ZeRO-3 helpers for the DeepSpeed strategy: the whole size of a partitioned model, rank 0's plain build copied into
-the partitions, and a full state dict loaded into them. Each function that gathers parameters is collective."""
+"""ZeRO-3 helpers for the DeepSpeed strategy: building a model partitioned as it is created (deep copies included),
+the whole size of a partitioned model, rank 0's plain build copied into the partitions, and a full state dict loaded
+into them. Each function that gathers parameters is collective."""
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.distributed as dist
 
 from ..errors import ConfigError
+
+
+def partitioned_init(deepspeed, config: dict, remote_device: str | None):
+    """DeepSpeed's `zero.Init` context (every parameter partitioned as its module is built), whose partitioned
+    parameters also survive `copy.deepcopy`.
+
+    Modules that clone a built layer (`nn.TransformerEncoder(layer, n)` deep-copies `layer` n times) would
+    otherwise copy a partitioned parameter's bookkeeping as it is: the copies share the original's ZeRO id and
+    partition functions, hold an empty tensor, and fail at the first gather. Here each such parameter's deep copy
+    gathers the original's whole value and partitions it as a new ZeRO-3 parameter, which is what the plain
+    module's deep copy means: an equal, independent tensor. Collective: every rank builds the same modules."""
+
+    class Init(deepspeed.zero.Init):
+        def _post_init_method(self, module: torch.nn.Module) -> None:
+            super()._post_init_method(module)
+            for param in module.parameters(recurse=False):
+                if hasattr(param, "ds_id") and "__deepcopy__" not in param.__dict__:
+                    # copy.deepcopy looks __deepcopy__ up on the object, so this parameter alone copies this way
+                    param.__deepcopy__ = functools.partial(_deepcopy_partitioned, deepspeed, param)
+
+    return Init(config_dict_or_path=config, remote_device=remote_device)
+
+
+def _deepcopy_partitioned(deepspeed, param: torch.nn.Parameter, memo: dict) -> torch.nn.Parameter:
+    with deepspeed.zero.GatheredParameters([param]):
+        clone = torch.nn.Parameter(param.data.detach().clone(), requires_grad=param.requires_grad)
+    param.convert_to_zero_parameters(param_list=[clone])  # partitioned by the same Init (rank 0's values)
+    clone.__deepcopy__ = functools.partial(_deepcopy_partitioned, deepspeed, clone)
+    memo[id(param)] = clone
+    return clone
 
 
 def whole_numel(module: torch.nn.Module) -> int:
