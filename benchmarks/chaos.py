@@ -1,16 +1,18 @@
 """Chaos: inject faults into 2-rank CPU runs of tests/workload.py and count what happens, as a rich table.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/chaos.py [--trials 20] [--strategy ddp] [--only kill9,preempt]
+    PYTHONPATH=src .venv/bin/python benchmarks/chaos.py [--trials 20] [--strategy ddp] [--only kill9,preempt:10]
 
 Faults (each repeated --trials times, the victim rank alternating):
   kill9     SIGKILL one rank at step 5: the job must exit non-zero within seconds, naming the dead rank
-  midsave   SIGKILL the whole job at a random moment while it saves every 2 steps: `last` must be complete
+  midsave   SIGKILL the whole job 0-1.5 s after its first save began, saving every 2 steps: `last` must be complete
             (full checksum check) and `fit(ckpt_path="last")` must resume or say why
   preempt   SIGTERM one rank at step 4: exit 143, a checkpoint, and a resume whose per-step losses equal an
             uninterrupted run's (relative 1e-6)
   nan       NaN loss on one rank at step 3: every rank stops with a message naming step and rank; `last` holds
             finite weights
   bitflip   one bit flipped in the last checkpoint's largest file: `verify(full=True)` must name it
+  hang      one rank sleeps in training_step at step 5 with Trainer(timeout=--hang-timeout): the job must exit
+            non-zero, the output naming that rank and step ("rank 1 stopped answering at step 5")
 A run that does not end within --timeout seconds counts as a hang.
 """
 
@@ -44,6 +46,7 @@ def _run(tmp: Path, timeout: float, **opts):
         return run_workload(tmp, devices=2, check=False, timeout=timeout, **opts), False
     except AssertionError as e:  # helpers.launch: a hang, every process killed
         if "hung" in str(e):
+            print(f"--- a hang ({opts}):\n{str(e)[-3000:]}", file=sys.stderr)  # what the ranks said last
             return None, True
         raise
 
@@ -60,12 +63,15 @@ def kill9(tmp: Path, trial: int, a) -> dict:
 
 
 def midsave(tmp: Path, trial: int, a) -> dict:
-    opts = {"strategy": a.strategy, "max_steps": 400, "ckpt_every": 2, "batch_size": 4, "root": str(tmp),
+    opts = {"strategy": a.strategy, "devices": 2, "max_steps": 400, "ckpt_every": 2, "batch_size": 4, "root": str(tmp),
             "out": str(tmp / "killed.json")}
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, str(WORKLOAD), json.dumps(opts)], cwd=tmp, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    time.sleep(random.uniform(6.0, 9.0))
+    deadline = time.time() + 120  # once saving has begun (start-up differs by strategy), a random moment
+    while time.time() < deadline and proc.poll() is None and not any((tmp / "checkpoints").glob("*")):
+        time.sleep(0.05)
+    time.sleep(random.uniform(0.0, 1.5))
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     ckpts = tmp / "checkpoints"
@@ -130,26 +136,42 @@ def bitflip(tmp: Path, trial: int, a) -> dict:
     return {"ok": named, "corrupt_load": not named}
 
 
-FAULTS = {"kill9": kill9, "midsave": midsave, "preempt": preempt, "nan": nan, "bitflip": bitflip}
+def hang(tmp: Path, trial: int, a) -> dict:
+    victim = trial % 2
+    run, hung = _run(tmp, a.timeout, strategy=a.strategy, max_steps=40, batch_size=4,
+                     collective_timeout=a.hang_timeout, stall_at={"step": 5, "rank": victim, "seconds": 3600})
+    if hung:
+        return {"hang": True}
+    named = f"rank {victim} stopped answering at step 5" in run.stderr
+    return {"ok": run.returncode != 0 and named, "seconds": run.seconds}
+
+
+FAULTS = {"kill9": kill9, "midsave": midsave, "preempt": preempt, "nan": nan, "bitflip": bitflip, "hang": hang}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trials", type=int, default=5, help="trials per fault (default 5)")
     p.add_argument("--strategy", default="ddp", help="strategy of every run (default ddp)")
-    p.add_argument("--only", default=",".join(FAULTS), help=f"comma-separated faults (default all: {','.join(FAULTS)})")
+    p.add_argument("--only", default=",".join(FAULTS),
+                   help=f"comma-separated faults, each optionally with its own trial count, e.g. kill9:20,preempt:10 "
+                        f"(default all: {','.join(FAULTS)})")
     p.add_argument("--timeout", type=float, default=180, help="seconds before a run counts as a hang (default 180)")
+    p.add_argument("--hang-timeout", type=float, default=10,
+                   help="Trainer(timeout=) of the hang fault's runs, in seconds (default 10)")
     a = p.parse_args()
-    table = Table(title=f"chaos: {a.strategy}, 2 CPU ranks, {a.trials} trials per fault")
+    table = Table(title=f"chaos: {a.strategy}, 2 CPU ranks")
     for col in ("fault", "trials", "as intended", "hangs", "silent corrupt loads", "median s", "notes"):
         table.add_column(col)
-    for name in a.only.split(","):
+    for item in a.only.split(","):
+        name, _, count = item.partition(":")  # "preempt:10": this fault's own trial count
         outcomes = []
-        for trial in range(a.trials):
+        for trial in range(int(count or a.trials)):
             with tempfile.TemporaryDirectory() as d:
                 outcomes.append(FAULTS[name](Path(d), trial, a))
         secs = sorted(o["seconds"] for o in outcomes if "seconds" in o)
-        notes = f"{sum(o.get('mid_save', False) for o in outcomes)} killed mid-save" if name == "midsave" else ""
+        notes = {"midsave": f"{sum(o.get('mid_save', False) for o in outcomes)} killed mid-save",
+                 "hang": f"Trainer(timeout={a.hang_timeout:g})"}.get(name, "")
         table.add_row(name, str(len(outcomes)), str(sum(bool(o.get("ok")) for o in outcomes)),
                       str(sum(bool(o.get("hang")) for o in outcomes)),
                       str(sum(bool(o.get("corrupt_load")) for o in outcomes)),

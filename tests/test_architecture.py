@@ -14,7 +14,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parent.parent / "src" / "lightspeed"
 
 LAYERS: dict[int, set[str]] = {
-    0: {"errors", "specs", "launch", "rng"},  # plain data types, the launch environment, RNG
+    0: {"errors", "specs", "launch", "rng", "heartbeat"},  # plain data types, the launch environment, RNG, heartbeat
     1: {"distributed", "config", "data", "metrics", "memory", "checkpoint_io", "precision", "optim", "progress",
         "loggers", "report", "kernels", "plan_probe", "plan_chart", "utilities", "summary", "datamodule", "guard",
         "preemption"},

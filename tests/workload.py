@@ -9,7 +9,7 @@ progress (show the progress bar).
 Fault options: nan_at ({"step": k, "rank": r}: that rank's loss is NaN at global step k; rank omitted: every
 rank), on_nonfinite (the Trainer flag), sigterm_at ({"step": k, "rank": r, "signal": "SIGTERM"}: that rank sends
 itself the signal during step k); a run that exits (preemption) still writes its result, with "exit" set to the status; stall_at ({"step":
-k, "rank": r, "seconds": s}: that rank sleeps), collective_timeout (Trainer(timeout=)), uneven (rank r's own sampler gives
+k, "rank": r, "seconds": s}: that rank sleeps; rank omitted: every rank), collective_timeout (Trainer(timeout=)), uneven (rank r's own sampler gives
 `limit_train_batches`-free counts of 6 + r batches, which lightspeed does not re-sample).
 DeepSpeed options: ds (DeepSpeed(**ds) as the strategy; "ac": true checkpoints the GPT blocks), ds_hook (a dict
 merged into the config by configure_deepspeed), fit (false: evaluate only, from resume), probe (a path: rank 0
@@ -70,7 +70,7 @@ class Workload(GPTModule):
         if nan_at and self.global_step == nan_at["step"] and nan_at.get("rank", self.global_rank) == self.global_rank:
             loss = loss * float("nan")
         stall = self.opts.get("stall_at")
-        if stall and self.global_step == stall["step"] and stall["rank"] == self.global_rank:
+        if stall and self.global_step == stall["step"] and stall.get("rank", self.global_rank) == self.global_rank:
             time.sleep(stall["seconds"])
         sig = self.opts.get("sigterm_at")
         if sig and self.global_step == sig["step"] and sig.get("rank", 0) == self.global_rank:

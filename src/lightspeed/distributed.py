@@ -10,12 +10,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from . import heartbeat
 from .launch import DistInfo, rendezvous_server
+
+JOIN_TIMEOUT_S = 600.0  # how long the ranks may take to meet when the process group forms
 
 
 def init_process_group(info: DistInfo, device: torch.device, timeout_s: float = 600) -> None:
     """Joins the default process group: gloo on CPU, nccl on CUDA. A single process joins a group of one, so
-    every strategy that needs a group also runs with devices=1. Does nothing when a group exists."""
+    every strategy that needs a group also runs with devices=1. Does nothing when a group exists.
+
+    `timeout_s` bounds every collective. Joining may take longer (at least JOIN_TIMEOUT_S): ranks start at
+    different speeds (imports on a busy host), which is not a hang."""
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if dist.is_initialized():
@@ -27,22 +33,29 @@ def init_process_group(info: DistInfo, device: torch.device, timeout_s: float = 
         # One process still gets a group of one (DDP, ZeRO and FSDP need a group): an in-memory store, no port.
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, **bind)
         return
+    # (torch has no public setter for a group's timeout; without the private one, joining gets `timeout_s` too)
+    join_s = max(timeout_s, JOIN_TIMEOUT_S) if hasattr(dist.distributed_c10d, "_set_pg_timeout") else timeout_s
     if info.launcher == "lightspeed":  # ranks we spawned meet at the store rank 0 opened before spawning them
         store = rendezvous_server() if info.rank == 0 else None
         if store is None:
             store = dist.TCPStore(info.master_addr, info.master_port, info.world_size, is_master=info.rank == 0,
-                                  wait_for_workers=False, timeout=timedelta(seconds=timeout_s))
+                                  wait_for_workers=False, timeout=timedelta(seconds=join_s))
         rendezvous: dict[str, Any] = {"store": store}
     else:
         rendezvous = {"init_method": f"tcp://{info.master_addr}:{info.master_port}"}
     dist.init_process_group(backend, **rendezvous, rank=info.rank, world_size=info.world_size,
-                            timeout=timedelta(seconds=timeout_s), **bind)
+                            timeout=timedelta(seconds=join_s), **bind)
+    if join_s != timeout_s:  # from now on, a collective waits `timeout_s`
+        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=timeout_s))
+    # Every rank says where it is, so a collective timeout (or the local launcher) can name the rank that hangs.
+    heartbeat.start(info.rank, info.world_size, info.master_addr, info.master_port, timeout_s)
 
 
 def destroy_process_group() -> None:
     """Leaves the default process group, if joined. Left to interpreter shutdown, gloo's threads abort the process
     ("terminate called without an active exception"), turning a finished run into a failed one."""
     if dist.is_initialized():
+        heartbeat.stop()
         dist.destroy_process_group()
         # Free what still holds the group (a DDP reducer in a trainer <-> module reference cycle) now, while
         # the interpreter is alive: gloo work freed during interpreter finalization aborts the process.

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import torch
 
+from . import heartbeat
 from .callbacks import Callback
 from .datamodule import prepare_data_once
 from .errors import ConfigError
@@ -86,6 +87,7 @@ def loss_of(out: Any) -> torch.Tensor:
 
 # ------------------------------------------------------------------ training
 def on_train_batch_start(trainer: Any, module: Module, batch: Any, batch_idx: int) -> None:
+    heartbeat.note_step(trainer.global_step)  # no I/O: the heartbeat thread publishes it (heartbeat.py)
     module.on_train_batch_start(batch, batch_idx)
     for cb in trainer.callbacks:
         cb.on_train_batch_start(trainer, module, batch, batch_idx)

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Literal
 
+from . import heartbeat
+
 Launcher = Literal["none", "lightspeed", "torchrun", "slurm", "deepspeed"]
 
 # Set on the ranks that lightspeed itself started, so they never spawn again.
@@ -183,7 +185,7 @@ def rendezvous_server():
     return _rendezvous_server[0] if _rendezvous_server else None
 
 
-def start_local_ranks(n: int) -> DistInfo:
+def start_local_ranks(n: int, timeout_s: float = 600.0) -> DistInfo:
     """Re-runs this script as ranks 1..n-1 and returns rank 0's DistInfo for the calling process.
 
     Rank 0 opens the rendezvous store (torch's TCPStore) on a port the OS picks before any child starts, and keeps
@@ -192,6 +194,9 @@ def start_local_ranks(n: int) -> DistInfo:
 
     A watchdog thread in rank 0 polls the children: if one exits non-zero, rank 0 kills the others and exits
     with that code (the child's traceback is already on stderr). Children stop themselves if rank 0 dies.
+    The same thread reads the ranks' heartbeats (heartbeat.py): when no rank has moved for 1.5 x `timeout_s`
+    (the collective timeout; every rank stuck outside a collective, which no collective timeout ends), it says
+    which rank is where and ends the job with status 1.
     """
     import torch.distributed as dist
 
@@ -220,14 +225,24 @@ def start_local_ranks(n: int) -> DistInfo:
             except subprocess.TimeoutExpired:
                 c.kill()
 
+    beats = _Heartbeats(n, port, 1.5 * timeout_s)
+
     def watch() -> None:
         while True:
+            if not failed and (report := beats.stalled()):  # (a rank 0 that failed reports and stops by itself)
+                print(f"[lightspeed] no rank has moved for {1.5 * timeout_s:.0f} s (1.5 x Trainer(timeout=)): "
+                      f"{report} Stopping every rank.", file=sys.__stderr__, flush=True)
+                kill_children(grace_s=0)
+                os._exit(1)
             for c in children:
                 code = c.poll()
                 if code not in (None, 0):
                     # sys.__stderr__: torch's excepthook may have swapped sys.stderr for a buffer just now.
+                    # Killed by a signal (SIGKILL of the OOM killer, NCCL's watchdog abort): no traceback says
+                    # where the ranks were, the heartbeats do.
+                    where = beats.report() if code < 0 else ""
                     print(f"[lightspeed] rank {children.index(c) + 1} failed ({_status(code)}); "
-                          "stopping every rank.", file=sys.__stderr__, flush=True)
+                          f"stopping every rank.{where}", file=sys.__stderr__, flush=True)
                     kill_children()
                     os._exit(code if code > 0 else 1)
             if all(c.poll() is not None for c in children):
@@ -247,6 +262,41 @@ def start_local_ranks(n: int) -> DistInfo:
     atexit.register(_wait_then_kill, children, kill_children, failed)
     threading.Thread(target=watch, name="lightspeed-rank-watchdog", daemon=True).start()
     return DistInfo(rank=0, local_rank=0, world_size=n, local_world_size=n, master_port=port, launcher="lightspeed")
+
+
+class _Heartbeats:
+    """Rank 0's view of every rank's heartbeat (heartbeat.py), read through its own store connection."""
+
+    def __init__(self, n: int, port: int, limit_s: float):
+        self.n, self.port, self.limit_s = n, port, limit_s
+        self.store, self.next = None, 0.0
+
+    def read(self) -> list | None:
+        try:
+            self.store = self.store or heartbeat.connect("127.0.0.1", self.port)
+            return heartbeat.read(self.store, self.n)
+        except Exception:  # the store is not up yet, or going down with the job
+            return None
+
+    def stalled(self) -> str | None:
+        """The report once no rank still in the group has moved for `limit_s`, else None (reads once a second)."""
+        now = time.time()
+        if now < self.next:
+            return None
+        self.next = now + heartbeat.INTERVAL_S
+        beats = self.read()
+        live = [b for b in beats or () if b is not None and not b.left]
+        return heartbeat.describe(beats, now) if live and all(now - b.since > self.limit_s for b in live) else None
+
+    def report(self) -> str:
+        """Where every rank was last seen, when one of them had not moved for a third of the stall limit (half
+        the collective timeout: a hang came first), else ''. A rank that just died mid-step is better named by
+        its exit than by heartbeats up to a second old."""
+        now, beats = time.time(), self.read()
+        live = [b for b in beats or () if b is not None and not b.left]
+        if not any(now - b.since >= self.limit_s / 3 for b in live):
+            return ""
+        return f" Last heartbeats: {heartbeat.describe(beats, now)}"
 
 
 def _status(code: int) -> str:

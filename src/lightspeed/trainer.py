@@ -219,7 +219,7 @@ class Trainer:
         if self.world_size > 1:
             end_with_os_exit()  # before start_local_ranks, whose exit handler must run first
         if self._env.launcher == "none" and self.world_size > 1:
-            self.dist = start_local_ranks(self.world_size)
+            self.dist = start_local_ranks(self.world_size, self.cfg.timeout)
         else:
             self.dist = self._env
             if self._env.launcher == "lightspeed":
