@@ -4,7 +4,7 @@
 
 Faults (each repeated --trials times, the victim rank alternating):
   kill9     SIGKILL one rank at step 5: the job must exit non-zero within seconds, naming the dead rank
-  midsave   SIGKILL the whole job 0-1.5 s after its first save began, saving every 2 steps: `last` must be complete
+  midsave   SIGKILL the whole job 0-100 ms after a save began (not the first), saving every 2 steps: `last` must be complete
             (full checksum check) and `fit(ckpt_path="last")` must resume or say why
   preempt   SIGTERM one rank at step 4: exit 143, a checkpoint, and a resume whose per-step losses equal an
             uninterrupted run's (relative 1e-6)
@@ -68,10 +68,13 @@ def midsave(tmp: Path, trial: int, a) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, str(WORKLOAD), json.dumps(opts)], cwd=tmp, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + 120  # once saving has begun (start-up differs by strategy), a random moment
-    while time.time() < deadline and proc.poll() is None and not any((tmp / "checkpoints").glob("*")):
-        time.sleep(0.05)
-    time.sleep(random.uniform(0.0, 1.5))
+    # Wait for a save in flight (its `.tmp-` directory) after the first one completed, then kill at a random
+    # moment inside the save's first 100 ms: most trials then kill a save mid-write, the case under test.
+    deadline, ckpts = time.time() + 120, tmp / "checkpoints"
+    while time.time() < deadline and proc.poll() is None and not (
+            (ckpts / "last").exists() and any(ckpts.glob(".tmp-*"))):
+        time.sleep(0.002)
+    time.sleep(random.uniform(0.0, 0.1))
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     ckpts = tmp / "checkpoints"
