@@ -4,7 +4,7 @@
 
 Faults (each repeated --trials times, the victim rank alternating):
   kill9     SIGKILL one rank at step 5: the job must exit non-zero within seconds, naming the dead rank
-  midsave   SIGKILL the whole job 0-100 ms after a save began (not the first), saving every 2 steps: `last` must be complete
+  midsave   SIGKILL the whole job 0-30 ms after a save began (not the first), saving every 2 steps: `last` must be complete
             (full checksum check) and `fit(ckpt_path="last")` must resume or say why
   preempt   SIGTERM one rank at step 4: exit 143, a checkpoint, and a resume whose per-step losses equal an
             uninterrupted run's (relative 1e-6)
@@ -69,12 +69,12 @@ def midsave(tmp: Path, trial: int, a) -> dict:
     proc = subprocess.Popen([sys.executable, str(WORKLOAD), json.dumps(opts)], cwd=tmp, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     # Wait for a save in flight (its `.tmp-` directory) after the first one completed, then kill at a random
-    # moment inside the save's first 100 ms: most trials then kill a save mid-write, the case under test.
+    # moment inside the save's first 30 ms: most trials then kill a save mid-write, the case under test.
     deadline, ckpts = time.time() + 120, tmp / "checkpoints"
     while time.time() < deadline and proc.poll() is None and not (
             (ckpts / "last").exists() and any(ckpts.glob(".tmp-*"))):
         time.sleep(0.002)
-    time.sleep(random.uniform(0.0, 0.1))
+    time.sleep(random.uniform(0.0, 0.03))
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     ckpts = tmp / "checkpoints"

@@ -56,6 +56,7 @@ def test_demo_trains_and_shows_summary(tmp_path):
     assert (tmp_path / "d" / "checkpoints" / "last" / "meta.json").exists()
 
 
+@pytest.mark.slow  # the same parity as test_strategies.py's conformance cells, through the benchmark script
 def test_multi_gpu_script_parity_section_on_cpu_ranks(tmp_path):
     """benchmarks/multi_gpu.py on 2 gloo ranks with the tiny GPT: every strategy reports the same losses."""
     out = tmp_path / "m.json"
