@@ -9,6 +9,9 @@ replaces the spawner so such a bug fails loudly instead of re-running pytest as 
 
 from __future__ import annotations
 
+import os
+import time
+
 import psutil
 import pytest
 import torch
@@ -127,3 +130,20 @@ def test_bad_configure_optimizers_return_on_two_ranks(tmp_path):
     run = launch([str(script)], tmp_path, "python", timeout=90)
     assert run.returncode != 0 and run.seconds < 60
     assert "ConfigError: configure_optimizers returned a dict without 'optimizer'" in run.stderr
+
+
+def test_stale_deepspeed_build_lock_is_named_before_spawn(tmp_path, monkeypatch):
+    """A build lock left by a killed process made every later DeepSpeed run wait forever in silence."""
+    ext = tmp_path / "ext"
+    lock = ext / "py311_cpu" / "cpu_adam" / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(ext))
+    fresh = make_trainer(tmp_path, strategy="deepspeed_stage_2", devices=2, max_steps=1)
+    fresh.strategy.check(fresh.cfg.run_spec(True))  # a lock as young as a build in progress: no complaint
+    old = time.time() - 3600
+    os.utime(lock, (old, old))
+    trainer = make_trainer(tmp_path, strategy="deepspeed_stage_2", devices=2, max_steps=1)
+    with pytest.raises(ls.ConfigError, match=r"stale op build lock: .*cpu_adam/lock \(60 min old\)"):
+        trainer.fit(Regress(), regression_data())
+    assert trainer.dist is None  # refused before any rank started

@@ -37,7 +37,7 @@ from ..launch import DistInfo
 from ..memory import cuda_free
 from ..specs import RunSpec, StepStats
 from .common import CHECKPOINT_PREFIX, StepRunner, apply_activation_checkpointing, configure_with_plain_twin
-from .deepspeed_config import cast_floats, engine_dtype, merge, read_config
+from .deepspeed_config import cast_floats, check_extension_locks, engine_dtype, merge, read_config
 from .deepspeed_manual import EngineOptimizer
 from .deepspeed_multi import check_group, engine_tags, initialize_group
 from .host_memory import host_memory_warning, offloaded_bytes_per_param
@@ -118,6 +118,7 @@ class DeepSpeed:
 
     # ------------------------------------------------------------------ config
     def check(self, spec: RunSpec) -> None:
+        check_extension_locks()  # a killed op build's lock would make every rank wait forever, silently
         if spec.gradient_clip_algorithm == "value":
             raise ConfigError(f"gradient_clip_algorithm='value' is not valid with strategy {self.name!r}: it clips "
                               "by global norm only. Use 'norm'.")

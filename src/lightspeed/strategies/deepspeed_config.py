@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import time
 from pathlib import Path
 
 import torch
@@ -63,3 +65,28 @@ def cast_floats(value, dtype: torch.dtype | None):
     if isinstance(value, dict):
         return type(value)((k, cast_floats(v, dtype)) for k, v in value.items())
     return value
+
+
+STALE_LOCK_S = 15 * 60  # a DeepSpeed op build takes one to a few minutes; a lock this old has lost its builder
+
+
+def check_extension_locks(now: float | None = None) -> None:
+    """Refuses to start when torch's extension cache holds a stale build lock.
+
+    DeepSpeed JIT-loads its C++ ops through torch.utils.cpp_extension, which takes a lock file in the op's build
+    folder on every load and waits for as long as that file exists. A process killed (kill -9, a preempted job)
+    while holding it leaves the file behind, and every later DeepSpeed run then waits forever, saying nothing.
+
+    Raises:
+        ConfigError: naming each lock file older than STALE_LOCK_S and what to do.
+    """
+    from torch.utils.cpp_extension import get_default_build_root
+
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
+    now = time.time() if now is None else now
+    stale = [p for p in [*root.glob("*/lock"), *root.glob("*/*/lock")] if now - p.stat().st_mtime > STALE_LOCK_S]
+    if stale:
+        ages = ", ".join(f"{p} ({(now - p.stat().st_mtime) / 60:.0f} min old)" for p in stale)
+        raise ConfigError(f"DeepSpeed would wait forever on a stale op build lock: {ages}. A build killed midway "
+                          "leaves this file; torch waits for it to vanish. If no other process is compiling "
+                          "DeepSpeed ops now, delete the file and run again.")
