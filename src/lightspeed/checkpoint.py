@@ -113,7 +113,9 @@ class Checkpointer:
         """Collective. Loads the model (and with `with_optimizer` the optimizer state) from `path` into the set-up
         strategy, natively or through the neutral form; what evaluation with `ckpt_path` needs. Returns meta.json.
         Raises ConfigError naming the checkpoint (and the file at fault, where one is) when it cannot be loaded."""
-        meta = read_meta(path)
+        # Rank 0's meta.json decides native or neutral for every rank: a per-rank read that differed (a node's
+        # stale view of shared storage) would leave some ranks in the broadcast below and others not.
+        meta = broadcast_from_rank0(read_meta(path) if self.rank == 0 else None)
         portable = self._read_portable(path, meta, with_optimizer)
         self._say_what_travels(meta, with_optimizer)
         try:

@@ -260,7 +260,7 @@ class Trainer:
                                                self.world_size, self.cfg, data, show=self._env.rank == 0)
             resume, (train, val) = self._prepare("fit", model, ckpt_path, data)
             self._preemption.install()  # a signal only sets a flag; `_train_epoch` acts on it at a step boundary
-            train, val = self._distribute(train), self._distribute(val)
+            train, val = self._train_data, self._distribute(val)  # _prepare distributed the training loader
             n = num_batches(train, self.cfg.limit_train_batches)
             check_batch_counts(n, self.cfg.limit_train_batches)  # empty or uneven: ConfigError
             self.stage, self.metrics.stage, self.fitting = "train", "train", True
