@@ -53,6 +53,21 @@ a().create_op_builder('FusedAdamBuilder').load(); print('ops ready')" >> "$OUT/f
     cat "$OUT/final_b.log" >> "$OUT/final.log"; rm -f "$OUT/final_b.log"
     python3 benchmarks/issue12_table.py "$OUT"/suite_?.json --scaling "$OUT/scaling.json" | tee "$OUT/table.txt"
     ;;
+explore)
+    # Candidate defaults (multi_gpu.py's variant names): ZeRO-3 with each Block one leaf module, DDP bucket size
+    # and static graph, FSDP's bf16 reduce-scatter; and stage 2 on 2 GPUs, never measured before.
+    python3 -c "from deepspeed.accelerator import get_accelerator as a; \
+a().create_op_builder('FusedAdamBuilder').load(); print('ops ready')" > "$OUT/ops.log" 2>&1
+    M="python3 benchmarks/multi_gpu.py --devices 2 --sections scaling --module user --micro-batch 8 --repeats 1 \
+       --windows 3 --warmup 4 --steps 16"
+    CUDA_VISIBLE_DEVICES=0 timeout 200 $M --devices 1 --counts 1 --strategies deepspeed_stage_3+leaf \
+        --json "$OUT/explore_1a.json" > "$OUT/explore_1a.log" 2>&1 &
+    CUDA_VISIBLE_DEVICES=1 timeout 200 $M --devices 1 --counts 1 --strategies plain_deepspeed_zero3 \
+        --json "$OUT/explore_1b.json" > "$OUT/explore_1b.log" 2>&1
+    wait
+    timeout 420 $M --counts 2 --strategies ${EXPLORE:-deepspeed_stage_3+leaf,plain_deepspeed_zero3,ddp+bucket100,ddp+static,fsdp+bf16reduce,deepspeed_stage_2} \
+        --json "$OUT/explore_2.json" > "$OUT/explore_2.log" 2>&1
+    ;;
 profile)
     # Where the step's time goes (benchmarks/profile_step.py): ZeRO-3 against DeepSpeed's own loop on GPU 0,
     # while GPU 1 profiles ddp and fsdp on one GPU; then ddp and fsdp on both GPUs.
@@ -74,5 +89,5 @@ scaling)
         --json "$OUT/scaling.json" > "$OUT/scaling.txt" 2> "$OUT/scaling.err"
     ;;
 *)
-    echo "usage: $0 single|scaling|profile|final" >&2; exit 2 ;;
+    echo "usage: $0 single|scaling|profile|explore|final" >&2; exit 2 ;;
 esac
