@@ -135,3 +135,19 @@ def test_deepspeed_engine_group_refusals():
     shared = [two[0], torch.optim.SGD([a.weight, *b.parameters()], lr=0.1)]
     with pytest.raises(ConfigError, match="optimizer 1 .* shares parameters"):
         check_group(2, "32-true", shared, "deepspeed_stage_2")
+
+
+def test_toggle_optimizer_refuses_an_optimizer_of_none_of_its_parameters():
+    # Freezing every parameter would make the backward silently train nothing (FSDP inside a forward shows
+    # gathered copies, not the optimizer's shards): an error says so instead.
+    from lightspeed import Module
+
+    module = Module()
+    module.net = torch.nn.Linear(2, 2)
+    own = torch.optim.SGD(module.parameters(), lr=0.1)
+    other = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+    module.toggle_optimizer(own)
+    assert all(p.requires_grad for p in module.parameters())
+    module.untoggle_optimizer(own)
+    with pytest.raises(RuntimeError, match="none of the optimizer's 2 parameters is a parameter of Module"):
+        module.toggle_optimizer(other)
