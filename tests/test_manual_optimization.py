@@ -153,3 +153,22 @@ def test_toggle_optimizer_refuses_an_optimizer_of_none_of_its_parameters():
     module.untoggle_optimizer(own)
     with pytest.raises(RuntimeError, match="none of the optimizer's 2 parameters is a parameter of Module"):
         module.toggle_optimizer(other)
+
+
+def test_fsdp_manual_units_are_the_called_children():
+    # No process group needed: which modules become FSDP units under manual optimization.
+    from torch import nn
+
+    from lightspeed.errors import ConfigError
+    from lightspeed.strategies.fsdp import find_child_units
+
+    root = nn.Module()
+    root.generator, root.discriminator = nn.Linear(2, 2), nn.Linear(2, 2)
+    root.heads = nn.ModuleList([nn.Linear(2, 2), nn.Linear(2, 2)])  # never called itself: its children are
+    root.embed, root.unembed = nn.Embedding(4, 2), nn.Linear(2, 4, bias=False)
+    root.unembed.weight = root.embed.weight  # tied: one unit of two modules
+    units = find_child_units(root, [root.heads[1]])  # heads[1] is a block unit already
+    assert units == [root.generator, root.discriminator, root.heads[0], [root.embed, root.unembed]]
+    root.scale = nn.Parameter(torch.ones(1))
+    with pytest.raises(ConfigError, match=r"holds parameters of its own \(scale\).*child module"):
+        find_child_units(root, [])
