@@ -164,7 +164,7 @@ def _mark_leaf(module) -> None:
 
 def variant(name: str):
     """Experimental settings behind a strategy name (every rank parses the same command line):
-    `ddp+bucketN` (bucket_cap_mb=N), `ddp+static`, `fsdp+bf16reduce` (gradients reduce-scattered in bf16),
+    `ddp+bucketN` (bucket_cap_mb=N), `ddp+static`, `ddp+bf16` (comm_hook='bf16'), `fsdp+bf16reduce` (gradients reduce-scattered in bf16),
     `deepspeed_stage_3+leaf` (each Block one ZeRO-3 leaf module). Returns (strategy, leaf)."""
     base, *opts = name.split("+")
     if base == "ddp" and opts:
@@ -174,6 +174,8 @@ def variant(name: str):
                 kw["bucket_cap_mb"] = float(o[len("bucket"):])
             elif o == "static":
                 kw["static_graph"] = True
+            elif o == "bf16":
+                kw["comm_hook"] = "bf16"
         return ls.DDP(**kw), False
     if base == "fsdp" and "bf16reduce" in opts:
         from torch.distributed.fsdp import MixedPrecisionPolicy
