@@ -130,3 +130,24 @@ def test_bf16_mixed_reduces_in_bf16_and_tracks_ddp(tmp_path):
     for step, (a, b) in enumerate(zip(losses["fsdp"], losses["ddp"])):
         assert abs(a - b) <= 2e-2 * abs(b), (step, a, b)
     assert max(losses["fsdp"][-3:]) < 0.5 * losses["fsdp"][0]
+
+
+def test_model_summary_names_the_users_classes_of_sharded_modules():
+    """fully_shard swaps a module's class for a subclass named FSDP<Name>; the model summary shows the user's."""
+    import torch.distributed as dist
+    from helpers import free_port
+    from torch.distributed.fsdp import fully_shard
+
+    from lightspeed.summary import summary_table, summarize
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        model = torch.nn.Sequential()
+        model.add_module("generator", torch.nn.Linear(2, 3))
+        fully_shard(model.generator)
+        fully_shard(model)
+        assert type(model).__name__ == "FSDPSequential"
+        assert summarize(model) == [("generator", "Linear", 9, 9)]
+        assert summary_table(model).title == "Sequential summary"
+    finally:
+        dist.destroy_process_group()

@@ -33,11 +33,19 @@ def summarize(module: torch.nn.Module) -> list[tuple[str, str, int, int]]:
         return trainable, total
 
     for name, child in module.named_children():
-        rows.append((name, type(child).__name__, *count(child.parameters())))
+        rows.append((name, class_name(child), *count(child.parameters())))
     own = count(module.parameters(recurse=False))
     if own[1]:
-        rows.append(("(own)", type(module).__name__, *own))
+        rows.append(("(own)", class_name(module), *own))
     return rows
+
+
+def class_name(module: torch.nn.Module) -> str:
+    """The user's class name: FSDP2's `fully_shard` swaps a module's class for a subclass named FSDP<Name>."""
+    cls = type(module)
+    if len(cls.__bases__) == 2 and cls.__bases__[0].__name__ == "FSDPModule":
+        return cls.__bases__[1].__name__
+    return cls.__name__
 
 
 def _human(n: int) -> str:
@@ -50,7 +58,7 @@ def _human(n: int) -> str:
 def summary_table(module: torch.nn.Module) -> Table:
     """A rich table of `summarize(module)` with a total row: what the Trainer prints at fit start."""
     rows = summarize(module)
-    table = Table(title=f"{type(module).__name__} summary")
+    table = Table(title=f"{class_name(module)} summary")
     for col, justify in (("", "right"), ("name", "left"), ("type", "left"), ("trainable", "right"),
                          ("total", "right")):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
