@@ -266,11 +266,11 @@ class DeepSpeed:
                     build_optimizers, self.spec, backend="deepspeed", device_type=self.device.type,
                     offload=bool(self.offload_optimizer), is_global_zero=self.dist.is_global_zero)
             if not self.spec.automatic_optimization and len(optimizers) > 1:  # one engine per optimizer (a GAN)
-                check_group(self.stage, self.spec.precision, optimizers, self.name)
+                check_group(self.spec.precision, optimizers, self.name)
                 if self.engine is not None:
                     self.engine.destroy()  # an evaluation engine built before fit
                 self.engine, self.optimizers = initialize_group(
-                    deepspeed, StepRunner(module), [self._maybe_cpu_adam(o) for o in optimizers], config)
+                    deepspeed, StepRunner(module), [self._maybe_cpu_adam(o) for o in optimizers], config, self.name)
                 return
             if len(optimizers) > 1:
                 raise ConfigError(f"configure_optimizers returned {len(optimizers)} optimizers; DeepSpeed runs one "
