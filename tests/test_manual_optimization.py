@@ -7,7 +7,9 @@ Under DeepSpeed stages 2 and 3, one engine holds the one optimizer (opt.step() i
 1e-5 against DDP. Several optimizers get one engine each (stages 1 and 2): examples/gan.py gives DDP's g_loss and
 d_loss per step within 1e-5 relative under deepspeed_stage_2, and a resume from its step-4 checkpoint (one tag per
 engine) replays steps 5-8 within 1e-6; one loss reaching both engines' parameters (the workload's two optimizers)
-matches DDP and resumes too (slow). Stage 3 with several optimizers is refused at setup. About 3 min in all.
+matches DDP and resumes too (slow). Under deepspeed_stage_3 each engine partitions only its optimizer's submodules
+(the generator, the discriminator): the GAN gives DDP's losses within 1e-5 and resumes within 1e-6 too, and
+load_from_checkpoint merges both engines' shards into DDP's weights. About 3 min in all.
 """
 
 from __future__ import annotations
@@ -63,11 +65,17 @@ def _gan(cwd: Path, strategy: str, *more: str) -> list[tuple[float, float]]:
     return [(float(r["g_loss"]), float(r["d_loss"])) for r in csv.DictReader(log.open()) if r["g_loss"]]
 
 
-def test_gan_one_engine_per_optimizer_matches_ddp_and_resumes(tmp_path):
-    # examples/gan.py: two Adam optimizers, toggle_optimizer around each backward, 8 steps. Under DDP a GAN needs
-    # ddp_find_unused_parameters_true (the toggled-off half gets no gradient), as under Lightning.
-    (tmp_path / "ddp").mkdir()
-    ddp = _gan(tmp_path / "ddp", "ddp_find_unused_parameters_true")
+@pytest.fixture(scope="module")
+def gan_ddp(tmp_path_factory) -> tuple[Path, list[tuple[float, float]]]:
+    # Under DDP a GAN needs ddp_find_unused_parameters_true (the toggled-off half gets no gradient), as under
+    # Lightning. Returns the run's folder and its (g_loss, d_loss) per step.
+    cwd = tmp_path_factory.mktemp("gan_ddp")
+    return cwd, _gan(cwd, "ddp_find_unused_parameters_true")
+
+
+def test_gan_one_engine_per_optimizer_matches_ddp_and_resumes(tmp_path, gan_ddp):
+    # examples/gan.py: two Adam optimizers, toggle_optimizer around each backward, 8 steps.
+    ddp = gan_ddp[1]
     ds = _gan(tmp_path, "deepspeed_stage_2")
     assert len(ds) == len(ddp) == 8
     for name, i in (("g_loss", 0), ("d_loss", 1)):
@@ -99,15 +107,64 @@ def test_deepspeed_two_optimizers_one_engine_each_and_resume(tmp_path):
 def test_deepspeed_engine_group_refusals():
     # Checked on every rank at setup, before any engine: no process group needed.
     from lightspeed.errors import ConfigError
-    from lightspeed.strategies.deepspeed_multi import check_group
+    from lightspeed.strategies.deepspeed_multi import check_group, split_module
 
     a, b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
     two = [torch.optim.SGD(a.parameters(), lr=0.1), torch.optim.SGD(b.parameters(), lr=0.1)]
-    check_group(2, "32-true", two, "deepspeed_stage_2")  # disjoint parameters: accepted
-    with pytest.raises(ConfigError, match="'deepspeed_stage_3'.*stages 1 and 2 only"):
-        check_group(3, "32-true", two, "deepspeed_stage_3")
+    check_group("32-true", two, "deepspeed_stage_2")  # disjoint parameters: accepted
     with pytest.raises(ConfigError, match="16-mixed"):
-        check_group(2, "16-mixed", two, "deepspeed_stage_2")
+        check_group("16-mixed", two, "deepspeed_stage_2")
     shared = [two[0], torch.optim.SGD([a.weight, *b.parameters()], lr=0.1)]
     with pytest.raises(ConfigError, match="optimizer 1 .* shares parameters"):
-        check_group(2, "32-true", shared, "deepspeed_stage_2")
+        check_group("32-true", shared, "deepspeed_stage_2")
+
+    # ZeRO-3: each engine wraps the fewest submodules holding exactly its optimizer's parameters, at their paths.
+    net = torch.nn.Module()
+    net.gen = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    net.disc = torch.nn.ModuleDict(dict(body=torch.nn.Linear(2, 2), head=torch.nn.Linear(2, 1)))
+    opts = [torch.optim.SGD([*net.gen.parameters(), *net.disc.head.parameters()], lr=0.1),
+            torch.optim.SGD(net.disc.body.parameters(), lr=0.1)]
+    parts = split_module(net, opts, "deepspeed_stage_3")
+    assert [sorted(dict(h.named_parameters())) for h in parts] == [
+        ["module.disc.head.bias", "module.disc.head.weight", "module.gen.0.bias", "module.gen.0.weight",
+         "module.gen.1.bias", "module.gen.1.weight"], ["module.disc.body.bias", "module.disc.body.weight"]]
+    assert parts[0].module.gen is net.gen and parts[1].module.disc.body is net.disc.body  # the user's modules
+    mixed = [torch.optim.SGD([net.gen[0].weight], lr=0.1),
+             torch.optim.SGD([net.gen[0].bias, *net.gen[1].parameters(), *net.disc.parameters()], lr=0.1)]
+    with pytest.raises(ConfigError, match=r"optimizer 0 .* trains 'gen.0.weight', held directly by a module "
+                                          r"\(Linear\).*'deepspeed_stage_3'"):
+        split_module(net, mixed, "deepspeed_stage_3")
+    with pytest.raises(ConfigError, match="parameter 'disc.head.weight' is trained by no optimizer"):
+        split_module(net, [opts[1], torch.optim.SGD(net.gen.parameters(), lr=0.1)], "deepspeed_stage_3")
+    net.register_buffer("scale", torch.ones(1))
+    with pytest.raises(ConfigError, match="buffer 'scale' sits outside every optimizer's submodules"):
+        split_module(net, opts, "deepspeed_stage_3")
+
+
+def test_gan_zero3_one_engine_per_submodule_matches_ddp_and_resumes(tmp_path, gan_ddp):
+    # examples/gan.py under deepspeed_stage_3: the generator's engine and the discriminator's each partition their
+    # own network; self.discriminator(self(z)) gathers through both engines' hooks. Same losses as DDP per step.
+    import importlib.util
+
+    import lightspeed
+
+    ddp_dir, ddp = gan_ddp
+    ds = _gan(tmp_path, "deepspeed_stage_3")
+    assert len(ds) == len(ddp) == 8
+    for name, i in (("g_loss", 0), ("d_loss", 1)):
+        assert_close_losses([s[i] for s in ds], [s[i] for s in ddp], 1e-5, f"gan {name}, deepspeed_stage_3 vs ddp")
+    # load_from_checkpoint merges both engines' shards into the whole module, equal to DDP's after the same 8 steps.
+    spec = importlib.util.spec_from_file_location("gan_example", ROOT / "examples" / "gan.py")
+    gan = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gan)
+    mine = gan.GAN.load_from_checkpoint(tmp_path / "checkpoints" / "epoch=0-step=8").state_dict()
+    theirs = lightspeed.full_state_dict(ddp_dir / "checkpoints" / "epoch=0-step=8")
+    assert sorted(mine) == sorted(theirs) and any(k.startswith("discriminator.") for k in mine)
+    for key, value in theirs.items():
+        torch.testing.assert_close(mine[key], value, rtol=1e-5, atol=1e-6, msg=key)
+    step4 = tmp_path / "checkpoints" / "epoch=0-step=4"
+    assert (step4 / "deepspeed").is_dir() and (step4 / "deepspeed_1").is_dir()  # one tag per engine
+    resumed = _gan(tmp_path, "deepspeed_stage_3", "--ckpt_path", str(step4))
+    assert len(resumed) == 4  # steps 5 to 8
+    for name, i in (("g_loss", 0), ("d_loss", 1)):
+        assert_close_losses([s[i] for s in resumed], [s[i] for s in ds[4:]], 1e-6, f"gan {name}, zero3 resumed")
