@@ -44,8 +44,8 @@ EXAMPLES = [
     ("transformer_encoder", _finite_below(2.0)),         # 4 classes: ln 4 = 1.39 at chance
 ]
 # The GAN (two optimizers, manual): under DDP it needs ddp_find_unused_parameters_true (as under Lightning). Their
-# own tests run the cells that matter by default (gan: tests/test_manual_optimization.py; transformer_encoder: tests/test_lightning_zero3.py),
-# so here every cell of these two is slow.
+# own tests run the cells that matter by default (gan: tests/test_manual_optimization.py; transformer_encoder:
+# tests/test_lightning_zero3.py), so here every cell of these two is slow.
 ELSEWHERE = {"gan", "transformer_encoder"}
 RENAMED = {("gan", "ddp"): "ddp_find_unused_parameters_true"}
 REFUSED: dict[tuple[str, str], str] = {}  # (example, strategy) -> the error a refused cell must print
