@@ -168,3 +168,24 @@ def test_gan_zero3_one_engine_per_submodule_matches_ddp_and_resumes(tmp_path, ga
     assert len(resumed) == 4  # steps 5 to 8
     for name, i in (("g_loss", 0), ("d_loss", 1)):
         assert_close_losses([s[i] for s in resumed], [s[i] for s in ds[4:]], 1e-6, f"gan {name}, zero3 resumed")
+
+
+def test_deepspeed_clip_gradients_per_engine_matches_ddp(tmp_path):
+    # Lightning's self.clip_gradients(opt, gradient_clip_val=..., gradient_clip_algorithm="norm") before each
+    # opt.step(), two SGD optimizers (one DeepSpeed engine each): each engine clips its own reduced gradient inside
+    # its step, as clip_grad_norm_ over that optimizer's parameters does after DDP's all-reduce. A clip of 0.05 is
+    # below the gradient norms here, so it changes the run: the unclipped DDP run differs.
+    from lightspeed.errors import ConfigError
+    from lightspeed.strategies.deepspeed_manual import EngineOptimizer
+
+    with pytest.raises(ConfigError, match="gradient_clip_algorithm='value'.*global norm only"):
+        EngineOptimizer(None, None).clip_gradients(1.0, "value")
+    clipped = dict(RUN, two_optimizers=True, manual_clip=0.05, max_steps=4)
+    for name in ("ddp", "ddp_clip"):
+        (tmp_path / name).mkdir()
+    ddp = run_workload(tmp_path / "ddp_clip", strategy="ddp", **clipped)
+    ds = run_workload(tmp_path, strategy="deepspeed_stage_2", **clipped)
+    assert ds["deepspeed"]["optimizers"] == 2
+    assert_close_losses(ds["losses"], ddp["losses"], 1e-5, "deepspeed_stage_2 vs ddp, clip_gradients per optimizer")
+    free = run_workload(tmp_path / "ddp", strategy="ddp", **dict(clipped, manual_clip=None))
+    assert max(abs(a - b) for a, b in zip(free["losses"], ddp["losses"])) > 1e-3, (free["losses"], ddp["losses"])
