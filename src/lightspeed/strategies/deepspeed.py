@@ -36,10 +36,10 @@ from ..kernels import apply_compile, build_optimizers_fast, rebind_schedulers
 from ..launch import DistInfo
 from ..memory import cuda_free
 from ..specs import RunSpec, StepStats
-from .common import CHECKPOINT_PREFIX, StepRunner, apply_activation_checkpointing, configure_with_plain_twin
+from .common import StepRunner, apply_activation_checkpointing, configure_with_plain_twin
 from .deepspeed_config import cast_floats, check_extension_locks, engine_dtype, merge, read_config
 from .deepspeed_manual import EngineOptimizer
-from .deepspeed_multi import check_group, engine_tags, initialize_group
+from .deepspeed_multi import check_group, initialize_group, merge_engines, release_deepspeed_groups
 from .host_memory import host_memory_warning, offloaded_bytes_per_param
 from .portable import Portable, write_deepspeed
 from .zero3 import copy_from_rank0, load_weights, partitioned_init, whole_numel
@@ -373,7 +373,10 @@ class DeepSpeed:
             self.engine, engine = None, self.engine
             if dist.is_initialized():  # another Trainer of this process may have left the shared group already
                 engine.destroy()
+        joined = dist.is_initialized()
         destroy_process_group()
+        if joined:  # a later Trainer of this process joins a new group: DeepSpeed must not keep using this one
+            release_deepspeed_groups()
 
     def _log0(self, message: str) -> None:
         if self.dist.is_global_zero:
@@ -381,17 +384,10 @@ class DeepSpeed:
 
 
 def full_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    """Merges a lightspeed DeepSpeed checkpoint's ZeRO shards into one fp32 state dict on CPU.
+    """Merges a lightspeed DeepSpeed checkpoint's ZeRO shards (every engine's) into one fp32 state dict on CPU.
 
     Keys are the user's Module's own `state_dict()` keys (the engine's `module.` and activation checkpointing's
     prefixes removed); tied weights appear under each name. Uses DeepSpeed's zero_to_fp32.
     Raises ConfigError if `path` has no DeepSpeed shards."""
     _import_deepspeed()
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-    if not (Path(path) / TAG).is_dir():
-        raise ConfigError(f"{path} holds no DeepSpeed checkpoint (expected the directory {Path(path) / TAG}).")
-    state = {}
-    for tag in engine_tags(Path(path), TAG):  # several engines under manual optimization (deepspeed_multi.py)
-        state.update(get_fp32_state_dict_from_zero_checkpoint(str(path), tag=tag))
-    return {k.removeprefix("module.").replace(CHECKPOINT_PREFIX, ""): v for k, v in state.items()}
+    return merge_engines(Path(path), TAG)

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
+from .common import CHECKPOINT_PREFIX
 from .deepspeed_manual import EngineOptimizer
 
 
@@ -237,6 +238,30 @@ class EngineGroup:
     def destroy(self) -> None:
         for e in self.engines:
             e.destroy()
+
+
+def merge_engines(path: Path, tag: str) -> dict[str, torch.Tensor]:
+    """`deepspeed.full_state_dict`: every engine's ZeRO shards under `path` (tags `tag`, `tag_1`, ...) merged by
+    DeepSpeed's zero_to_fp32 into one fp32 state dict keyed as the user's Module's state_dict. Raises ConfigError
+    if `path` has no DeepSpeed shards."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    if not (path / tag).is_dir():
+        raise ConfigError(f"{path} holds no DeepSpeed checkpoint (expected the directory {path / tag}).")
+    state = {}
+    for name in engine_tags(path, tag):
+        state.update(get_fp32_state_dict_from_zero_checkpoint(str(path), tag=name))
+    return {k.removeprefix("module.").replace(CHECKPOINT_PREFIX, ""): v for k, v in state.items()}
+
+
+def release_deepspeed_groups() -> None:
+    """After the default process group is destroyed: drops the groups DeepSpeed cached from it (its world and
+    data-parallel groups), as `deepspeed.comm.destroy_process_group` does. Without this, a later Trainer in the
+    same process joins a new group while DeepSpeed's engine still broadcasts on the destroyed one
+    ("Group ... is not registered")."""
+    from deepspeed.utils import groups
+
+    groups._release_process_group_references(group=None)  # DeepSpeed 0.19's own step after destroying WORLD
 
 
 def engine_tag(tag: str, index: int) -> str:
