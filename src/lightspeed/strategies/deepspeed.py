@@ -42,7 +42,7 @@ from .deepspeed_manual import EngineOptimizer
 from .deepspeed_multi import check_group, initialize_group, merge_engines, release_deepspeed_groups
 from .host_memory import host_memory_warning, offloaded_bytes_per_param
 from .portable import Portable, write_deepspeed
-from .zero3 import copy_from_rank0, load_weights, partitioned_init, whole_numel
+from .zero3 import copy_from_rank0, destroy_engine, load_weights, partitioned_init, whole_numel
 
 Offload = Literal["cpu", "nvme"] | None
 
@@ -268,7 +268,7 @@ class DeepSpeed:
             if not self.spec.automatic_optimization and len(optimizers) > 1:  # one engine per optimizer (a GAN)
                 check_group(self.spec.precision, optimizers, self.name)
                 if self.engine is not None:
-                    self.engine.destroy()  # an evaluation engine built before fit
+                    destroy_engine(self.engine, module)  # an evaluation engine built before fit
                 self.engine, self.optimizers = initialize_group(
                     deepspeed, StepRunner(module), [self._maybe_cpu_adam(o) for o in optimizers], config, self.name)
                 return
@@ -287,7 +287,7 @@ class DeepSpeed:
                     node_share=info.local_world_size / info.world_size, host_bytes=psutil.virtual_memory().total):
                 self._log0(warning)
         if self.engine is not None:
-            self.engine.destroy()  # an evaluation engine built before fit
+            destroy_engine(self.engine, module)  # an evaluation engine built before fit
         self.engine, ds_optimizer, _, _ = deepspeed.initialize(
             model=StepRunner(module), optimizer=optimizer, config=config, dist_init_required=False,
             model_parameters=[p for p in module.parameters() if p.requires_grad] if optimizer is None else None,
@@ -372,7 +372,7 @@ class DeepSpeed:
         if self.engine is not None:  # left to interpreter shutdown, gloo's threads can abort a rank
             self.engine, engine = None, self.engine
             if dist.is_initialized():  # another Trainer of this process may have left the shared group already
-                engine.destroy()
+                destroy_engine(engine, self.module)
         joined = dist.is_initialized()
         destroy_process_group()
         if joined:  # a later Trainer of this process joins a new group: DeepSpeed must not keep using this one

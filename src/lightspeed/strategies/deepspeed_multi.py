@@ -159,11 +159,10 @@ class EngineGroup:
         pass  # every engine's backward runs inside its own opt.step(), the end of its window (see backward)
 
     def __call__(self, step, *args):
-        if self.zero3 is not None:
-            # A ZeRO-3 engine's forward would reset its parameter coordinator's per-step fetch records (a hook on
-            # the top module: here the holder, which is never called); the user's module runs instead.
-            for e in self.engines:
-                e.optimizer.parameter_offload.get_param_coordinator().reset_step()
+        # The user's module runs, not an engine's forward. Under ZeRO-3 the engines' top modules (the holders) are
+        # never called, so no engine records a trace of the module order to prefetch along: each submodule's
+        # parameters are gathered when it runs and released after (a GAN calls its networks in a different order
+        # in each phase of a step, and validation in another, so a recorded order would be wrong).
         return self.runner(step, *args)
 
     def backward(self, loss: torch.Tensor, scale_wrt_gas: bool = False) -> None:
@@ -178,6 +177,11 @@ class EngineGroup:
                               "every parameter frozen by toggle_optimizer).")
         params = [p for e in reached.values() for p in self._params(e) if p.requires_grad]
         grads = torch.autograd.grad(loss, params, allow_unused=True)
+        if self.zero3 is not None:
+            # As DeepSpeed's own backward epilogue does: a submodule whose input needs no gradient (a first layer)
+            # never runs its post-backward hook, so the parameters its backward gathered are released here.
+            for e in self.engines:
+                e.optimizer.parameter_offload.release_backward_leftovers()
         for p, g in zip(params, grads):
             if g is not None:
                 held = self.grads.setdefault(id(self.owner[id(p)]), {})
