@@ -74,8 +74,9 @@ class DeepSpeed:
         allgather_bucket_size, reduce_bucket_size: ZeRO communication bucket sizes (elements).
     Raises:
         ConfigError: bad stage or offload, nvme without nvme_path, a missing or invalid config file; in `check`
-            (before launch) clipping by value or 16-mixed off CUDA; later, two optimizers (one engine holds one,
-            under manual optimization too) or a config key that contradicts a Trainer flag.
+            (before launch) clipping by value or 16-mixed off CUDA; later, two optimizers under automatic
+            optimization (one engine holds one; manual optimization gets one engine per optimizer, deepspeed_multi.py)
+            or a config key that contradicts a Trainer flag.
     """
 
     stage: Literal[1, 2, 3] = 2

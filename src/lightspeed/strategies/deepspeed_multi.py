@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -63,7 +63,7 @@ def split_module(module: torch.nn.Module, optimizers: list, strategy_name: str) 
     owner = {id(p): i for i, opt in enumerate(optimizers) for g in opt.param_groups for p in g["params"]}
     parts: list[list[tuple[str, torch.nn.Module]]] = [[] for _ in optimizers]
 
-    def refuse(what: str) -> None:
+    def refuse(what: str) -> NoReturn:
         raise ConfigError(f"{what}, under strategy {strategy_name!r} with {len(optimizers)} manual optimizers: a "
                           "ZeRO-3 engine partitions whole submodules, so each optimizer must train exactly the "
                           "parameters of some submodules (e.g. self.generator.parameters()). Move the parameter "
