@@ -176,10 +176,15 @@ def test_deepspeed_clip_gradients_per_engine_matches_ddp(tmp_path):
     # its step, as clip_grad_norm_ over that optimizer's parameters does after DDP's all-reduce. A clip of 0.05 is
     # below the gradient norms here, so it changes the run: the unclipped DDP run differs.
     from lightspeed.errors import ConfigError
+    from lightspeed.specs import RunSpec
+    from lightspeed.strategies.deepspeed import DeepSpeed
     from lightspeed.strategies.deepspeed_manual import EngineOptimizer
 
     with pytest.raises(ConfigError, match="gradient_clip_algorithm='value'.*global norm only"):
         EngineOptimizer(None, None).clip_gradients(1.0, "value")
+    # The Trainer's flag would make every engine clip on its own: refused before launch, as in Lightning.
+    with pytest.raises(ConfigError, match="gradient_clip_val=1.0 is not valid with automatic_optimization=False"):
+        DeepSpeed(stage=2).check(RunSpec(gradient_clip_val=1.0, automatic_optimization=False))
     clipped = dict(RUN, two_optimizers=True, manual_clip=0.05, max_steps=4)
     for name in ("ddp", "ddp_clip"):
         (tmp_path / name).mkdir()

@@ -123,6 +123,10 @@ class DeepSpeed:
         if spec.gradient_clip_algorithm == "value":
             raise ConfigError(f"gradient_clip_algorithm='value' is not valid with strategy {self.name!r}: it clips "
                               "by global norm only. Use 'norm'.")
+        if spec.gradient_clip_val and not spec.automatic_optimization:  # every engine would clip on its own
+            raise ConfigError(f"gradient_clip_val={spec.gradient_clip_val} is not valid with automatic_optimization="
+                              f"False under {self.name!r} (nor in Lightning): call self.clip_gradients(opt, "
+                              "gradient_clip_val=...) before opt.step() in training_step.")
         if spec.precision == "16-mixed" and spec.device_type != "cuda":  # DeepSpeed would refuse it in initialize
             raise ConfigError(f"precision='16-mixed' is not valid with DeepSpeed on {spec.device_type}: its CPU "
                               "accelerator has no fp16 support. Use '32-true', 'bf16-mixed' or 'bf16-true'.")
