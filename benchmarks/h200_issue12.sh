@@ -53,6 +53,45 @@ a().create_op_builder('FusedAdamBuilder').load(); print('ops ready')" >> "$OUT/f
     cat "$OUT/final_b.log" >> "$OUT/final.log"; rm -f "$OUT/final_b.log"
     python3 benchmarks/issue12_table.py "$OUT"/suite_?.json --scaling "$OUT/scaling.json" | tee "$OUT/table.txt"
     ;;
+explore)
+    # Candidate defaults (multi_gpu.py's variant names): ZeRO-3 with each Block one leaf module, DDP bucket size
+    # and static graph, FSDP's bf16 reduce-scatter; and stage 2 on 2 GPUs, never measured before.
+    python3 -c "from deepspeed.accelerator import get_accelerator as a; \
+a().create_op_builder('FusedAdamBuilder').load(); print('ops ready')" > "$OUT/ops.log" 2>&1
+    M="python3 benchmarks/multi_gpu.py --devices 2 --sections scaling --module user --micro-batch 8 --repeats 1 \
+       --windows 3 --warmup 4 --steps 16"
+    CUDA_VISIBLE_DEVICES=0 timeout 200 $M --devices 1 --counts 1 --strategies deepspeed_stage_3+leaf \
+        --json "$OUT/explore_1a.json" > "$OUT/explore_1a.log" 2>&1 &
+    CUDA_VISIBLE_DEVICES=1 timeout 200 $M --devices 1 --counts 1 --strategies plain_deepspeed_zero3 \
+        --json "$OUT/explore_1b.json" > "$OUT/explore_1b.log" 2>&1
+    wait
+    timeout 420 $M --counts 2 --strategies ${EXPLORE:-deepspeed_stage_3+leaf,plain_deepspeed_zero3,ddp+bucket100,ddp+static,fsdp+bf16reduce,deepspeed_stage_2} \
+        --json "$OUT/explore_2.json" > "$OUT/explore_2.log" 2>&1
+    ;;
+final1|final2)
+    # Every figure of the issue with 3 runs (processes) per setup, on one warm 2xH200 machine in two device
+    # commands (each is limited to 10 minutes): final1 the one-GPU setups, both GPUs at once (GPU 0: the plain
+    # loop, the user's module single/compile and ddp in a group of one; GPU 1: the DeepSpeed loops and stages,
+    # fsdp); final2 the two-GPU runs. Then: python3 benchmarks/issue12_table.py OUT/suite_?.json --scaling
+    # OUT/scaling.json
+    { nvidia-smi --query-gpu=name,memory.total --format=csv; nproc; free -g; python3 -c "import torch; print(torch.__version__)"; } > "$OUT/machine.txt" 2>&1
+    python3 -c "from deepspeed.accelerator import get_accelerator as a; \
+a().create_op_builder('FusedAdamBuilder').load(); print('ops ready')" >> "$OUT/$1.log" 2>&1
+    if [ "$1" = final1 ]; then
+        S="python3 benchmarks/gpu_suite.py --repeats 3 --windows 1 --warmup 3 --steps 12 --per-run-timeout 120"
+        CUDA_VISIBLE_DEVICES=0 timeout 540 $S --only plain_pytorch,single+user,single+user+compile,ddp+user \
+            --json "$OUT/suite_a.json" > "$OUT/final1_a.log" 2>&1 &
+        CUDA_VISIBLE_DEVICES=1 timeout 540 $S --only \
+            plain_deepspeed_zero2,deepspeed_stage_2+user,plain_deepspeed_zero3,deepspeed_stage_3+user,fsdp+user \
+            --json "$OUT/suite_b.json" > "$OUT/final1_b.log" 2>&1
+        wait
+    else
+        timeout 545 python3 benchmarks/multi_gpu.py --devices 2 --counts 2 --sections scaling --module user \
+            --micro-batch 8 --repeats 3 --windows 1 --warmup 3 --steps 12 \
+            --strategies ${FINAL2:-deepspeed_stage_3,plain_deepspeed_zero3,ddp,fsdp,deepspeed_stage_2} \
+            --json "$OUT/scaling.json" > "$OUT/final2.log" 2>&1
+    fi
+    ;;
 profile)
     # Where the step's time goes (benchmarks/profile_step.py): ZeRO-3 against DeepSpeed's own loop on GPU 0,
     # while GPU 1 profiles ddp and fsdp on one GPU; then ddp and fsdp on both GPUs.
@@ -74,5 +113,5 @@ scaling)
         --json "$OUT/scaling.json" > "$OUT/scaling.txt" 2> "$OUT/scaling.err"
     ;;
 *)
-    echo "usage: $0 single|scaling|profile|final" >&2; exit 2 ;;
+    echo "usage: $0 single|scaling|profile|explore|final|final1|final2" >&2; exit 2 ;;
 esac

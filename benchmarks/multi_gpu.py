@@ -118,17 +118,23 @@ def run_one(args) -> dict:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gib * 2**30 / total), device)
+    strategy, leaf = variant(args.strategy)
     ls.seed_everything(0)
     rec = Recorder()
     steps = args.warmup + args.steps
     data = RandomTokens(cfg.vocab_size, cfg.block_size, args.micro_batch * args.devices * steps)
-    trainer = ls.Trainer(strategy=args.strategy, devices=args.devices, accelerator="cpu" if args.cpu else "gpu",
+    trainer = ls.Trainer(strategy=strategy, devices=args.devices, accelerator="cpu" if args.cpu else "gpu",
                          precision="32-true" if args.cpu else "bf16-mixed", max_steps=steps, seed=0, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, callbacks=[rec])
     if args.module == "user":
         from gpu_suite import UserGPT
 
-        module = UserGPT(cfg)
+        class LeafGPT(UserGPT):  # ZeRO-3 fetches each Block's parameters at once: one hook per block
+            def configure_model(self):
+                super().configure_model()
+                _mark_leaf(self)
+
+        module = LeafGPT(cfg) if leaf else UserGPT(cfg)
     else:
         module = SyncedLossGPT(cfg)
     trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=args.micro_batch))
@@ -146,6 +152,40 @@ def run_one(args) -> dict:
             "window_tok_s": [tokens / w for w in windows(times, args.windows)],
             "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if not args.cpu else float("nan"),
             "host_peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+
+
+def _mark_leaf(module) -> None:
+    from deepspeed.utils import set_z3_leaf_modules
+
+    from lightspeed.examples.gpt import Block
+
+    set_z3_leaf_modules(module, [Block])
+
+
+def variant(name: str):
+    """Experimental settings behind a strategy name (every rank parses the same command line):
+    `ddp+bucketN` (bucket_cap_mb=N), `ddp+static`, `ddp+bf16` (comm_hook='bf16'), `fsdp+bf16reduce` (gradients reduce-scattered in bf16),
+    `deepspeed_stage_3+leaf` (each Block one ZeRO-3 leaf module). Returns (strategy, leaf)."""
+    base, *opts = name.split("+")
+    if base == "ddp" and opts:
+        kw = {}
+        for o in opts:
+            if o.startswith("bucket"):
+                kw["bucket_cap_mb"] = float(o[len("bucket"):])
+            elif o == "static":
+                kw["static_graph"] = True
+            elif o == "bf16":
+                kw["comm_hook"] = "bf16"
+        return ls.DDP(**kw), False
+    if base == "fsdp" and "bf16reduce" in opts:
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        import lightspeed.strategies.fsdp as fsdp_mod
+
+        fsdp_mod.build_mp_policy = lambda precision: MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                                          reduce_dtype=torch.bfloat16)
+        return "fsdp", False
+    return base, "leaf" in opts
 
 
 RESULTS: dict[str, dict] = {}  # every run of this invocation, keyed by its command line

@@ -218,3 +218,25 @@ def test_host_memory_warning_matches_the_h200_runs():
     assert too_big is not None and "may kill the ranks" in too_big and "nvme" in too_big
     assert host_memory_warning(8_000_000_000, offload_optimizer="cpu", offload_params="cpu", pinned=False,
                                stage=3, node_share=0.5, host_bytes=host) is None
+
+
+def test_zero3_leaf_modules_are_the_repeated_blocks_and_bad_values_are_refused():
+    """Under stage 3 each repeated block is one ZeRO-3 leaf module (its parameters fetched at once, one hook per
+    block: docs/benchmarks.md measures 1.4x DeepSpeed's default loop on one H200); the stage-3 parity test above runs
+    with them. `leaf_modules=[]` marks nothing; a class that is not in the model, or a non-class, is a ConfigError."""
+    import deepspeed
+
+    from lightspeed.examples.gpt import GPT, SIZES, Block
+    from lightspeed.strategies.zero3 import mark_leaf_modules
+
+    model = GPT(dataclasses.replace(SIZES["tiny"], vocab_size=64))
+    mark_leaf_modules(deepspeed, model, None)
+    leaves = [m for m in model.modules() if getattr(m, "_z3_leaf", False)]
+    assert leaves and all(isinstance(m, Block) for m in leaves) and len(leaves) == model.cfg.n_layer
+    plain = GPT(dataclasses.replace(SIZES["tiny"], vocab_size=64))
+    mark_leaf_modules(deepspeed, plain, [])
+    assert not any(getattr(m, "_z3_leaf", False) for m in plain.modules())
+    with pytest.raises(ConfigError, match=r"leaf_modules names \['GRU'\].*GPT does not contain"):
+        mark_leaf_modules(deepspeed, plain, [torch.nn.GRU])
+    with pytest.raises(ConfigError, match="leaf_modules='Block' is not valid: use None"):
+        ls.DeepSpeed(stage=3, leaf_modules="Block")

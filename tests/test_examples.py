@@ -49,12 +49,8 @@ EXAMPLES = [
 ELSEWHERE = {"gan", "transformer_encoder"}
 RENAMED = {("gan", "ddp"): "ddp_find_unused_parameters_true"}
 REFUSED: dict[tuple[str, str], str] = {}  # (example, strategy) -> the error a refused cell must print
-FSDP_GAN = pytest.mark.xfail(strict=True, reason=(
-    "FSDP2: toggle_optimizer inside training_step sees the gathered parameters, not the optimizer's shards (it "
-    "freezes all), and self(z) inside training_step reshards the root (strategies/fsdp.py)"))
 CASES = [pytest.param(name, strategy, check, id=f"{name}-{strategy}",
-                      marks=[*(() if strategy == STRATEGIES[i % 4] and name not in ELSEWHERE else [pytest.mark.slow]),
-                             *([FSDP_GAN] if (name, strategy) == ("gan", "fsdp") else [])])
+                      marks=() if strategy == STRATEGIES[i % 4] and name not in ELSEWHERE else [pytest.mark.slow])
          for i, (name, check) in enumerate(EXAMPLES) for strategy in STRATEGIES]
 
 

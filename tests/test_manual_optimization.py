@@ -2,7 +2,9 @@
 the gradients on every backward and `opt.step()` updates the local shards, plain torch. The same module
 (tests/workload.py's `manual` option: zero_grad, manual_backward, step in training_step) must give DDP's losses:
 relative 1e-5 per step, fp32 on 2 CPU ranks (only the reduction order differs). The FSDP checkpoint written by the
-manual run holds every optimizer's state: with two optimizers, a resume replays the same losses.
+manual run holds every optimizer's state: with two optimizers, a resume replays the same losses. examples/gan.py
+(toggle_optimizer, self(z) then self.discriminator inside training_step) gives DDP's g_loss and d_loss within 1e-5
+under fsdp, and its resume from step 4 replays steps 5-8 exactly.
 Under DeepSpeed stages 2 and 3, one engine holds the one optimizer (opt.step() is engine.step()), with the same
 1e-5 against DDP. Several optimizers get one engine each (stages 1 and 2): examples/gan.py gives DDP's g_loss and
 d_loss per step within 1e-5 relative under deepspeed_stage_2, and a resume from its step-4 checkpoint (one tag per
@@ -66,16 +68,21 @@ def _gan(cwd: Path, strategy: str, *more: str) -> list[tuple[float, float]]:
 
 
 @pytest.fixture(scope="module")
-def gan_ddp(tmp_path_factory) -> tuple[Path, list[tuple[float, float]]]:
-    # Under DDP a GAN needs ddp_find_unused_parameters_true (the toggled-off half gets no gradient), as under
-    # Lightning. Returns the run's folder and its (g_loss, d_loss) per step.
+def gan_ddp_run(tmp_path_factory) -> tuple[Path, list[tuple[float, float]]]:
+    # examples/gan.py: two Adam optimizers, toggle_optimizer around each backward, 8 steps. Under DDP a GAN needs
+    # ddp_find_unused_parameters_true (the toggled-off half gets no gradient), as under Lightning. Returns the
+    # run's folder (its checkpoints) and its (g_loss, d_loss) per step.
     cwd = tmp_path_factory.mktemp("gan_ddp")
     return cwd, _gan(cwd, "ddp_find_unused_parameters_true")
 
 
+@pytest.fixture(scope="module")
+def gan_ddp(gan_ddp_run) -> list[tuple[float, float]]:
+    return gan_ddp_run[1]
+
+
 def test_gan_one_engine_per_optimizer_matches_ddp_and_resumes(tmp_path, gan_ddp):
-    # examples/gan.py: two Adam optimizers, toggle_optimizer around each backward, 8 steps.
-    ddp = gan_ddp[1]
+    ddp = gan_ddp
     ds = _gan(tmp_path, "deepspeed_stage_2")
     assert len(ds) == len(ddp) == 8
     for name, i in (("g_loss", 0), ("d_loss", 1)):
@@ -86,6 +93,26 @@ def test_gan_one_engine_per_optimizer_matches_ddp_and_resumes(tmp_path, gan_ddp)
     assert len(resumed) == 4  # steps 5 to 8
     for name, i in (("g_loss", 0), ("d_loss", 1)):
         assert_close_losses([s[i] for s in resumed], [s[i] for s in ds[4:]], 1e-6, f"gan {name}, resumed at step 4")
+
+
+def test_gan_under_fsdp_matches_ddp_and_resumes(tmp_path, gan_ddp):
+    # The generator and discriminator are FSDP units of their own (strategies/fsdp.py, find_child_units), so
+    # toggle_optimizer sees the optimizers' shards and self(z) inside training_step gathers only the generator.
+    fsdp = _gan(tmp_path, "fsdp")
+    assert len(fsdp) == len(gan_ddp) == 8
+    for name, i in (("g_loss", 0), ("d_loss", 1)):
+        assert_close_losses([s[i] for s in fsdp], [s[i] for s in gan_ddp], 1e-5, f"gan {name}, fsdp vs ddp")
+    # Both Adams' moments are in the step-4 checkpoint: the resume replays steps 5-8 bit for bit.
+    resumed = _gan(tmp_path, "fsdp", "--ckpt_path", str(tmp_path / "checkpoints" / "epoch=0-step=4"))
+    assert resumed == fsdp[4:]
+
+
+def test_gan_under_plain_ddp_names_the_strategy_to_use(tmp_path):
+    # The discriminator gets no gradient in the generator's backward, which plain DDP cannot reduce; torch's own
+    # message names a DistributedDataParallel keyword the user never sees.
+    run = launch([str(ROOT / "examples" / "gan.py"), "--devices", "2", "--strategy", "ddp", "--max_steps", "2"],
+                 tmp_path)
+    assert run.returncode != 0 and "strategy='ddp_find_unused_parameters_true'" in run.stderr, run.stderr[-3000:]
 
 
 @pytest.mark.slow
@@ -141,14 +168,49 @@ def test_deepspeed_engine_group_refusals():
         split_module(net, opts, "deepspeed_stage_3")
 
 
-def test_gan_zero3_one_engine_per_submodule_matches_ddp_and_resumes(tmp_path, gan_ddp):
+def test_toggle_optimizer_refuses_an_optimizer_of_none_of_its_parameters():
+    # Freezing every parameter would make the backward silently train nothing (FSDP inside a forward shows
+    # gathered copies, not the optimizer's shards): an error says so instead.
+    from lightspeed import Module
+
+    module = Module()
+    module.net = torch.nn.Linear(2, 2)
+    own = torch.optim.SGD(module.parameters(), lr=0.1)
+    other = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+    module.toggle_optimizer(own)
+    assert all(p.requires_grad for p in module.parameters())
+    module.untoggle_optimizer(own)
+    with pytest.raises(RuntimeError, match="none of the optimizer's 2 parameters is a parameter of Module"):
+        module.toggle_optimizer(other)
+
+
+def test_fsdp_manual_units_are_the_called_children():
+    # No process group needed: which modules become FSDP units under manual optimization.
+    from torch import nn
+
+    from lightspeed.errors import ConfigError
+    from lightspeed.strategies.fsdp import find_child_units
+
+    root = nn.Module()
+    root.generator, root.discriminator = nn.Linear(2, 2), nn.Linear(2, 2)
+    root.heads = nn.ModuleList([nn.Linear(2, 2), nn.Linear(2, 2)])  # never called itself: its children are
+    root.embed, root.unembed = nn.Embedding(4, 2), nn.Linear(2, 4, bias=False)
+    root.unembed.weight = root.embed.weight  # tied: one unit of two modules
+    units = find_child_units(root, [root.heads[1]])  # heads[1] is a block unit already
+    assert units == [root.generator, root.discriminator, root.heads[0], [root.embed, root.unembed]]
+    root.scale = nn.Parameter(torch.ones(1))
+    with pytest.raises(ConfigError, match=r"holds parameters of its own \(scale\).*child module"):
+        find_child_units(root, [])
+
+
+def test_gan_zero3_one_engine_per_submodule_matches_ddp_and_resumes(tmp_path, gan_ddp_run):
     # examples/gan.py under deepspeed_stage_3: the generator's engine and the discriminator's each partition their
     # own network; self.discriminator(self(z)) gathers through both engines' hooks. Same losses as DDP per step.
     import importlib.util
 
     import lightspeed
 
-    ddp_dir, ddp = gan_ddp
+    ddp_dir, ddp = gan_ddp_run
     ds = _gan(tmp_path, "deepspeed_stage_3")
     assert len(ds) == len(ddp) == 8
     for name, i in (("g_loss", 0), ("d_loss", 1)):
@@ -199,8 +261,10 @@ def test_deepspeed_clip_gradients_per_engine_matches_ddp(tmp_path):
 VALIDATE_THEN_FIT = '''
 import sys
 sys.path.insert(0, sys.argv[1])
+import torch
 import lightspeed as L
 from gan import GAN, images_and_noise
+from lightspeed.strategies.deepspeed import DeepSpeed
 
 
 class Checked(GAN):
@@ -210,7 +274,9 @@ class Checked(GAN):
 
 L.seed_everything(7)
 model = Checked()
-trainer = L.Trainer(accelerator="cpu", devices=2, strategy="deepspeed_stage_3", max_steps=4, logger=False,
+# Each network's nn.Sequential a ZeRO-3 leaf module: one gather per network, not one per Linear.
+strategy = DeepSpeed(stage=3, leaf_modules=[torch.nn.Sequential])
+trainer = L.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_steps=4, logger=False,
                     enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
 trainer.validate(model, images_and_noise(32, 32))  # one engine over the whole module, evaluation only
 trainer.fit(model, images_and_noise(256, 32))      # then one engine per optimizer over the same submodules
@@ -222,10 +288,11 @@ if trainer.is_global_zero:
 def test_gan_zero3_validate_then_fit(tmp_path, gan_ddp):
     # ZeRO-3 caches its backward hooks' functions on each submodule, bound to the engine that wrapped it first:
     # after an evaluation engine, the generator's and discriminator's engines must bind their own (else the first
-    # layer's parameters stay gathered: "Cannot free a ZeRO-3 parameter while it is still active"). Same step-4
-    # losses as the GAN's DDP run.
+    # layer's parameters stay gathered: "Cannot free a ZeRO-3 parameter while it is still active"). The leaf
+    # modules the evaluation engine used are unmarked for the engine group (a leaf module's gradients are reduced
+    # from its backward hook, which the group's per-engine backward never runs). Same step-4 losses as DDP's run.
     (tmp_path / "validate_then_fit.py").write_text(VALIDATE_THEN_FIT)
     run = launch([str(tmp_path / "validate_then_fit.py"), str(ROOT / "examples")], tmp_path)
     assert run.returncode == 0, f"{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
     g_loss, d_loss = (float(v) for v in run.stdout.split("losses: ")[1].split()[:2])
-    assert_close_losses([g_loss, d_loss], list(gan_ddp[1][3]), 1e-5, "gan under deepspeed_stage_3 after validate")
+    assert_close_losses([g_loss, d_loss], list(gan_ddp[3]), 1e-5, "gan under deepspeed_stage_3 after validate")

@@ -193,11 +193,19 @@ class Module(torch.nn.Module):
 
     def toggle_optimizer(self, optimizer: Any) -> None:
         """Freezes every parameter that `optimizer` does not train (for one of several optimizers);
-        `untoggle_optimizer` restores what was trainable."""
+        `untoggle_optimizer` restores what was trainable.
+
+        Parameters are matched by identity. Raises RuntimeError when none of the optimizer's parameters is one of
+        the module's now (which would freeze them all), e.g. under FSDP inside a forward, where the module holds
+        gathered copies; FSDP's manual optimization keeps the shards in place between the children's calls."""
         # A DeepSpeed handle's param_groups hold ZeRO's flat partitions; it lists the module's own parameters.
         params = (optimizer.model_parameters() if hasattr(optimizer, "model_parameters")
                   else [p for group in optimizer.param_groups for p in group["params"]])
         mine = {id(p) for p in params}
+        if not any(id(p) in mine for p in self.parameters()):
+            raise RuntimeError(f"toggle_optimizer: none of the optimizer's {len(mine)} parameters is a parameter "
+                               f"of {type(self).__name__} at this point, so it would freeze every parameter. Call "
+                               "it in training_step, outside any forward.")
         saved = self.__dict__.setdefault("_toggled", {})
         for p in self.parameters():
             saved.setdefault(id(p), (p, p.requires_grad))

@@ -116,6 +116,14 @@ class DDP:
         try:
             with self.precision.autocast():
                 return self.wrapped(step, *args)
+        except RuntimeError as err:
+            if "finished reduction in the prior iteration" not in str(err) or self.find_unused_parameters:
+                raise
+            # torch's advice (a DistributedDataParallel keyword) is out of the user's reach here.
+            raise RuntimeError(
+                "Some parameters got no gradient in the last step (e.g. toggle_optimizer freezing half of a GAN, "
+                "or a layer the loss does not use), which plain DDP cannot reduce. Use "
+                "strategy='ddp_find_unused_parameters_true' (or DDP(find_unused_parameters=True)).") from err
         finally:
             self._in_forward = False
 

@@ -8,11 +8,10 @@ The config is built from the Trainer's flags (`build_config`), the user's config
 contradicts a flag is an error), then `Module.configure_deepspeed(config)` may change it.
 
 Accumulation: the Trainer divides each loss by `accumulate_grad_batches` and announces the window's end with
-`forward(..., sync_grads=)`, which sets DeepSpeed's boundary; so `backward` passes `scale_wrt_gas=False` and DeepSpeed's own
-micro-step counter never decides. A partial window at an epoch's end (fewer batches left than
-`accumulate_grad_batches`) still ends in an optimizer step, on the gradients of the batches it has, each divided by
-the full `accumulate_grad_batches`: exactly what DDP does, so losses match across strategies, and one optimizer step
-is one `engine.global_steps`, which equals the Trainer's `global_step`.
+`forward(..., sync_grads=)`, which sets DeepSpeed's boundary; so `backward` passes `scale_wrt_gas=False` and
+DeepSpeed's own micro-step counter never decides. A partial window at an epoch's end still ends in an optimizer step,
+on the gradients of the batches it has, each divided by the full `accumulate_grad_batches`: exactly what DDP does,
+so losses match across strategies, and one optimizer step is one `engine.global_steps` (the Trainer's `global_step`).
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from ..checkpoint_io import DEEPSPEED_DIR as TAG  # the sub-directory that holds DeepSpeed's files
-from ..distributed import broadcast_from_rank0, destroy_process_group, init_process_group
+from ..distributed import broadcast_from_rank0, init_process_group
 from ..errors import ConfigError
 from ..kernels import apply_compile, build_optimizers_fast, rebind_schedulers
 from ..launch import DistInfo
@@ -39,10 +38,11 @@ from ..specs import RunSpec, StepStats
 from .common import StepRunner, apply_activation_checkpointing, configure_with_plain_twin
 from .deepspeed_config import cast_floats, check_extension_locks, engine_dtype, merge, read_config
 from .deepspeed_manual import EngineOptimizer
-from .deepspeed_multi import check_group, initialize_group, merge_engines, release_deepspeed_groups
+from .deepspeed_multi import check_group, initialize_group, leave_process_group, merge_engines
 from .host_memory import host_memory_warning, offloaded_bytes_per_param
 from .portable import Portable, write_deepspeed
-from .zero3 import copy_from_rank0, destroy_engine, load_weights, partitioned_init, whole_numel
+from .zero3 import (check_leaf_modules, copy_from_rank0, destroy_engine, load_weights, mark_leaf_modules,
+                    partitioned_init, whole_numel)
 
 Offload = Literal["cpu", "nvme"] | None
 
@@ -72,11 +72,12 @@ class DeepSpeed:
         config: a DeepSpeed config dict or a JSON file; merged over the config built from the Trainer's flags.
         activation_checkpointing: block classes whose activations are recomputed in the backward.
         allgather_bucket_size, reduce_bucket_size: ZeRO communication bucket sizes (elements).
+        leaf_modules: stage 3: classes whose parameters are gathered at once (one fetch per block, not per Linear;
+            docs/benchmarks.md). Default: the repeated blocks (nn.ModuleList children); [] is DeepSpeed's default.
     Raises:
-        ConfigError: bad stage or offload, nvme without nvme_path, a missing or invalid config file; in `check`
-            (before launch) clipping by value or 16-mixed off CUDA; later, two optimizers under automatic
-            optimization (one engine holds one; manual optimization gets one engine per optimizer, deepspeed_multi.py)
-            or a config key that contradicts a Trainer flag.
+        ConfigError: bad stage, offload or leaf_modules, nvme without nvme_path, a missing or invalid config file;
+            in `check` clipping by value, 16-mixed off CUDA, or gradient_clip_val with manual optimization; later, a
+            config key contradicting a Trainer flag.
     """
 
     stage: Literal[1, 2, 3] = 2
@@ -88,6 +89,7 @@ class DeepSpeed:
     activation_checkpointing: list[type] | None = None
     allgather_bucket_size: int = 200_000_000
     reduce_bucket_size: int = 200_000_000
+    leaf_modules: list[type] | None = None
     optimizers: list = field(default_factory=list)
     schedulers: list = field(default_factory=list)
 
@@ -104,11 +106,12 @@ class DeepSpeed:
             raise ConfigError("DeepSpeed offload to 'nvme' needs nvme_path=<a directory on a fast local disk>, e.g. "
                               "DeepSpeed(stage=3, offload_optimizer='nvme', offload_params='nvme', nvme_path='/nvme').")
         if self.pin_memory not in (None, True, False):
-            raise ConfigError(f"DeepSpeed pin_memory={self.pin_memory!r} is not valid: use None (pinned on CUDA), "
-                              "True or False.")
+            raise ConfigError(f"DeepSpeed pin_memory={self.pin_memory!r} is not valid: "
+                              "use None (pinned on CUDA), True or False.")
         if self.pin_memory is not None and not (self.offload_optimizer or self.offload_params):
             raise ConfigError(f"DeepSpeed pin_memory={self.pin_memory!r} needs offload_optimizer or offload_params: "
                               "only offloaded host buffers are pinned.")
+        check_leaf_modules(self.leaf_modules)
         if importlib.util.find_spec("deepspeed") is None:
             _import_deepspeed()  # raises the install hint now, before any rank is started
         self.user_config = read_config(self.config)
@@ -255,6 +258,8 @@ class DeepSpeed:
                 apply_activation_checkpointing(module, self.activation_checkpointing)
             if self.spec.compile:
                 apply_compile(module)
+            if self.stage == 3:
+                mark_leaf_modules(deepspeed, module, self.leaf_modules)
             self._prepared = True
         config = self.build_config(module)
         self.input_dtype = engine_dtype(config)  # forward casts the batch's float tensors to the weights' dtype
@@ -378,14 +383,10 @@ class DeepSpeed:
             self.engine, engine = None, self.engine
             if dist.is_initialized():  # another Trainer of this process may have left the shared group already
                 destroy_engine(engine, self.module)
-        joined = dist.is_initialized()
-        destroy_process_group()
-        if joined:  # a later Trainer of this process joins a new group: DeepSpeed must not keep using this one
-            release_deepspeed_groups()
+        leave_process_group()  # and drop DeepSpeed's references to it: a later Trainer here joins a new one
 
     def _log0(self, message: str) -> None:
-        if self.dist.is_global_zero:
-            print(message, flush=True)
+        print(message, flush=True) if self.dist.is_global_zero else None
 
 
 def full_state_dict(path: Path) -> dict[str, torch.Tensor]:

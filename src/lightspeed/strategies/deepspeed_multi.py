@@ -11,7 +11,8 @@ drive every engine without knowing there are several:
 - under ZeRO-3 an engine partitions and hooks every module it wraps, so two cannot wrap the same one: each engine
   wraps only the submodules holding its optimizer's parameters (`split_module`), placed at their own paths in a
   holder, so the names it saves are the whole module's. The user's module still runs the forward; each submodule's
-  ZeRO-3 hooks gather its parameters on demand (`self.discriminator(self(z))` runs both engines' hooks).
+  ZeRO-3 hooks gather its parameters on demand (`self.discriminator(self(z))` runs both engines' hooks). No ZeRO-3
+  leaf modules there (`unmark_leaf_modules`): each parameter is gathered with its own submodule and reduced alone.
 - the forward calls the module directly: a ZeRO 1/2 engine's forward only casts and adds backward hooks, and hooks of
   one engine on a loss that another engine's backward runs would confuse both.
 - `backward(loss)` walks the loss's autograd graph to the parameters it reaches and differentiates it once for those
@@ -30,7 +31,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
+import torch.distributed as dist
 
+from ..distributed import destroy_process_group
 from ..errors import ConfigError
 from .common import CHECKPOINT_PREFIX
 from .deepspeed_manual import EngineOptimizer
@@ -110,6 +113,8 @@ def initialize_group(deepspeed, runner: torch.nn.Module, optimizers: list, confi
     `Module.optimizers()` gives the user, in `configure_optimizers` order. Raises split_module's ConfigError."""
     zero3 = config["zero_optimization"]["stage"] == 3
     models = split_module(runner.module, optimizers, strategy_name) if zero3 else [runner] * len(optimizers)
+    if zero3:
+        unmark_leaf_modules(runner.module)
     engines, handles = [], []
     for model, opt in zip(models, optimizers):
         engine, ds_optimizer, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config,
@@ -120,6 +125,18 @@ def initialize_group(deepspeed, runner: torch.nn.Module, optimizers: list, confi
     for handle in handles:
         handle.group = group
     return group, handles
+
+
+def unmark_leaf_modules(module: torch.nn.Module) -> None:
+    """Undoes `zero3.mark_leaf_modules` (and an earlier engine's record of it on the parameters). ZeRO-3 reduces a
+    leaf module's gradients from that module's backward hook, and `EngineGroup.step` hands each engine its
+    gradients through a backward that runs no module: each parameter must be reduced by its own hook instead."""
+    for m in module.modules():
+        if getattr(m, "_z3_leaf", False):
+            m._z3_leaf = False
+    for p in module.parameters():
+        if hasattr(p, "ds_z3_leaf_module"):
+            del p.ds_z3_leaf_module
 
 
 def reached_parameters(loss: torch.Tensor) -> set[int]:
@@ -258,14 +275,17 @@ def merge_engines(path: Path, tag: str) -> dict[str, torch.Tensor]:
     return {k.removeprefix("module.").replace(CHECKPOINT_PREFIX, ""): v for k, v in state.items()}
 
 
-def release_deepspeed_groups() -> None:
-    """After the default process group is destroyed: drops the groups DeepSpeed cached from it (its world and
-    data-parallel groups), as `deepspeed.comm.destroy_process_group` does. Without this, a later Trainer in the
-    same process joins a new group while DeepSpeed's engine still broadcasts on the destroyed one
-    ("Group ... is not registered")."""
-    from deepspeed.utils import groups
+def leave_process_group() -> None:
+    """Leaves the default process group, if joined (`distributed.destroy_process_group`), and drops the groups
+    DeepSpeed cached from it (its world and data-parallel groups), as `deepspeed.comm.destroy_process_group` does.
+    Without the second step a later Trainer in the same process joins a new group while DeepSpeed's next engine
+    still broadcasts on the destroyed one ("Group ... is not registered")."""
+    joined = dist.is_initialized()
+    destroy_process_group()
+    if joined:
+        from deepspeed.utils import groups
 
-    groups._release_process_group_references(group=None)  # DeepSpeed 0.19's own step after destroying WORLD
+        groups._release_process_group_references(group=None)  # DeepSpeed 0.19's own step after destroying WORLD
 
 
 def engine_tag(tag: str, index: int) -> str:

@@ -88,3 +88,26 @@ def load_weights(deepspeed, module: torch.nn.Module, state: dict[str, torch.Tens
     if unexpected or [k for k in missing if k in dict(module.named_parameters())]:
         raise ConfigError(f"checkpoint does not match {type(module).__name__}: missing {missing[:5]}, "
                           f"unexpected {unexpected[:5]}.")
+
+
+def check_leaf_modules(classes) -> None:
+    """Raises ConfigError unless `classes` is None, or a list of nn.Module classes (DeepSpeed's `leaf_modules`)."""
+    if classes is not None and (not isinstance(classes, (list, tuple)) or not all(
+            isinstance(c, type) and issubclass(c, torch.nn.Module) for c in classes)):
+        raise ConfigError(f"DeepSpeed leaf_modules={classes!r} is not valid: use None (the repeated blocks), [] (no "
+                          "leaf modules) or a list of nn.Module classes, e.g. [Block].")
+
+
+def mark_leaf_modules(deepspeed, module: torch.nn.Module, classes: list[type] | None) -> None:
+    """Marks the instances of `classes` in `module` as ZeRO-3 leaf modules (DeepSpeed's `set_z3_leaf_modules`):
+    each gathers all its parameters at its own forward and backward, so DeepSpeed runs one fetch and one pair of
+    hooks per block instead of per submodule. `classes` None means the repeated blocks (the classes of the children
+    of every nn.ModuleList that hold parameters); [] marks nothing.
+    Raises ConfigError when a class named by the user has no instance in the model."""
+    if classes is None:
+        classes = list(dict.fromkeys(type(c) for m in module.modules() if isinstance(m, torch.nn.ModuleList)
+                                     for c in m if any(True for _ in c.parameters())))
+    if missing := [c.__name__ for c in classes if not any(isinstance(m, c) for m in module.modules())]:
+        raise ConfigError(f"DeepSpeed leaf_modules names {missing}, which {type(module).__name__} does not contain.")
+    if classes:
+        deepspeed.utils.set_z3_leaf_modules(module, list(classes))
