@@ -30,10 +30,12 @@ chromium:
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
 		|| echo "chromium not installed: tests/test_report.py skips its browser test")
 
+# pytest runs two workers, each one test file at a time (a file's module fixtures run once): most tests wait on
+# rank start-up and rendezvous, so two streams fill the 2 cores that one stream leaves a third idle.
 test: venv chromium
 	$(BIN)/python -c "import sys; from deepspeed.accelerator import get_accelerator as acc; \
 	[acc().create_op_builder(n).load() for n in sys.argv[1:]]; print('DeepSpeed ops ready')" $(DS_OPS)
-	$(BIN)/python -m pytest -q -x --durations=25 tests
+	$(BIN)/python -m pytest -q -x -n 2 --dist loadfile --durations=25 tests
 
 clean:
 	rm -rf $(VENV)
