@@ -43,13 +43,12 @@ EXAMPLES = [
     ("gan", _finite_below(1.0)),                         # BCE of a discriminator near chance: about ln 2
     ("transformer_encoder", _finite_below(2.0)),         # 4 classes: ln 4 = 1.39 at chance
 ]
-# The GAN (two optimizers, manual): under DDP it needs ddp_find_unused_parameters_true (as under Lightning); under
-# deepspeed_stage_3 it is refused (one engine per optimizer is stages 1/2). Their own tests run the cells that
-# matter by default (gan: tests/test_manual_optimization.py; transformer_encoder: tests/test_lightning_zero3.py),
-# so here every cell of these two is slow.
+# The GAN (two optimizers, manual): under DDP it needs ddp_find_unused_parameters_true (as under Lightning). Their
+# own tests run the cells that matter by default (gan: tests/test_manual_optimization.py; transformer_encoder:
+# tests/test_lightning_zero3.py), so here every cell of these two is slow.
 ELSEWHERE = {"gan", "transformer_encoder"}
 RENAMED = {("gan", "ddp"): "ddp_find_unused_parameters_true"}
-REFUSED = {("gan", "deepspeed_stage_3"): "one DeepSpeed engine per optimizer works with ZeRO stages 1 and 2 only"}
+REFUSED: dict[tuple[str, str], str] = {}  # (example, strategy) -> the error a refused cell must print
 CASES = [pytest.param(name, strategy, check, id=f"{name}-{strategy}",
                       marks=() if strategy == STRATEGIES[i % 4] and name not in ELSEWHERE else [pytest.mark.slow])
          for i, (name, check) in enumerate(EXAMPLES) for strategy in STRATEGIES]

@@ -9,7 +9,9 @@ Under DeepSpeed stages 2 and 3, one engine holds the one optimizer (opt.step() i
 1e-5 against DDP. Several optimizers get one engine each (stages 1 and 2): examples/gan.py gives DDP's g_loss and
 d_loss per step within 1e-5 relative under deepspeed_stage_2, and a resume from its step-4 checkpoint (one tag per
 engine) replays steps 5-8 within 1e-6; one loss reaching both engines' parameters (the workload's two optimizers)
-matches DDP and resumes too (slow). Stage 3 with several optimizers is refused at setup. About 3 min in all.
+matches DDP and resumes too (slow). Under deepspeed_stage_3 each engine partitions only its optimizer's submodules
+(the generator, the discriminator): the GAN gives DDP's losses within 1e-5 and resumes within 1e-6 too, and
+load_from_checkpoint merges both engines' shards into DDP's weights. About 3 min in all.
 """
 
 from __future__ import annotations
@@ -66,10 +68,17 @@ def _gan(cwd: Path, strategy: str, *more: str) -> list[tuple[float, float]]:
 
 
 @pytest.fixture(scope="module")
-def gan_ddp(tmp_path_factory):
+def gan_ddp_run(tmp_path_factory) -> tuple[Path, list[tuple[float, float]]]:
     # examples/gan.py: two Adam optimizers, toggle_optimizer around each backward, 8 steps. Under DDP a GAN needs
-    # ddp_find_unused_parameters_true (the toggled-off half gets no gradient), as under Lightning.
-    return _gan(tmp_path_factory.mktemp("gan_ddp"), "ddp_find_unused_parameters_true")
+    # ddp_find_unused_parameters_true (the toggled-off half gets no gradient), as under Lightning. Returns the
+    # run's folder (its checkpoints) and its (g_loss, d_loss) per step.
+    cwd = tmp_path_factory.mktemp("gan_ddp")
+    return cwd, _gan(cwd, "ddp_find_unused_parameters_true")
+
+
+@pytest.fixture(scope="module")
+def gan_ddp(gan_ddp_run) -> list[tuple[float, float]]:
+    return gan_ddp_run[1]
 
 
 def test_gan_one_engine_per_optimizer_matches_ddp_and_resumes(tmp_path, gan_ddp):
@@ -125,18 +134,38 @@ def test_deepspeed_two_optimizers_one_engine_each_and_resume(tmp_path):
 def test_deepspeed_engine_group_refusals():
     # Checked on every rank at setup, before any engine: no process group needed.
     from lightspeed.errors import ConfigError
-    from lightspeed.strategies.deepspeed_multi import check_group
+    from lightspeed.strategies.deepspeed_multi import check_group, split_module
 
     a, b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
     two = [torch.optim.SGD(a.parameters(), lr=0.1), torch.optim.SGD(b.parameters(), lr=0.1)]
-    check_group(2, "32-true", two, "deepspeed_stage_2")  # disjoint parameters: accepted
-    with pytest.raises(ConfigError, match="'deepspeed_stage_3'.*stages 1 and 2 only"):
-        check_group(3, "32-true", two, "deepspeed_stage_3")
+    check_group("32-true", two, "deepspeed_stage_2")  # disjoint parameters: accepted
     with pytest.raises(ConfigError, match="16-mixed"):
-        check_group(2, "16-mixed", two, "deepspeed_stage_2")
+        check_group("16-mixed", two, "deepspeed_stage_2")
     shared = [two[0], torch.optim.SGD([a.weight, *b.parameters()], lr=0.1)]
     with pytest.raises(ConfigError, match="optimizer 1 .* shares parameters"):
-        check_group(2, "32-true", shared, "deepspeed_stage_2")
+        check_group("32-true", shared, "deepspeed_stage_2")
+
+    # ZeRO-3: each engine wraps the fewest submodules holding exactly its optimizer's parameters, at their paths.
+    net = torch.nn.Module()
+    net.gen = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    net.disc = torch.nn.ModuleDict(dict(body=torch.nn.Linear(2, 2), head=torch.nn.Linear(2, 1)))
+    opts = [torch.optim.SGD([*net.gen.parameters(), *net.disc.head.parameters()], lr=0.1),
+            torch.optim.SGD(net.disc.body.parameters(), lr=0.1)]
+    parts = split_module(net, opts, "deepspeed_stage_3")
+    assert [sorted(dict(h.named_parameters())) for h in parts] == [
+        ["module.disc.head.bias", "module.disc.head.weight", "module.gen.0.bias", "module.gen.0.weight",
+         "module.gen.1.bias", "module.gen.1.weight"], ["module.disc.body.bias", "module.disc.body.weight"]]
+    assert parts[0].module.gen is net.gen and parts[1].module.disc.body is net.disc.body  # the user's modules
+    mixed = [torch.optim.SGD([net.gen[0].weight], lr=0.1),
+             torch.optim.SGD([net.gen[0].bias, *net.gen[1].parameters(), *net.disc.parameters()], lr=0.1)]
+    with pytest.raises(ConfigError, match=r"optimizer 0 .* trains 'gen.0.weight', held directly by a module "
+                                          r"\(Linear\).*'deepspeed_stage_3'"):
+        split_module(net, mixed, "deepspeed_stage_3")
+    with pytest.raises(ConfigError, match="parameter 'disc.head.weight' is trained by no optimizer"):
+        split_module(net, [opts[1], torch.optim.SGD(net.gen.parameters(), lr=0.1)], "deepspeed_stage_3")
+    net.register_buffer("scale", torch.ones(1))
+    with pytest.raises(ConfigError, match="buffer 'scale' sits outside every optimizer's submodules"):
+        split_module(net, opts, "deepspeed_stage_3")
 
 
 def test_toggle_optimizer_refuses_an_optimizer_of_none_of_its_parameters():
@@ -172,3 +201,98 @@ def test_fsdp_manual_units_are_the_called_children():
     root.scale = nn.Parameter(torch.ones(1))
     with pytest.raises(ConfigError, match=r"holds parameters of its own \(scale\).*child module"):
         find_child_units(root, [])
+
+
+def test_gan_zero3_one_engine_per_submodule_matches_ddp_and_resumes(tmp_path, gan_ddp_run):
+    # examples/gan.py under deepspeed_stage_3: the generator's engine and the discriminator's each partition their
+    # own network; self.discriminator(self(z)) gathers through both engines' hooks. Same losses as DDP per step.
+    import importlib.util
+
+    import lightspeed
+
+    ddp_dir, ddp = gan_ddp_run
+    ds = _gan(tmp_path, "deepspeed_stage_3")
+    assert len(ds) == len(ddp) == 8
+    for name, i in (("g_loss", 0), ("d_loss", 1)):
+        assert_close_losses([s[i] for s in ds], [s[i] for s in ddp], 1e-5, f"gan {name}, deepspeed_stage_3 vs ddp")
+    # load_from_checkpoint merges both engines' shards into the whole module, equal to DDP's after the same 8 steps.
+    spec = importlib.util.spec_from_file_location("gan_example", ROOT / "examples" / "gan.py")
+    gan = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gan)
+    mine = gan.GAN.load_from_checkpoint(tmp_path / "checkpoints" / "epoch=0-step=8").state_dict()
+    theirs = lightspeed.full_state_dict(ddp_dir / "checkpoints" / "epoch=0-step=8")
+    assert sorted(mine) == sorted(theirs) and any(k.startswith("discriminator.") for k in mine)
+    for key, value in theirs.items():
+        torch.testing.assert_close(mine[key], value, rtol=1e-5, atol=1e-6, msg=key)
+    step4 = tmp_path / "checkpoints" / "epoch=0-step=4"
+    assert (step4 / "deepspeed").is_dir() and (step4 / "deepspeed_1").is_dir()  # one tag per engine
+    resumed = _gan(tmp_path, "deepspeed_stage_3", "--ckpt_path", str(step4))
+    assert len(resumed) == 4  # steps 5 to 8
+    for name, i in (("g_loss", 0), ("d_loss", 1)):
+        assert_close_losses([s[i] for s in resumed], [s[i] for s in ds[4:]], 1e-6, f"gan {name}, zero3 resumed")
+
+
+def test_deepspeed_clip_gradients_per_engine_matches_ddp(tmp_path):
+    # Lightning's self.clip_gradients(opt, gradient_clip_val=..., gradient_clip_algorithm="norm") before each
+    # opt.step(), two SGD optimizers (one DeepSpeed engine each): each engine clips its own reduced gradient inside
+    # its step, as clip_grad_norm_ over that optimizer's parameters does after DDP's all-reduce. A clip of 0.05 is
+    # below the gradient norms here, so it changes the run: the unclipped DDP run differs.
+    from lightspeed.errors import ConfigError
+    from lightspeed.specs import RunSpec
+    from lightspeed.strategies.deepspeed import DeepSpeed
+    from lightspeed.strategies.deepspeed_manual import EngineOptimizer
+
+    with pytest.raises(ConfigError, match="gradient_clip_algorithm='value'.*global norm only"):
+        EngineOptimizer(None, None).clip_gradients(1.0, "value")
+    # The Trainer's flag would make every engine clip on its own: refused before launch, as in Lightning.
+    with pytest.raises(ConfigError, match="gradient_clip_val=1.0 is not valid with automatic_optimization=False"):
+        DeepSpeed(stage=2).check(RunSpec(gradient_clip_val=1.0, automatic_optimization=False))
+    clipped = dict(RUN, two_optimizers=True, manual_clip=0.05, max_steps=4)
+    for name in ("ddp", "ddp_clip"):
+        (tmp_path / name).mkdir()
+    ddp = run_workload(tmp_path / "ddp_clip", strategy="ddp", **clipped)
+    ds = run_workload(tmp_path, strategy="deepspeed_stage_2", **clipped)
+    assert ds["deepspeed"]["optimizers"] == 2
+    assert_close_losses(ds["losses"], ddp["losses"], 1e-5, "deepspeed_stage_2 vs ddp, clip_gradients per optimizer")
+    free = run_workload(tmp_path / "ddp", strategy="ddp", **dict(clipped, manual_clip=None))
+    assert max(abs(a - b) for a, b in zip(free["losses"], ddp["losses"])) > 1e-3, (free["losses"], ddp["losses"])
+
+
+VALIDATE_THEN_FIT = '''
+import sys
+sys.path.insert(0, sys.argv[1])
+import torch
+import lightspeed as L
+from gan import GAN, images_and_noise
+from lightspeed.strategies.deepspeed import DeepSpeed
+
+
+class Checked(GAN):
+    def validation_step(self, batch, batch_idx):
+        self.log("val_fake", self.discriminator(self(batch[1])).mean(), sync_dist=True)
+
+
+L.seed_everything(7)
+model = Checked()
+# Each network's nn.Sequential a ZeRO-3 leaf module: one gather per network, not one per Linear.
+strategy = DeepSpeed(stage=3, leaf_modules=[torch.nn.Sequential])
+trainer = L.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_steps=4, logger=False,
+                    enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+trainer.validate(model, images_and_noise(32, 32))  # one engine over the whole module, evaluation only
+trainer.fit(model, images_and_noise(256, 32))      # then one engine per optimizer over the same submodules
+if trainer.is_global_zero:
+    print(f"losses: {float(trainer.callback_metrics['g_loss'])!r} {float(trainer.callback_metrics['d_loss'])!r}")
+'''
+
+
+def test_gan_zero3_validate_then_fit(tmp_path, gan_ddp):
+    # ZeRO-3 caches its backward hooks' functions on each submodule, bound to the engine that wrapped it first:
+    # after an evaluation engine, the generator's and discriminator's engines must bind their own (else the first
+    # layer's parameters stay gathered: "Cannot free a ZeRO-3 parameter while it is still active"). The leaf
+    # modules the evaluation engine used are unmarked for the engine group (a leaf module's gradients are reduced
+    # from its backward hook, which the group's per-engine backward never runs). Same step-4 losses as DDP's run.
+    (tmp_path / "validate_then_fit.py").write_text(VALIDATE_THEN_FIT)
+    run = launch([str(tmp_path / "validate_then_fit.py"), str(ROOT / "examples")], tmp_path)
+    assert run.returncode == 0, f"{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
+    g_loss, d_loss = (float(v) for v in run.stdout.split("losses: ")[1].split()[:2])
+    assert_close_losses([g_loss, d_loss], list(gan_ddp[3]), 1e-5, "gan under deepspeed_stage_3 after validate")

@@ -17,6 +17,7 @@ saves the eval-mode logits of the first batch there), two_optimizers; result["de
 FSDP / ZeRO-1 options: fsdp (FSDP(**fsdp) as the strategy; shard_classes and activation_checkpointing as class
 names from lightspeed.examples.gpt or torch.nn; result["fsdp_offload_policy"] names the policy applied), init_weights (a path: rank 0 saves the full weights at fit start),
 build_in_init (the GPT is built in __init__, not configure_model), manual (automatic_optimization=False),
+manual_clip (with manual: self.clip_gradients(opt, gradient_clip_val=manual_clip) before each opt.step()),
 duck_optimizer (configure_optimizers returns an object that is not a torch optimizer), memory (result["memory"]:
 each rank's lightspeed.memory.measure after fit), memory_budget (bytes per device for strategy "auto").
 DDP option: ddp_comm_hook ("fp16", "bf16", "powersgd": DDP(comm_hook=...); "count": a plain all-reduce hook in the
@@ -84,6 +85,7 @@ class Workload(GPTModule):
                 opt.zero_grad()
             self.manual_backward(loss)
             for opt in opts:
+                self.clip_gradients(opt, gradient_clip_val=self.opts.get("manual_clip"))  # None: no clipping
                 opt.step()
         return loss
 

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from . import hparams as _hparams
+from .errors import ConfigError
 from .specs import TrainerView
 
 
@@ -214,6 +215,26 @@ class Module(torch.nn.Module):
     def untoggle_optimizer(self, optimizer: Any) -> None:
         for p, requires_grad in self.__dict__.pop("_toggled", {}).values():
             p.requires_grad_(requires_grad)
+
+    def clip_gradients(self, optimizer: Any, gradient_clip_val: float | None = None,
+                       gradient_clip_algorithm: str | None = None) -> None:
+        """Under manual optimization, between `manual_backward` and `optimizer.step()`: clips the gradients of
+        `optimizer`'s parameters to `gradient_clip_val` by their global norm ("norm", the default) or by value.
+        None or 0 clips nothing. Under DeepSpeed the optimizer's engine clips in its step (by norm only)."""
+        algorithm = gradient_clip_algorithm or "norm"
+        if algorithm not in ("norm", "value"):
+            raise ConfigError(f"clip_gradients(gradient_clip_algorithm={algorithm!r}) is not valid: use 'norm' "
+                              "or 'value'.")
+        if not gradient_clip_val:
+            return
+        if hasattr(optimizer, "clip_gradients"):  # a DeepSpeed engine's handle (strategies/deepspeed_manual.py)
+            optimizer.clip_gradients(gradient_clip_val, algorithm)
+            return
+        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if algorithm == "value":
+            torch.nn.utils.clip_grad_value_(params, gradient_clip_val)
+        else:
+            torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)
 
     def manual_backward(self, loss: torch.Tensor) -> None:
         """Use instead of `loss.backward()` so the strategy applies precision and gradient sync."""

@@ -29,19 +29,20 @@ import torch
 import torch.distributed as dist
 
 from ..checkpoint_io import DEEPSPEED_DIR as TAG  # the sub-directory that holds DeepSpeed's files
-from ..distributed import broadcast_from_rank0, destroy_process_group, init_process_group
+from ..distributed import broadcast_from_rank0, init_process_group
 from ..errors import ConfigError
 from ..kernels import apply_compile, build_optimizers_fast, rebind_schedulers
 from ..launch import DistInfo
 from ..memory import cuda_free
 from ..specs import RunSpec, StepStats
-from .common import CHECKPOINT_PREFIX, StepRunner, apply_activation_checkpointing, configure_with_plain_twin
+from .common import StepRunner, apply_activation_checkpointing, configure_with_plain_twin
 from .deepspeed_config import cast_floats, check_extension_locks, engine_dtype, merge, read_config
 from .deepspeed_manual import EngineOptimizer
-from .deepspeed_multi import check_group, engine_tags, initialize_group
+from .deepspeed_multi import check_group, initialize_group, leave_process_group, merge_engines
 from .host_memory import host_memory_warning, offloaded_bytes_per_param
 from .portable import Portable, write_deepspeed
-from .zero3 import check_leaf_modules, copy_from_rank0, load_weights, mark_leaf_modules, partitioned_init, whole_numel
+from .zero3 import (check_leaf_modules, copy_from_rank0, destroy_engine, load_weights, mark_leaf_modules,
+                    partitioned_init, whole_numel)
 
 Offload = Literal["cpu", "nvme"] | None
 
@@ -75,7 +76,8 @@ class DeepSpeed:
             docs/benchmarks.md). Default: the repeated blocks (nn.ModuleList children); [] is DeepSpeed's default.
     Raises:
         ConfigError: bad stage, offload or leaf_modules, nvme without nvme_path, a missing or invalid config file;
-            in `check` clipping by value or 16-mixed off CUDA; later, a config key contradicting a Trainer flag.
+            in `check` clipping by value, 16-mixed off CUDA, or gradient_clip_val with manual optimization; later, a
+            config key contradicting a Trainer flag.
     """
 
     stage: Literal[1, 2, 3] = 2
@@ -124,6 +126,10 @@ class DeepSpeed:
         if spec.gradient_clip_algorithm == "value":
             raise ConfigError(f"gradient_clip_algorithm='value' is not valid with strategy {self.name!r}: it clips "
                               "by global norm only. Use 'norm'.")
+        if spec.gradient_clip_val and not spec.automatic_optimization:  # every engine would clip on its own
+            raise ConfigError(f"gradient_clip_val={spec.gradient_clip_val} is not valid with automatic_optimization="
+                              f"False under {self.name!r} (nor in Lightning): call self.clip_gradients(opt, "
+                              "gradient_clip_val=...) before opt.step() in training_step.")
         if spec.precision == "16-mixed" and spec.device_type != "cuda":  # DeepSpeed would refuse it in initialize
             raise ConfigError(f"precision='16-mixed' is not valid with DeepSpeed on {spec.device_type}: its CPU "
                               "accelerator has no fp16 support. Use '32-true', 'bf16-mixed' or 'bf16-true'.")
@@ -270,11 +276,11 @@ class DeepSpeed:
                     build_optimizers, self.spec, backend="deepspeed", device_type=self.device.type,
                     offload=bool(self.offload_optimizer), is_global_zero=self.dist.is_global_zero)
             if not self.spec.automatic_optimization and len(optimizers) > 1:  # one engine per optimizer (a GAN)
-                check_group(self.stage, self.spec.precision, optimizers, self.name)
+                check_group(self.spec.precision, optimizers, self.name)
                 if self.engine is not None:
-                    self.engine.destroy()  # an evaluation engine built before fit
+                    destroy_engine(self.engine, module)  # an evaluation engine built before fit
                 self.engine, self.optimizers = initialize_group(
-                    deepspeed, StepRunner(module), [self._maybe_cpu_adam(o) for o in optimizers], config)
+                    deepspeed, StepRunner(module), [self._maybe_cpu_adam(o) for o in optimizers], config, self.name)
                 return
             if len(optimizers) > 1:
                 raise ConfigError(f"configure_optimizers returned {len(optimizers)} optimizers; DeepSpeed runs one "
@@ -291,7 +297,7 @@ class DeepSpeed:
                     node_share=info.local_world_size / info.world_size, host_bytes=psutil.virtual_memory().total):
                 self._log0(warning)
         if self.engine is not None:
-            self.engine.destroy()  # an evaluation engine built before fit
+            destroy_engine(self.engine, module)  # an evaluation engine built before fit
         self.engine, ds_optimizer, _, _ = deepspeed.initialize(
             model=StepRunner(module), optimizer=optimizer, config=config, dist_init_required=False,
             model_parameters=[p for p in module.parameters() if p.requires_grad] if optimizer is None else None,
@@ -376,25 +382,18 @@ class DeepSpeed:
         if self.engine is not None:  # left to interpreter shutdown, gloo's threads can abort a rank
             self.engine, engine = None, self.engine
             if dist.is_initialized():  # another Trainer of this process may have left the shared group already
-                engine.destroy()
-        destroy_process_group()
+                destroy_engine(engine, self.module)
+        leave_process_group()  # and drop DeepSpeed's references to it: a later Trainer here joins a new one
 
     def _log0(self, message: str) -> None:
         print(message, flush=True) if self.dist.is_global_zero else None
 
 
 def full_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    """Merges a lightspeed DeepSpeed checkpoint's ZeRO shards into one fp32 state dict on CPU.
+    """Merges a lightspeed DeepSpeed checkpoint's ZeRO shards (every engine's) into one fp32 state dict on CPU.
 
     Keys are the user's Module's own `state_dict()` keys (the engine's `module.` and activation checkpointing's
     prefixes removed); tied weights appear under each name. Uses DeepSpeed's zero_to_fp32.
     Raises ConfigError if `path` has no DeepSpeed shards."""
     _import_deepspeed()
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-    if not (Path(path) / TAG).is_dir():
-        raise ConfigError(f"{path} holds no DeepSpeed checkpoint (expected the directory {Path(path) / TAG}).")
-    state = {}
-    for tag in engine_tags(Path(path), TAG):  # several engines under manual optimization (deepspeed_multi.py)
-        state.update(get_fp32_state_dict_from_zero_checkpoint(str(path), tag=tag))
-    return {k.removeprefix("module.").replace(CHECKPOINT_PREFIX, ""): v for k, v in state.items()}
+    return merge_engines(Path(path), TAG)

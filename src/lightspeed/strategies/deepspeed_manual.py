@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from ..errors import ConfigError
+
 
 class EngineOptimizer:
     """The engine's optimizer as a manual-optimization module sees it.
@@ -25,14 +27,32 @@ class EngineOptimizer:
 
     def __init__(self, engine: Any, optimizer: Any):
         self.engine, self.optimizer = engine, optimizer
+        self.clip: float | None = None  # set by clip_gradients for the next step only
+
+    def clip_gradients(self, max_norm: float, algorithm: str = "norm") -> None:
+        """`Module.clip_gradients(opt, ...)`: this engine's next step clips its gradients to a global norm of
+        `max_norm`. ZeRO measures the norm of the reduced (partitioned) gradients inside `engine.step()`, so the
+        clip is applied there, as DeepSpeed applies its `gradient_clipping`: the same result as
+        `torch.nn.utils.clip_grad_norm_` after DDP's all-reduce, per optimizer.
+        Raises ConfigError for algorithm "value" (DeepSpeed clips by norm only)."""
+        if algorithm != "norm":
+            raise ConfigError(f"clip_gradients(gradient_clip_algorithm={algorithm!r}) is not valid under DeepSpeed: "
+                              "its engine clips by global norm only. Use 'norm'.")
+        self.clip = float(max_norm)
 
     def step(self, closure=None) -> None:
         if closure is not None:  # Lightning's closure form: forward and backward, then the step
             closure()
-        if self.group is None:
-            self.engine.step()
-        else:
-            self.group.step(self.engine)
+        kept = self.optimizer.clip_grad  # the config's gradient_clipping, which ZeRO's step applies
+        if self.clip is not None:
+            self.optimizer.clip_grad, self.clip = self.clip, None
+        try:
+            if self.group is None:
+                self.engine.step()
+            else:
+                self.group.step(self.engine)
+        finally:
+            self.optimizer.clip_grad = kept
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         # engine.step() zeroed them; DeepSpeed keeps its gradients in its own (partitioned) buffers

@@ -42,6 +42,21 @@ def _deepcopy_partitioned(deepspeed, param: torch.nn.Parameter, memo: dict) -> t
     return clone
 
 
+def destroy_engine(engine, module: torch.nn.Module) -> None:
+    """Destroys a DeepSpeed engine so that another may wrap `module` (or its submodules) afterwards.
+
+    `engine.destroy()` removes a ZeRO-3 engine's hooks, but DeepSpeed (0.19) also caches on each submodule the
+    autograd functions its backward hooks run (`pre_bwd_fn`, `post_bwd_fn`), bound to that engine's parameter
+    coordinator, and a later engine's hooks reuse them: the old coordinator then gathers parameters in the
+    backward and the new one never releases them (an evaluation engine before fit, then one engine per
+    optimizer, failed with "Cannot free a ZeRO-3 parameter while it is still active"). Dropping them lets the
+    next engine bind its own."""
+    engine.destroy()
+    for m in module.modules():
+        m.__dict__.pop("pre_bwd_fn", None)
+        m.__dict__.pop("post_bwd_fn", None)
+
+
 def whole_numel(module: torch.nn.Module) -> int:
     """Parameters of `module`, counting ZeRO-3's partitioned ones at their whole size."""
     return sum(getattr(p, "ds_numel", p.numel()) for p in module.parameters())
