@@ -8,9 +8,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+# The files with the longest runs go first, so that under `make test`'s two workers (`--dist loadfile` hands out
+# whole files in collection order) no long file starts last while the other worker sits idle.
+LONGEST_FIRST = ("test_plan.py", "test_travel.py", "test_manual_optimization.py", "test_fsdp.py",
+                 "test_deepspeed.py", "test_strategies.py", "test_trainer.py", "test_examples.py")
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its own order
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU; this machine has none (run on the GPU machine)")
