@@ -254,6 +254,10 @@ def test_deepspeed_clip_gradients_per_engine_matches_ddp(tmp_path):
     ds = run_workload(tmp_path, strategy="deepspeed_stage_2", **clipped)
     assert ds["deepspeed"]["optimizers"] == 2
     assert_close_losses(ds["losses"], ddp["losses"], 1e-5, "deepspeed_stage_2 vs ddp, clip_gradients per optimizer")
+    # Under FSDP2 it is torch's clip_grad_norm_ over the optimizer's sharded (DTensor) gradients: the global norm.
+    (tmp_path / "fsdp").mkdir()
+    fsdp = run_workload(tmp_path / "fsdp", strategy="fsdp", **clipped)
+    assert_close_losses(fsdp["losses"], ddp["losses"], 1e-5, "fsdp vs ddp, clip_gradients per optimizer")
     free = run_workload(tmp_path / "ddp", strategy="ddp", **dict(clipped, manual_clip=None))
     assert max(abs(a - b) for a, b in zip(free["losses"], ddp["losses"])) > 1e-3, (free["losses"], ddp["losses"])
 
