@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import ConfigError
+from ..plan_probe import repeated_blocks
 
 
 def partitioned_init(deepspeed, config: dict, remote_device: str | None):
@@ -105,8 +106,7 @@ def mark_leaf_modules(deepspeed, module: torch.nn.Module, classes: list[type] | 
     of every nn.ModuleList that hold parameters); [] marks nothing.
     Raises ConfigError when a class named by the user has no instance in the model."""
     if classes is None:
-        classes = list(dict.fromkeys(type(c) for m in module.modules() if isinstance(m, torch.nn.ModuleList)
-                                     for c in m if any(True for _ in c.parameters())))
+        classes = list(dict.fromkeys(type(c) for c in repeated_blocks(module) if any(True for _ in c.parameters())))
     if missing := [c.__name__ for c in classes if not any(isinstance(m, c) for m in module.modules())]:
         raise ConfigError(f"DeepSpeed leaf_modules names {missing}, which {type(module).__name__} does not contain.")
     if classes:
