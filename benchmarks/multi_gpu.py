@@ -24,6 +24,12 @@ rank 0 prints one RESULT line, and this script collects them into tables:
   plain stage 3 does not fit there, stage 3 with CPU offload). `--cap-gib` caps every GPU, to find the edge quickly.
 
 With `--json`, every result is written there as soon as it arrives, so a run cut short keeps what it measured.
+
+Every rank builds its model directly on cuda:<LOCAL_RANK> (gpu_suite.prebuild: `configure_model` under
+`with torch.device(...)` before `fit`; ZeRO-3 in zero.Init, which allocates on the GPU) instead of on the CPU and
+then moving it: that cuts each process's start-up by the ~10 s a 1.3B CPU build costs and does not change tok/s.
+Strategy names take `+` variants (see `variant`), e.g. `ddp+bf16+ctas8`, `deepspeed_stage_3+prefetch1e8`; the
+full name is what the tables and the JSON carry.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -94,7 +101,7 @@ def run_plain(args, cfg) -> dict:
 
     rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     device = torch.device("cpu") if args.cpu else torch.device("cuda", local)
-    zero = zero3_tuned(cfg) if args.strategy.endswith("_tuned") else ZERO3_DEFAULTS
+    zero = zero3_tuned(cfg) if _base(args.strategy).endswith("_tuned") else ZERO3_DEFAULTS
     times = run_plain_deepspeed(cfg, args.micro_batch, args.warmup + args.steps, args.warmup, device, zero, seed=rank)
     if rank != 0:
         return {}
@@ -112,10 +119,11 @@ def run_plain(args, cfg) -> dict:
 def run_one(args) -> dict:
     """One Trainer run on `args.devices` ranks; rank 0 returns the figures."""
     cfg = model_cfg(args, args.layers, args.d)
-    if args.strategy in PLAIN:
+    if _base(args.strategy) in PLAIN:
         return run_plain(args, cfg)
+    # Rank 0 is this process (LOCAL_RANK unset); lightspeed starts the others with LOCAL_RANK set.
+    device = torch.device("cpu") if args.cpu else torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     if args.cap_gib and not args.cpu:  # every rank caps its own GPU (the Trainer picks cuda:<local rank>)
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gib * 2**30 / total), device)
     strategy, leaf = variant(args.strategy)
@@ -137,6 +145,9 @@ def run_one(args) -> dict:
         module = LeafGPT(cfg) if leaf else UserGPT(cfg)
     else:
         module = SyncedLossGPT(cfg)
+    from gpu_suite import prebuild
+
+    prebuild(module, trainer.strategy, device)  # on cuda:<local rank>; CPU runs and ZeRO-3 unchanged
     trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=args.micro_batch))
     if not trainer.is_global_zero:
         return {}
@@ -162,11 +173,51 @@ def _mark_leaf(module) -> None:
     set_z3_leaf_modules(module, [Block])
 
 
-def variant(name: str):
-    """Experimental settings behind a strategy name (every rank parses the same command line):
-    `ddp+bucketN` (bucket_cap_mb=N), `ddp+static`, `ddp+bf16` (comm_hook='bf16'), `fsdp+bf16reduce` (gradients reduce-scattered in bf16),
-    `deepspeed_stage_3+leaf` (each Block one ZeRO-3 leaf module). Returns (strategy, leaf)."""
+def _base(name: str) -> str:
+    """The strategy name without its `+` variants."""
+    return name.split("+")[0]
+
+
+OPTIONS = {"ddp": ("bucket", "static", "bf16"), "fsdp": ("bf16reduce",), "deepspeed_stage_3": ("leaf", "prefetch")}
+
+
+def check_name(name: str) -> None:
+    """Raises ValueError for a `+` option `variant`/`nccl_env` would not apply (a typo would measure the default)."""
     base, *opts = name.split("+")
+    for o in opts:
+        m = re.fullmatch(r"(bucket|prefetch|ctas)([0-9.e]+)", o)
+        try:
+            ok = (m and float(m[2]) > 0 and (m[1] == "ctas" and m[2].isdigit() or m[1] in OPTIONS.get(base, ()))
+                  or o in OPTIONS.get(base, ()) and o not in ("bucket", "prefetch"))
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ValueError(f"strategy {name!r}: unknown or malformed option {o!r}; accepted: +ctasN on any "
+                             f"strategy, and for {base!r}: {', '.join(OPTIONS.get(base, ())) or 'none'}")
+
+
+def nccl_env(name: str) -> dict[str, str]:
+    """The environment a variant sets in every process of its run, before any process group exists:
+    `+ctasN` -> NCCL_MAX_CTAS=N (any strategy, the hand-written loops included)."""
+    env = {}
+    for o in name.split("+")[1:]:
+        if o.startswith("ctas"):
+            env["NCCL_MAX_CTAS"] = str(int(o[len("ctas"):]))
+    return env
+
+
+def variant(name: str):
+    """Experimental settings behind a strategy name (every rank parses the same command line), combinable:
+    `ddp+bucketN` (bucket_cap_mb=N), `ddp+static`, `ddp+bf16` (comm_hook='bf16'), `fsdp+bf16reduce` (gradients
+    reduce-scattered in bf16), `deepspeed_stage_3+leaf` (each Block one ZeRO-3 leaf module),
+    `deepspeed_stage_3+prefetchN` (zero_optimization.stage3_prefetch_bucket_size=N, e.g. 1e8, through
+    DeepSpeed(config=...)), and `+ctasN` on any name (NCCL_MAX_CTAS=N, set by `_launch`: see `nccl_env`).
+    Returns (strategy, leaf)."""
+    base, *opts = name.split("+")
+    if base == "deepspeed_stage_3" and any(o.startswith("prefetch") for o in opts):
+        prefetch = next(int(float(o[len("prefetch"):])) for o in opts if o.startswith("prefetch"))
+        return ls.DeepSpeed(stage=3, config={"zero_optimization": {"stage3_prefetch_bucket_size": prefetch}}), \
+            "leaf" in opts
     if base == "ddp" and opts:
         kw = {}
         for o in opts:
@@ -176,7 +227,7 @@ def variant(name: str):
                 kw["static_graph"] = True
             elif o == "bf16":
                 kw["comm_hook"] = "bf16"
-        return ls.DDP(**kw), False
+        return (ls.DDP(**kw) if kw else base), False
     if base == "fsdp" and "bf16reduce" in opts:
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
@@ -212,14 +263,14 @@ def launch(args, strategy: str, devices: int, extra: list[str] | None = None, ti
 def _launch(args, strategy: str, devices: int, extra: list[str] | None, timeout: float) -> dict:
     # The hand-written loops are started as users start them: torchrun, one process per GPU.
     start = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(devices), "--"]
-             if strategy in PLAIN else [sys.executable])
+             if _base(strategy) in PLAIN else [sys.executable])
     cmd = [*start, __file__, "--run", "--strategy", strategy, "--devices", str(devices),
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--micro-batch", str(args.micro_batch),
            "--windows", str(args.windows), "--module", args.module,
            *(["--cpu"] if args.cpu else []), *(["--tiny"] if args.tiny else []),
            *(["--cap-gib", str(args.cap_gib)] if args.cap_gib else []), *(extra or [])]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "NCCL_NVLS_ENABLE": "0",
-           "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+           "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1", **nccl_env(strategy)}
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
@@ -270,7 +321,7 @@ def memory(args) -> list[dict]:
         if "error" in r:
             rows.append([r["strategy"], r["error"], "", ""])
             continue
-        states = ZERO_BYTES[r["strategy"]](args.devices) * r["params"] / 2**30
+        states = ZERO_BYTES[_base(r["strategy"])](args.devices) * r["params"] / 2**30
         rows.append([r["strategy"], f"{r['params'] / 1e9:.2f}B", f"{r['peak_gib']:.1f}", f"{states:.1f}"])
     _table(f"Peak memory per GPU on {args.devices} GPUs", ["strategy", "params", "peak GiB (measured)",
                                                           "model states GiB (ZeRO formula)"], rows)
@@ -279,6 +330,8 @@ def memory(args) -> list[dict]:
 
 def scaling(args) -> list[dict]:
     strategies = args.strategies or SCALING
+    for s in strategies:  # before any run: a typo would otherwise cost a run of the default
+        check_name(s)
     runs: dict[tuple[str, int], list[dict]] = {}
     counts = [int(c) for c in args.counts.split(",")] if args.counts else [1, args.devices]
     for repeat in range(args.repeats):  # round robin, so drift over the session spreads over every setup alike
