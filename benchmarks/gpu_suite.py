@@ -361,7 +361,7 @@ def speed_table(args) -> list[dict]:
             print(f"[gpu_suite] {json.dumps(r)}", file=sys.stderr, flush=True)
             runs[name].append(r)
             if args.json:  # every run as it arrives, so a session cut short keeps what it measured
-                Path(args.json).write_text(json.dumps([summarize(n, rs) for n, rs in runs.items() if rs], indent=1))
+                write_json(args.json, [summarize(n, rs) for n, rs in runs.items() if rs])
     results = [summarize(name, rs) for name, rs in runs.items()]
     base = {r["name"]: r["tok_s"] for r in results if r["name"] in BASELINES and "tok_s" in r}
     params = next((r["params"] for r in results if "params" in r), 0)
@@ -383,6 +383,14 @@ def speed_table(args) -> list[dict]:
                       ratio("plain_deepspeed_zero3_tuned"), f"{r['mfu']:.3f}", f"{r['peak_gib']:.1f}", first)
     Console(width=160).print(table)
     return results
+
+
+def write_json(path: str, value) -> None:
+    """Writes `value` as JSON to `path` atomically (a temporary file, then a rename): a process killed while
+    writing leaves the previous complete file, never half of one."""
+    tmp = Path(f"{path}.tmp")
+    tmp.write_text(json.dumps(value, indent=1))
+    os.replace(tmp, path)
 
 
 def summarize(name: str, runs: list[dict]) -> dict:
@@ -489,7 +497,8 @@ def main() -> None:
     args.repeats = args.repeats or (1 if args.tiny else 3)
     if args.run:
         print("RESULT " + json.dumps(run_one(args.run, args)), flush=True)
-        return
+        sys.stderr.flush()
+        os._exit(0)  # the figures are out: skip tearing down CUDA, DeepSpeed and the compile workers (seconds)
     if args.offload_speed:
         args.warmup, args.steps = 1, 3
         results = offload_speed(args)
@@ -499,7 +508,7 @@ def main() -> None:
     else:
         results = speed_table(args)
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+        write_json(args.json, results)
 
 
 if __name__ == "__main__":

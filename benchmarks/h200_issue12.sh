@@ -2,6 +2,11 @@
 # The GPU measurements of issue 12 (fused kernels by default, compile, ZeRO-3, scaling), on the 2xH200 machine,
 # with .wheels carried (see ../shared/device/README.md). Each part fits one 10-minute device command:
 #
+#     bash benchmarks/h200_issue12.sh suite     # EVERY figure of the issue, 3 runs (processes) per setup, < 570 s:
+#                                               # phase 1 the one-GPU setups on both GPUs at once, phase 2 the
+#                                               # two-GPU runs, then issue12_table.py's table in $OUT/table.txt
+#     bash benchmarks/h200_issue12.sh explore3  # candidate scaling fixes (NCCL CTAs, bf16 gradients, prefetch) on 2
+#                                               # GPUs, against one-GPU ddp/fsdp baselines measured first, < 570 s
 #     bash benchmarks/h200_issue12.sh single    # GPU 0: plain loop vs the user's AdamW (fused by default / as
 #                                               # written) and compile; GPU 1 at the same time: the hand-written
 #                                               # DeepSpeed ZeRO-2/ZeRO-3 loops vs lightspeed's stages 2/3
@@ -9,16 +14,114 @@
 #     bash benchmarks/h200_issue12.sh profile   # profile_step.py: ZeRO-3 vs DeepSpeed's loop, ddp/fsdp on 1 and 2
 #     bash benchmarks/h200_issue12.sh final     # every figure in one invocation, then issue12_table.py's table
 #
-# Everything lands in $OUT (default ./out): per part a table (.txt), the runs' JSON lines (.err) and JSON.
+# Everything lands in $OUT (default ./out): per part a table (.txt), the runs' JSON lines (.err/.log) and JSON.
+# suite/explore3 only: DRY=1 prints the commands and budgets without running anything; CPU=1 runs the same plumbing
+# on CPU with the tiny GPT (a check of this script, not a measurement; put the venv's python3 first in PATH);
+# BUDGET_S (default 555) ends the measuring; REPEATS (3), WARMUP (3), STEPS (12); PHASES=1 or 2 runs one phase
+# only, with the whole budget; the setup lists: SUITE1_GPU0, SUITE1_GPU1, SUITE2 (suite), EXPLORE3_GPU0,
+# EXPLORE3_GPU1, EXPLORE3 and EXPLORE3_REPEATS (explore3), each comma-separated.
 set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-deps .wheels/*.whl 2>&1 | tail -n 2
+exec 3>&1  # DRY=1 prints the commands on the script's own stdout, whatever a command's output is redirected to
+T0=$SECONDS
+if [ -z "${CPU:-}${DRY:-}" ]; then
+    python3 -m pip install -q --no-deps .wheels/*.whl 2>&1 | tail -n 2
+fi
 export PYTHONPATH=src PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0 \
        NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
        TORCH_EXTENSIONS_DIR="$PWD/.torch_extensions"
+if [ -n "${CPU:-}" ]; then TINY_SUITE=--tiny; TINY_MG="--cpu --tiny"; else TINY_SUITE=; TINY_MG=; fi
+WARMUP=${WARMUP:-3} STEPS=${STEPS:-12} REPEATS=${REPEATS:-3}
+
+run() {  # a command, or with DRY=1 its text
+    if [ -n "${DRY:-}" ]; then echo "+ CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-all} $*" >&3; else "$@"; fi
+}
+
+prelude() {  # machine facts and DeepSpeed's FusedAdam op built/loaded once, before any timed run ($1: log)
+    [ -n "${CPU:-}${DRY:-}" ] && return
+    { nvidia-smi --query-gpu=name,memory.total --format=csv; nproc; free -g; python3 -c "import torch; print(torch.__version__)"; } > "$OUT/machine.txt" 2>&1
+    timeout 150 python3 -c "from deepspeed.accelerator import get_accelerator as a; \
+a().create_op_builder('FusedAdamBuilder').load(); print('ops ready')" >> "$1" 2>&1
+}
+
+one_gpu_pair() {  # BUDGET_S LIST0 LIST1 REPEATS TAG: gpu_suite.py on GPU 0 (LIST0) and GPU 1 (LIST1) at once,
+    # each list round robin over its setups; both are cut at BUDGET_S (a run cut short keeps what it measured:
+    # gpu_suite writes its JSON after every run). An empty list runs nothing (never gpu_suite's default list).
+    local S="python3 benchmarks/gpu_suite.py --repeats $4 --windows 1 --warmup $WARMUP --steps $STEPS \
+--per-run-timeout 150 $TINY_SUITE"
+    if [ -n "$2" ]; then
+        CUDA_VISIBLE_DEVICES=0 run timeout -k 8 "$1" $S --only "$2" --json "$OUT/$5_a.json" > "$OUT/$5_a.log" 2>&1 &
+    fi
+    if [ -n "$3" ]; then
+        CUDA_VISIBLE_DEVICES=1 run timeout -k 8 "$1" $S --only "$3" --json "$OUT/$5_b.json" > "$OUT/$5_b.log" 2>&1
+    fi
+    wait
+}
+
+two_gpus() {  # BUDGET_S LIST REPEATS JSON LOG: multi_gpu.py's scaling section on 2 GPUs only (round robin)
+    [ -n "$2" ] || return 0
+    run timeout -k 8 "$1" python3 benchmarks/multi_gpu.py --devices 2 --counts 2 --sections scaling --module user \
+        --micro-batch 8 --repeats "$3" --windows 1 --warmup "$WARMUP" --steps "$STEPS" --per-run-timeout 150 \
+        $TINY_MG --strategies "$2" --json "$4" > "$5" 2>&1
+}
+
+budget_left() {  # seconds from now to the end of the measuring budget ($BUDGET_S after the script started)
+    echo $(( BUDGET_S - (SECONDS - T0) ))
+}
 
 case "${1:-}" in
+suite|explore3)
+    # suite: every figure of issue 12 in one command. explore3: the lead's scaling exploration. Both end before
+    # $BUDGET_S (default 555 s; each phase is cut with `timeout -k 8`, so + 8 s at worst, + the table's ~3 s)
+    # whatever happens, and print the table from what was measured.
+    #   phase 1: the one-GPU setups, both GPUs at once (one process per run, round robin over each GPU's list so
+    #            slow drift hits every setup alike). suite: the ZeRO-3 pair, whose step is CPU-bound, shares
+    #            GPU 1's list (never beside the compile setup, whose inductor workers take many cores) and runs
+    #            while GPU 0 runs its eager setups; the lists are balanced by their measured run times.
+    #   phase 2: the two-GPU runs, round robin, until the budget.
+    BUDGET_S=${BUDGET_S:-555}
+    LOG="$OUT/$1.log"
+    echo "[h200_issue12] $1 $(date -u +%FT%TZ) warmup $WARMUP steps $STEPS" > "$LOG"
+    prelude "$LOG"
+    if [ "$1" = suite ]; then
+        P1_LIST0=${SUITE1_GPU0:-single+user+compile,plain_pytorch,single+user,ddp+user,fsdp+user}
+        P1_LIST1=${SUITE1_GPU1:-plain_deepspeed_zero2,deepspeed_stage_2+user,plain_deepspeed_zero3,deepspeed_stage_3+user}
+        P1_REPEATS=$REPEATS
+        P2_LIST=${SUITE2:-ddp,fsdp,deepspeed_stage_2,deepspeed_stage_3,plain_deepspeed_zero3}
+        P2_REPEATS=$REPEATS
+        P1_SHARE=${P1_SHARE:-45}  # % of what is left after the prelude: phase 1 ~13 runs per GPU, phase 2 15
+    else
+        P1_LIST0=${EXPLORE3_GPU0:-plain_pytorch,single+user}
+        P1_LIST1=${EXPLORE3_GPU1:-ddp+user,fsdp+user}
+        P1_REPEATS=$REPEATS
+        P2_LIST=${EXPLORE3:-ddp,ddp+bf16,ddp+ctas8,ddp+bf16+ctas8,fsdp,fsdp+ctas8,deepspeed_stage_3,deepspeed_stage_3+prefetch1e8,deepspeed_stage_3+ctas8}
+        P2_REPEATS=${EXPLORE3_REPEATS:-1}
+        P1_SHARE=${P1_SHARE:-36}  # phase 1: 6 runs per GPU; phase 2: 9 two-GPU runs
+    fi
+    PHASES=${PHASES:-1,2}  # PHASES=1 or PHASES=2: one phase with the whole budget (two commands, same table code)
+    case "$PHASES" in *2*) ;; *) P1_SHARE=100 ;; esac
+    case "$PHASES" in *1*) ;; *) P1_LIST0= P1_LIST1= ;; esac
+    case "$PHASES" in *2*) ;; *) P2_LIST= ;; esac
+    P1_S=${P1_S:-$(( $(budget_left) * P1_SHARE / 100 ))}
+    echo "[h200_issue12] prelude $(( SECONDS - T0 )) s; phase 1 budget $P1_S s: GPU 0 $P1_LIST0 | GPU 1 $P1_LIST1" \
+        "x $P1_REPEATS" | tee -a "$LOG" >&3
+    start=$SECONDS
+    one_gpu_pair "$P1_S" "$P1_LIST0" "$P1_LIST1" "$P1_REPEATS" "$1_1gpu"
+    P1_WALL=$(( SECONDS - start ))
+    P2_S=$(budget_left)
+    echo "[h200_issue12] phase 1 took $P1_WALL s; phase 2 budget $P2_S s: $P2_LIST x $P2_REPEATS" | tee -a "$LOG" >&3
+    start=$SECONDS
+    if [ "$P2_S" -gt 20 ] && [ -n "$P2_LIST" ]; then
+        two_gpus "$P2_S" "$P2_LIST" "$P2_REPEATS" "$OUT/$1_2gpu.json" "$OUT/$1_2gpu.log"
+    fi
+    P2_WALL=$(( SECONDS - start ))
+    run python3 benchmarks/issue12_table.py "$OUT/$1_1gpu_a.json" "$OUT/$1_1gpu_b.json" \
+        --scaling "$OUT/$1_2gpu.json" --rows "${P2_LIST:-${SUITE2:-ddp,fsdp,deepspeed_stage_2,deepspeed_stage_3,plain_deepspeed_zero3}}" > "$OUT/table.txt" 2>&1
+    [ -n "${DRY:-}" ] || cat "$OUT/table.txt" >> "$LOG"
+    echo "[h200_issue12] $1 done: prelude + phase 1 $P1_WALL s + phase 2 $P2_WALL s, total $(( SECONDS - T0 )) s" \
+        | tee -a "$LOG" >&3
+    ;;
 single)
     { nvidia-smi --query-gpu=name,memory.total --format=csv; nproc; free -g; python3 -c "import torch; print(torch.__version__)"; } > "$OUT/machine.txt" 2>&1
     python3 -c "from deepspeed.accelerator import get_accelerator as a; \
@@ -113,5 +216,5 @@ scaling)
         --json "$OUT/scaling.json" > "$OUT/scaling.txt" 2> "$OUT/scaling.err"
     ;;
 *)
-    echo "usage: $0 single|scaling|profile|explore|final|final1|final2" >&2; exit 2 ;;
+    echo "usage: $0 suite|explore3|single|scaling|profile|explore|final|final1|final2" >&2; exit 2 ;;
 esac

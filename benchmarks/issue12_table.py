@@ -1,10 +1,14 @@
 """Issue 12's figures from one invocation of the GPU suite, each ratio against its baseline from the same run.
 
     python benchmarks/issue12_table.py out/suite_*.json --scaling out/scaling.json
+    python benchmarks/issue12_table.py out/suite_1gpu_?.json --scaling out/suite_2gpu.json   # h200_issue12.sh suite
 
 The suite files are gpu_suite.py's `--json` output (one GPU per process); the scaling file is multi_gpu.py's
 (`--counts 2 --module user`), whose one-GPU ends are the suite's `<strategy>+user` setups of the same module and
-micro-batch. A setup missing from the files (a run cut short) shows as "-".
+micro-batch. A variant (`ddp+bf16+ctas8`) is measured against its strategy's one-GPU setup (`ddp+user`); a strategy
+without one in the files (deepspeed_stage_3 in `explore3`) shows "-". The scaling rows are `--rows` (default the
+issue's five), then every other strategy found in the scaling file. A setup missing from the files (a run cut
+short) shows as "-"; a file that is missing or unreadable is named and skipped.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from pathlib import Path
 
 from rich.console import Console
@@ -29,10 +34,19 @@ SINGLE = [
     ("deepspeed_stage_3+user", "plain_deepspeed_zero3", 1.15),  # the moonshot, at peak memory ≤ 1.10× the loop's
 ]
 # scaling strategy -> the suite's one-GPU setup of the same module
+# (a variant `base+opt...` is measured against its base's one-GPU setup: ddp+bf16 against the default DDP's)
 ONE_GPU = {"ddp": "ddp+user", "fsdp": "fsdp+user", "deepspeed_stage_2": "deepspeed_stage_2+user",
-           "deepspeed_stage_3": "deepspeed_stage_3+user", "plain_deepspeed_zero3": "plain_deepspeed_zero3",
-           "ddp+bf16": "ddp+user"}  # DDP(comm_hook="bf16"), not the default: against the default's one-GPU run
+           "deepspeed_stage_3": "deepspeed_stage_3+user", "plain_deepspeed_zero3": "plain_deepspeed_zero3"}
 SCALING_TARGET = 0.95
+
+
+def _read(path: Path):
+    """The JSON in `path`, or None (with a line on stderr) when it is missing or unreadable."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        print(f"issue12_table: skipping {path}: {e}", file=sys.stderr)
+        return None
 
 
 def _fmt(sample: tuple[float, float, int] | None) -> str:
@@ -57,8 +71,7 @@ def load_suite(paths: list[Path]) -> dict[str, dict]:
     """Setup name -> gpu_suite.py's summary of it, over every file given."""
     out = {}
     for path in paths:
-        if path.exists():
-            out.update({r["name"]: r for r in json.loads(path.read_text())})
+        out.update({r["name"]: r for r in _read(path) or []})
     return out
 
 
@@ -80,6 +93,8 @@ def main() -> None:
     p.add_argument("suite", nargs="+", type=Path)
     p.add_argument("--scaling", type=Path)
     p.add_argument("--devices", type=int, default=2)
+    p.add_argument("--rows", default=",".join(ONE_GPU),
+                   help="scaling strategies always shown (comma-separated), then any other found in the file")
     args = p.parse_args()
     suite = load_suite(args.suite)
     console = Console(width=150)
@@ -98,20 +113,25 @@ def main() -> None:
                       f"{peak:.1f}" if peak else "")
     console.print(table)
 
-    if not args.scaling or not args.scaling.exists():
+    scaling = _read(args.scaling) if args.scaling else None
+    if scaling is None:
         return
-    scaling = json.loads(args.scaling.read_text())
     n = args.devices
+    rows = [r for r in args.rows.split(",") if r]
+    rows += [s for s in dict.fromkeys(r.get("strategy") for r in scaling.values()) if s and s not in rows]
     table = Table(title=f"Scaling 1 → {n} GPUs: tok/s per GPU (median ± spread (samples)); the one-GPU figure is "
                         "the suite's run of the same module")
     for col in ("strategy", "1 GPU", f"{n} GPUs", "efficiency", "target", "", f"× DS ZeRO-3 loop ({n} GPUs)"):
         table.add_column(col, justify="right")
     z3 = scaling_sample(scaling, "plain_deepspeed_zero3", n)
-    for strategy, one_name in ONE_GPU.items():
+    for strategy in rows:
+        one_name = ONE_GPU.get(strategy.split("+")[0], "")
         one, many = suite_sample(suite.get(one_name)), scaling_sample(scaling, strategy, n)
         eff = many[0] / one[0] if one and many else None
         vs = f"{many[0] / z3[0]:.3f}" if many and z3 and strategy.startswith("deepspeed_stage_3") else ""
-        table.add_row(strategy, _fmt(one), _fmt(many), f"{eff:.2f}" if eff else "-",
+        errors = [r["error"] for r in scaling.values() if r.get("strategy") == strategy and "error" in r]
+        cell = _fmt(many) if many or not errors else f"{errors[0][:60]} ({len(errors)} failed)"
+        table.add_row(strategy, _fmt(one), cell, f"{eff:.2f}" if eff else "-",
                       "" if strategy.startswith("plain") else f"≥{SCALING_TARGET}",
                       "" if strategy.startswith("plain") else _verdict(eff, SCALING_TARGET), vs)
     console.print(table)

@@ -113,7 +113,8 @@ def run_plain(args, cfg) -> dict:
             "tok_s_per_gpu": tokens / step_s, "step_s": step_s,
             "window_tok_s": [tokens / w for w in windows(times, args.windows)],
             "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if not args.cpu else float("nan"),
-            "host_peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+            "host_peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+            "nccl_max_ctas": os.environ.get("NCCL_MAX_CTAS")}
 
 
 def run_one(args) -> dict:
@@ -162,7 +163,8 @@ def run_one(args) -> dict:
             "tok_s_per_gpu": tokens / step_s, "step_s": step_s,
             "window_tok_s": [tokens / w for w in windows(times, args.windows)],
             "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if not args.cpu else float("nan"),
-            "host_peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+            "host_peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+            "nccl_max_ctas": os.environ.get("NCCL_MAX_CTAS")}
 
 
 def _mark_leaf(module) -> None:
@@ -256,7 +258,9 @@ def launch(args, strategy: str, devices: int, extra: list[str] | None = None, ti
           file=sys.stderr, flush=True)
     RESULTS[key] = result
     if args.json:
-        Path(args.json).write_text(json.dumps(RESULTS, indent=1))
+        from gpu_suite import write_json
+
+        write_json(args.json, RESULTS)
     return result
 
 
@@ -337,7 +341,7 @@ def scaling(args) -> list[dict]:
     for repeat in range(args.repeats):  # round robin, so drift over the session spreads over every setup alike
         for s in strategies:
             for n in counts:
-                runs.setdefault((s, n), []).append(launch(args, s, n, repeat=repeat))
+                runs.setdefault((s, n), []).append(launch(args, s, n, timeout=args.per_run_timeout, repeat=repeat))
     if counts != [1, args.devices]:  # no efficiency without both ends; gpu_suite / issue12_table.py pair them
         return [r for v in runs.values() for r in v]
     med = {k: _median(v) for k, v in runs.items()}
@@ -425,6 +429,7 @@ def main() -> None:
     p.add_argument("--counts", help="scaling: comma-separated GPU counts (default 1 and --devices)")
     p.add_argument("--module", choices=("parity", "user"), default="parity",
                    help="scaling: the parity module or the model as users write it")
+    p.add_argument("--per-run-timeout", type=float, default=900, help="scaling: seconds before a run is killed")
     p.add_argument("--cap-gib", type=float, help="cap each GPU's memory (set_per_process_memory_fraction)")
     p.add_argument("--fit-lo", type=int, default=4, help="fit: fewest layers DDP is tried at")
     p.add_argument("--fit-hi", type=int, default=200, help="fit: most layers DDP is tried at")
