@@ -281,12 +281,17 @@ def prebuild(module, strategy, device) -> None:
     """Runs `module.configure_model()` under `with torch.device(device)` before `fit`, where the strategy would
     build the model plainly and then move it (single, ddp, DeepSpeed stages 1-2, FSDP: a model built before
     `configure_model` is taken as is); the Trainer's own `configure_model` call then finds it built (GPTModule
-    builds once). ZeRO-3 stays with lightspeed's zero.Init, which already builds on the GPU; offloaded setups and
-    CPU runs are left alone. The user's training_step and configure_optimizers are untouched."""
+    builds once). The user's training_step and configure_optimizers are untouched. ZeRO-3 stays with lightspeed's
+    zero.Init, which already builds on the GPU; offloaded setups and CPU runs are left alone
+    (BENCH_PREBUILD_ON_CPU=1 prebuilds on CPU too, to check this path without a GPU; never for timing)."""
     name = getattr(strategy, "name", str(strategy))
     stage3 = "stage_3" in name or getattr(strategy, "stage", None) == 3
-    if device.type != "cuda" or stage3 or "offload" in name or getattr(strategy, "cpu_offload", False):
+    offload = "offload" in name or getattr(strategy, "cpu_offload", False)
+    wanted = device.type == "cuda" or os.environ.get("BENCH_PREBUILD_ON_CPU") == "1"
+    if not wanted or stage3 or offload:
         return
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # as the strategy will: no stray context on cuda:0 from another rank
     with torch.device(device):
         module.configure_model()
 

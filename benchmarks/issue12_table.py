@@ -131,7 +131,7 @@ def main() -> None:
         vs = f"{many[0] / z3[0]:.3f}" if many and z3 and strategy.startswith("deepspeed_stage_3") else ""
         errors = [r["error"] for r in scaling.values() if r.get("strategy") == strategy and "error" in r]
         cell = _fmt(many) if many or not errors else f"{errors[0][:60]} ({len(errors)} failed)"
-        table.add_row(strategy, _fmt(one), cell, f"{eff:.2f}" if eff else "-",
+        table.add_row(strategy, _fmt(one), cell, f"{eff:.3f}" if eff else "-",
                       "" if strategy.startswith("plain") else f"≥{SCALING_TARGET}",
                       "" if strategy.startswith("plain") else _verdict(eff, SCALING_TARGET), vs)
     console.print(table)
