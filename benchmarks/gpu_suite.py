@@ -269,31 +269,39 @@ def run_lightspeed(name: str, cfg, micro_batch: int, steps: int, warmup: int, de
                          optimizer_kernels=kernels)
     module = (LossInForwardGPT(cfg) if name.endswith("+loss") else UserGPT(cfg) if "+user" in name
               else FusedAdamGPT(cfg))
-    prebuild(module, trainer.strategy, device)
+    built = prebuild(module, trainer.strategy, device)
     started = time.perf_counter()
     trainer.fit(module, _loader(cfg, micro_batch, steps * accumulate))
+    run_lightspeed.prebuilt = kept(module, built)
     # Setup plus the first step: where torch.compile's compile time shows.
     run_lightspeed.first_step_s = timer.stamps[0] - started
     return _step_times(timer.stamps, warmup)
 
 
-def prebuild(module, strategy, device) -> None:
+def prebuild(module, strategy, device) -> torch.nn.Module | None:
     """Runs `module.configure_model()` under `with torch.device(device)` before `fit`, where the strategy would
     build the model plainly and then move it (single, ddp, DeepSpeed stages 1-2, FSDP: a model built before
     `configure_model` is taken as is); the Trainer's own `configure_model` call then finds it built (GPTModule
     builds once). The user's training_step and configure_optimizers are untouched. ZeRO-3 stays with lightspeed's
     zero.Init, which already builds on the GPU; offloaded setups and CPU runs are left alone
-    (BENCH_PREBUILD_ON_CPU=1 prebuilds on CPU too, to check this path without a GPU; never for timing)."""
+    (BENCH_PREBUILD_ON_CPU=1 prebuilds on CPU too, to check this path without a GPU; never for timing).
+    Returns the model built (`module.model`), or None where it left the build to the strategy."""
     name = getattr(strategy, "name", str(strategy))
     stage3 = "stage_3" in name or getattr(strategy, "stage", None) == 3
     offload = "offload" in name or getattr(strategy, "cpu_offload", False)
     wanted = device.type == "cuda" or os.environ.get("BENCH_PREBUILD_ON_CPU") == "1"
     if not wanted or stage3 or offload:
-        return
+        return None
     if device.type == "cuda":
         torch.cuda.set_device(device)  # as the strategy will: no stray context on cuda:0 from another rank
     with torch.device(device):
         module.configure_model()
+    return module.model
+
+
+def kept(module, built) -> bool | None:
+    """Whether the model `prebuild` built is the one that trained (None: nothing was prebuilt)."""
+    return None if built is None else module.model is built
 
 
 def run_one(name: str, args) -> dict:
@@ -325,6 +333,7 @@ def run_one(name: str, args) -> dict:
         "timed_steps": len(times),
         "window_tok_s": [tokens / w for w in windows(times, args.windows)],
         "first_step_s": getattr(run_lightspeed, "first_step_s", None),
+        "prebuilt": getattr(run_lightspeed, "prebuilt", None),  # the model built on the device before fit, kept
         # Peak resident host memory of this process (ru_maxrss, KiB on Linux): what offload costs the host.
         "host_peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
     }

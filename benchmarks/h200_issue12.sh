@@ -90,7 +90,7 @@ suite|explore3)
         P1_REPEATS=$REPEATS
         P2_LIST=${SUITE2:-ddp,fsdp,deepspeed_stage_2,deepspeed_stage_3,plain_deepspeed_zero3}
         P2_REPEATS=$REPEATS
-        P1_SHARE=${P1_SHARE:-45}  # % of what is left after the prelude: phase 1 ~13 runs per GPU, phase 2 15
+        P1_SHARE=${P1_SHARE:-42}  # % of what is left after the prelude: est. phase 1 ~345 s, phase 2 ~480 s
     else
         P1_LIST0=${EXPLORE3_GPU0:-plain_pytorch,single+user}
         P1_LIST1=${EXPLORE3_GPU1:-ddp+user,fsdp+user}

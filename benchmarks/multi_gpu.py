@@ -146,9 +146,9 @@ def run_one(args) -> dict:
         module = LeafGPT(cfg) if leaf else UserGPT(cfg)
     else:
         module = SyncedLossGPT(cfg)
-    from gpu_suite import prebuild
+    from gpu_suite import kept, prebuild
 
-    prebuild(module, trainer.strategy, device)  # on cuda:<local rank>; CPU runs and ZeRO-3 unchanged
+    built = prebuild(module, trainer.strategy, device)  # on cuda:<local rank>; CPU runs and ZeRO-3 unchanged
     trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=args.micro_batch))
     if not trainer.is_global_zero:
         return {}
@@ -160,6 +160,7 @@ def run_one(args) -> dict:
 
     tokens = args.micro_batch * cfg.block_size
     return {"strategy": args.strategy, "devices": args.devices, "params": n_params, "losses": rec.losses,
+            "prebuilt": kept(module, built),
             "tok_s_per_gpu": tokens / step_s, "step_s": step_s,
             "window_tok_s": [tokens / w for w in windows(times, args.windows)],
             "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if not args.cpu else float("nan"),
