@@ -20,3 +20,26 @@ def test_strategy_matches_single_gpu_in_bf16(tmp_path, strategy):
     got = run_workload(tmp_path, strategy=strategy, **common)
     assert_close_losses(got["losses"], ref["losses"], 2e-2, f"{strategy} vs single on GPU")
     assert got["losses"][-1] < got["losses"][0]
+
+
+def test_overlapped_norm_equals_the_norm_after_the_backward():
+    """grad_norm.OverlappedNorm (the single-device norm taken beside the backward): per optimizer, the norm of the
+    accumulated gradients of two micro-batches equals torch's norm taken afterwards (fp32: relative 1e-5), and
+    only the armed (last) backward is measured."""
+    import torch
+
+    from lightspeed.grad_norm import OverlappedNorm
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 8)).cuda()
+    opts = [torch.optim.AdamW(model[0].parameters(), fused=True), torch.optim.AdamW(model[2].parameters())]
+    overlap = OverlappedNorm(opts)
+    for last in (False, True):
+        overlap.arm(last)
+        model(torch.randn(32, 64, device="cuda")).square().mean().backward()
+    got = overlap.norms()
+    overlap.remove()
+    for (norm, count), opt in zip(got, opts):
+        params = [p for g in opt.param_groups for p in g["params"]]
+        want = torch.nn.utils.get_total_norm([p.grad for p in params])
+        assert count == len(params) and torch.allclose(norm, want, rtol=1e-5), (norm, want)

@@ -39,10 +39,14 @@ def test_guard_unit_norm_and_skip_count():
     assert warn.should_step(float("inf")) is True and "gradient norm" in said[0][0]
 
 
-@pytest.mark.parametrize("strategy", ["ddp", pytest.param("fsdp", marks=pytest.mark.slow), "deepspeed_stage_2"])
+@pytest.mark.parametrize("strategy", ["ddp", "ddp+fused", pytest.param("fsdp", marks=pytest.mark.slow),
+                                      "deepspeed_stage_2"])
 def test_nan_on_one_rank_stops_every_rank(tmp_path, strategy):
+    """"+fused": torch's fused AdamW, which the guard stops on the device (the step is queued, skipped, then the
+    verdict raises): the same message, the same finite checkpoints."""
+    strategy, fused = strategy.removesuffix("+fused"), strategy.endswith("+fused")
     run = run_workload(tmp_path, devices=2, strategy=strategy, max_steps=8, nan_at={"step": 5, "rank": 1},
-                       ckpt_every=2, check=False)
+                       ckpt_every=2, check=False, fused=fused)
     assert run.returncode != 0
     text = run.stdout + run.stderr
     assert "NonFiniteError" in text and "step 5, epoch 0, batch_idx 5" in text and "rank(s) [1]" in text, text[-3000:]
@@ -104,3 +108,16 @@ def test_nan_on_one_gpu_rank_stops_both_and_skip_under_deepspeed(tmp_path):
     res = run_workload(tmp_path, launcher="python", nproc=1, devices=1, accelerator="gpu",
                        strategy="deepspeed_stage_2", max_steps=6, nan_at={"step": 3}, on_nonfinite="skip")
     assert res["global_step"] == 6 and res["skipped_steps"] == 1 and res["finite_weights"]
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_fused_adamw_skips_on_the_device_like_the_host_gate(tmp_path, strategy):
+    """torch's fused AdamW gets the verdict as its `found_inf` flag (no host read before the step): the skipped
+    step leaves weights and optimizer state as the host gate does, so the runs agree at every step (2 ranks)."""
+    common = dict(devices=2, strategy=strategy, max_steps=7, nan_at={"step": 3, "rank": 0}, on_nonfinite="skip")
+    device = run_workload(tmp_path, fused=True, **common)
+    host = run_workload(tmp_path, **common)
+    assert device["global_step"] == 7 and device["skipped_steps"] == 1 and device["finite_weights"]
+    assert math.isnan(device["losses"][3])
+    finite = [(a, b) for a, b in zip(device["losses"], host["losses"]) if math.isfinite(b)]
+    assert len(finite) == 6 and all(abs(a - b) <= 1e-5 * abs(b) for a, b in finite), (device, host)

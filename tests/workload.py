@@ -5,7 +5,7 @@ records the per-step global-mean losses, and rank 0 writes them with other facts
 Options (all optional except out): strategy, devices, max_steps, max_epochs, accumulate, clip, clip_algo,
 precision, batch_size, ckpt_every, resume ("last" or a path), root, seed, limit_train_batches, shuffle,
 predict, validate, test, consolidate (a path), fail_rank (raise on that rank at step 3), dropout, num_nodes,
-progress (show the progress bar).
+progress (show the progress bar), fused (the module's AdamW with fused=True).
 Fault options: nan_at ({"step": k, "rank": r}: that rank's loss is NaN at global step k; rank omitted: every
 rank), on_nonfinite (the Trainer flag), sigterm_at ({"step": k, "rank": r, "signal": "SIGTERM"}: that rank sends
 itself the signal during step k); a run that exits (preemption) still writes its result, with "exit" set to the status; stall_at ({"step":
@@ -97,6 +97,10 @@ class Workload(GPTModule):
     def configure_optimizers(self):
         if self.opts.get("duck_optimizer"):
             return DuckSGD(self.parameters())
+        if self.opts.get("fused"):  # torch's fused AdamW (CPU too): the guard then decides on the device
+            groups = [{k: v for k, v in g.items() if k not in ("fused", "foreach")}
+                      for g in super().configure_optimizers().param_groups]
+            return torch.optim.AdamW(groups, fused=True)
         if not self.opts.get("two_optimizers"):
             return super().configure_optimizers()
         # Momentum gives both optimizers state, so a resume that lost either one would change the losses.

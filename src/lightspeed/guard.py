@@ -14,7 +14,11 @@ update ever reaches the weights, so no checkpoint can hold one.
 On CUDA the loss flags never stall the GPU: `observe` all-reduces them and queues their copy to pinned host memory
 right behind the forward, so `should_step` waits only for the forward, not for the backward queued after it (a
 host sync there would leave the GPU idle while the host launches the optimizer step: ZeRO-3's step is long).
-Where a norm is given, one all_reduce and one read after the norm remain (the norm is only known then).
+Where a norm is given, one all_reduce and one read after the norm remain (the norm is only known then); for an
+optimizer that can skip its own update on a device flag (torch's fused Adam/AdamW: the `found_inf` an AMP
+grad scaler also uses), `step_flag(norm)` keeps the verdict on the device, the optimizer step is queued with it,
+and `settle()` reads it afterwards, so the GPU runs the optimizer while the host waits (same outcome: a skipped
+or stopped step leaves the weights and the optimizer state untouched).
 """
 
 from __future__ import annotations
@@ -56,6 +60,8 @@ class NonFiniteGuard:
         self._host: torch.Tensor | None = None  # pinned; the reduced slots of the window (CUDA only)
         self._slots: torch.Tensor | None = None  # the same on the device
         self._landed: Any = None  # a torch.cuda.Event: the copy to `_host` is done
+        self._flag_host: torch.Tensor | None = None  # pinned; step_flag's copy (CUDA only)
+        self._pending: tuple[torch.Tensor, Any] | None = None  # step_flag's slots (host copy, its event) to settle
 
     def begin(self, step: int, epoch: int, batch_indices: list[int]) -> None:
         """Starts an accumulation window: the step and epoch it belongs to, the batch indices it holds."""
@@ -78,9 +84,7 @@ class NonFiniteGuard:
     def _publish(self) -> None:
         """The window's flags so far as a slot vector on the device, reduced (MAX) across ranks, and their copy to
         pinned host memory, queued now (behind the forward); an event marks when the copy has landed."""
-        slots = torch.zeros(self.world_size + 1, dtype=torch.float64, device=self._bad_loss.device)
-        slots[self.rank] = self._bad_loss.to(torch.float64) * _LOSS
-        slots[-1] = (self._first_bad_batch + 1).to(torch.float64)
+        slots = self._loss_slots(self._bad_loss.device)
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(slots, op=dist.ReduceOp.MAX)
         if self._host is None or self._host.numel() != slots.numel():
@@ -88,6 +92,10 @@ class NonFiniteGuard:
         self._host.copy_(slots, non_blocking=True)
         self._slots, self._landed = slots, torch.cuda.Event()
         self._landed.record()
+
+    def __call__(self, grad_norm: torch.Tensor | float | None) -> bool:
+        """The guard is the strategies' step gate: calling it is `should_step`."""
+        return self.should_step(grad_norm)
 
     def should_step(self, grad_norm: torch.Tensor | float | None) -> bool:
         """Collective: every rank calls it once per optimizer step, before stepping. True means step.
@@ -98,6 +106,44 @@ class NonFiniteGuard:
             slots = self._published_slots(grad_norm)
         else:
             slots = self._reduced_slots(grad_norm)
+        return self._verdict(slots)
+
+    def step_flag(self, grad_norm: torch.Tensor) -> torch.Tensor | None:
+        """Collective, no host read: the same decision as `should_step(grad_norm)`, kept on the device as the
+        `found_inf` flag of optimizers that skip on it (1.0: skip the update; None under "warn": step anyway).
+        The caller queues the optimizer step with it, then calls `settle()`, which applies the policy."""
+        slots = self._slots.clone() if self._slots is not None else self._loss_slots(grad_norm.device)
+        slots[self.rank] += torch.where(torch.isfinite(grad_norm.detach()), 0.0, _NORM).to(slots.device)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(slots, op=dist.ReduceOp.MAX)
+        self._pending = (slots, None)
+        if slots.is_cuda:  # the copy lands right behind the reduction, before the optimizer's kernels
+            if self._flag_host is None or self._flag_host.numel() != slots.numel():
+                self._flag_host = torch.empty(slots.numel(), dtype=torch.float64, pin_memory=True)
+            self._flag_host.copy_(slots, non_blocking=True)
+            self._pending = (self._flag_host, torch.cuda.Event())
+            self._pending[1].record()
+        return None if self.policy == "warn" else (slots[:-1].amax() > 0).to(torch.float32)
+
+    def settle(self) -> bool:
+        """Applies the verdict of the last `step_flag` (raise under "stop", count under "skip", warn). True if
+        the step was applied. Call it after the optimizer step was queued."""
+        host, landed = self._pending
+        self._pending = None
+        if landed is not None:
+            landed.synchronize()
+        return self._verdict(host)
+
+    def _loss_slots(self, device: torch.device) -> torch.Tensor:
+        """This rank's loss flags as a slot vector on `device` (not yet reduced); zeros if nothing was observed."""
+        slots = torch.zeros(self.world_size + 1, dtype=torch.float64, device=device)
+        if self._bad_loss is not None:
+            slots[self.rank] = self._bad_loss.to(device, torch.float64) * _LOSS
+            slots[-1] = (self._first_bad_batch + 1).to(device, torch.float64)
+        return slots
+
+    def _verdict(self, slots: torch.Tensor) -> bool:
+        """The policy applied to reduced slots (on the host): True means step."""
         flags = [int(v) for v in slots[:-1].tolist()]
         self.last_skipped = False
         if not any(flags):

@@ -13,6 +13,9 @@ from .specs import RunSpec, StepStats
 
 NormFn = Callable[[list[torch.Tensor]], torch.Tensor]
 StepGate = Callable[[Any], bool]  # the non-finite guard: given the global grad norm (or None), step or not
+# Their fused step reads `found_inf`. Not SGD: its fused kernel skipped on the first step leaves the momentum buffer
+# uninitialised (torch.empty), so a skipped first step would poison the next ones.
+_SKIP_ON_FLAG = (torch.optim.Adam, torch.optim.AdamW)
 
 
 class Precision:
@@ -58,25 +61,36 @@ def _total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
 
 
 def optimizer_step(optimizers: list, precision: Precision, spec: RunSpec,
-                   total_norm: NormFn = _total_norm, should_step: StepGate | None = None) -> StepStats:
+                   total_norm: NormFn = _total_norm, should_step: StepGate | None = None,
+                   measured: list[tuple[Any, int]] | None = None) -> StepStats:
     """Unscales (fp16), measures the gradient norm, asks `should_step`, clips by the Trainer's flags, steps and
     zeroes every optimizer.
 
     `total_norm(grads)` must return the global norm; a strategy with sharded gradients passes one that reduces
     across ranks. `should_step(norm)` (the non-finite guard, collective) runs once, after every norm is known and
     before any optimizer steps; on False the gradients are dropped and nothing steps. Under an fp16 scaler it gets
-    None: the scaler skips overflowing steps itself. Returns {"grad_norm": norm over all optimizers}."""
+    None: the scaler skips overflowing steps itself. `measured`, per optimizer (norm, number of gradients it
+    covers), are norms taken during the backward (grad_norm.py); one that does not cover every gradient present
+    is measured again here. Returns {"grad_norm": norm over all optimizers}."""
     clip = float(spec.gradient_clip_val or 0.0)
     groups, norms = [], []  # per optimizer: the parameters with gradients, their norm (None if there are none)
-    for opt in optimizers:
+    for i, opt in enumerate(optimizers):
         if precision.scaler is not None:
             precision.scaler.unscale_(opt)
         params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
         groups.append(params)
-        norms.append(total_norm([p.grad for p in params]) if params else None)
+        if measured is not None and params and measured[i][1] == len(params):
+            norms.append(measured[i][0])
+        else:
+            norms.append(total_norm([p.grad for p in params]) if params else None)
     present = [n for n in norms if n is not None]
     grad_norm = present[0] if len(present) == 1 else torch.stack(present).norm() if present else None
-    go = should_step is None or should_step(grad_norm if precision.scaler is None else None)
+    # A gate with `step_flag` (the guard) can decide on the device when every optimizer skips on a flag: the
+    # steps are queued before the host reads the verdict (settle), so the GPU is not idle while the host waits.
+    on_device = (precision.scaler is None and grad_norm is not None and hasattr(should_step, "step_flag")
+                 and all(skips_on_flag(opt) for opt in optimizers))
+    found_inf = should_step.step_flag(grad_norm) if on_device else None
+    go = on_device or should_step is None or should_step(grad_norm if precision.scaler is None else None)
     for opt, params, norm in zip(optimizers, groups, norms):
         if go and params and clip > 0 and spec.gradient_clip_algorithm == "value":
             torch.nn.utils.clip_grad_value_(params, clip)
@@ -84,9 +98,23 @@ def optimizer_step(optimizers: list, precision: Precision, spec: RunSpec,
             torch.nn.utils.clip_grads_with_norm_(params, clip, norm)
         if go and precision.scaler is not None:
             precision.scaler.step(opt)
+        elif go and found_inf is not None:
+            opt.found_inf = found_inf  # read by torch's fused step, as under an AMP grad scaler
+            try:
+                opt.step()
+            finally:
+                del opt.found_inf
         elif go:
             opt.step()
         opt.zero_grad(set_to_none=True)
     if precision.scaler is not None:
         precision.scaler.update()
+    if on_device:
+        should_step.settle()  # raises under "stop"; the flagged step changed neither weights nor optimizer state
     return {"grad_norm": grad_norm}
+
+
+def skips_on_flag(opt: Any) -> bool:
+    """True for torch's own fused Adam and AdamW (not subclasses): their step skips the update, and undoes its
+    step count, when `opt.found_inf` is 1, on the device (the moments stay as they were)."""
+    return type(opt) in _SKIP_ON_FLAG and bool(opt.defaults.get("fused"))

@@ -332,7 +332,7 @@ class Trainer:
                 hooks.on_after_backward(self, module)
         if module.automatic_optimization:  # under manual optimization the user stepped inside training_step
             hooks.before_step(self, module)  # on_before_optimizer_step, on_before_zero_grad (hooks.py says why)
-            self.step_stats = self.strategy.step(self.guard.should_step)  # the guard decides before any step
+            self.step_stats = self.strategy.step(self.guard)  # the guard decides before any step
         self.global_step += 1
         if module.automatic_optimization:
             step_schedulers(self.strategy.schedulers, "step", self.global_step, self.metrics.latest)

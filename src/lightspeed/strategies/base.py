@@ -10,7 +10,7 @@ gradient accumulation, clipping and optimizer state. Every method has one call s
     for each micro-batch of an accumulation window:
         out = strategy.forward(module.training_step, batch, i, sync_grads=is_last)
         strategy.backward(loss)
-    stats = strategy.step(guard.should_step)              # guard, clip, step, zero grads; {"grad_norm": ...}
+    stats = strategy.step(guard)                          # guard, clip, step, zero grads; {"grad_norm": ...}
     strategy.save(path) / strategy.load(path)             # collective; the Checkpointer calls them
     strategy.teardown()                                   # once per process: engine freed, group left
 
