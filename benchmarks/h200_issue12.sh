@@ -78,7 +78,7 @@ suite|explore3)
     #   phase 1: the one-GPU setups, both GPUs at once (one process per run, round robin over each GPU's list so
     #            slow drift hits every setup alike). suite: the ZeRO-3 pair, whose step is CPU-bound, shares
     #            GPU 1's list (never beside the compile setup, whose inductor workers take many cores) and runs
-    #            while GPU 0 runs its eager setups; the lists are balanced by their measured run times.
+    #            while GPU 0 runs its eager setups; the lists are balanced by estimated run times (~115 s a round each).
     #   phase 2: the two-GPU runs, round robin, until the budget.
     BUDGET_S=${BUDGET_S:-555}
     LOG="$OUT/$1.log"
