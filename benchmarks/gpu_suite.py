@@ -167,18 +167,46 @@ class UserGPT(GPTModule):
         return torch.optim.AdamW(self.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
 
 
+class Clock:
+    """Batch-end stamps. On CUDA each stamp is an event recorded on the stream behind the step's work, read once at
+    the end: the clock between consecutive batch ends on the GPU's own timeline, with no host sync added by the
+    measurement (a sync per step would idle the GPU while the host prepares the next step, charging every loop its
+    per-step host work, which real training hides behind the queued kernels). On CPU, the host clock. The first
+    stamp also notes the host time once the first step has run (`first_host`: start-up plus the first step)."""
+
+    def __init__(self):
+        self.events: list = []
+        self.host: list[float] = []
+        self.first_host: float | None = None
+
+    def stamp(self, device) -> None:
+        if device.type == "cuda":
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.events.append(event)
+            if self.first_host is None:
+                torch.cuda.synchronize()  # once, before any timed step: when the first step really ended
+        else:
+            self.host.append(time.perf_counter())
+        if self.first_host is None:
+            self.first_host = time.perf_counter()
+
+    def step_times(self, warmup: int) -> list[float]:
+        """Seconds between consecutive batch ends, the first `warmup` steps left out."""
+        if self.events:
+            torch.cuda.synchronize()
+            times = [a.elapsed_time(b) / 1000 for a, b in zip(self.events, self.events[1:])]
+        else:
+            times = [b - a for a, b in zip(self.host, self.host[1:])]
+        return times[warmup - 1:]
+
+
 class StepTimer(ls.Callback):
     def __init__(self):
-        self.stamps: list[float] = []
+        self.clock = Clock()
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        if trainer.device.type == "cuda":
-            torch.cuda.synchronize()
-        self.stamps.append(time.perf_counter())
-
-
-def _step_times(stamps: list[float], warmup: int) -> list[float]:
-    return [b - a for a, b in zip(stamps, stamps[1:])][warmup - 1:]
+        self.clock.stamp(trainer.device)
 
 
 def windows(times: list[float], n: int) -> list[float]:
@@ -200,7 +228,7 @@ def run_plain_pytorch(cfg, micro_batch: int, steps: int, warmup: int, device) ->
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1,
                             fused=device.type == "cuda")
     dtype = torch.bfloat16
-    stamps = []
+    clock = Clock()
     for x, y in _loader(cfg, micro_batch, steps):
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with torch.autocast(device.type, dtype=dtype):
@@ -209,10 +237,8 @@ def run_plain_pytorch(cfg, micro_batch: int, steps: int, warmup: int, device) ->
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        stamps.append(time.perf_counter())
-    return _step_times(stamps, warmup)
+        clock.stamp(device)
+    return clock.step_times(warmup)
 
 
 def run_plain_deepspeed(cfg, micro_batch: int, steps: int, warmup: int, device, zero: dict | None = None,
@@ -242,7 +268,7 @@ def run_plain_deepspeed(cfg, micro_batch: int, steps: int, warmup: int, device, 
             contextlib.nullcontext() if stage3 else torch.device(device)):
         model = GPT(cfg)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
-    stamps = []
+    clock = Clock()
     data = RandomTokens(cfg.vocab_size, cfg.block_size, micro_batch * steps, seed=seed)
     for x, y in torch.utils.data.DataLoader(data, batch_size=micro_batch):
         x, y = x.to(engine.device), y.to(engine.device)
@@ -250,12 +276,10 @@ def run_plain_deepspeed(cfg, micro_batch: int, steps: int, warmup: int, device, 
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1))
         engine.backward(loss)
         engine.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        stamps.append(time.perf_counter())
+        clock.stamp(device)
         if on_step is not None:
             on_step(engine)
-    return _step_times(stamps, warmup)
+    return clock.step_times(warmup)
 
 
 def run_lightspeed(name: str, cfg, micro_batch: int, steps: int, warmup: int, device, accumulate: int = 1):
@@ -274,8 +298,8 @@ def run_lightspeed(name: str, cfg, micro_batch: int, steps: int, warmup: int, de
     trainer.fit(module, _loader(cfg, micro_batch, steps * accumulate))
     run_lightspeed.prebuilt = kept(module, built)
     # Setup plus the first step: where torch.compile's compile time shows.
-    run_lightspeed.first_step_s = timer.stamps[0] - started
-    return _step_times(timer.stamps, warmup)
+    run_lightspeed.first_step_s = timer.clock.first_host - started
+    return timer.clock.step_times(warmup)
 
 
 def prebuild(module, strategy, device) -> torch.nn.Module | None:

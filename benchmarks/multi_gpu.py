@@ -65,16 +65,16 @@ ZERO_BYTES = {  # model-state bytes per parameter on each GPU, from the ZeRO pap
 
 
 class Recorder(ls.Callback):
-    """Rank 0 keeps each step's loss (averaged over ranks) and time."""
+    """Rank 0 keeps each step's loss (averaged over ranks) and time (gpu_suite.Clock: CUDA events, no host sync)."""
 
     def __init__(self):
+        from gpu_suite import Clock
+
         self.losses: list[float] = []
-        self.stamps: list[float] = []
+        self.clock = Clock()
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        if trainer.device.type == "cuda":
-            torch.cuda.synchronize()
-        self.stamps.append(time.perf_counter())
+        self.clock.stamp(trainer.device)
         if "loss" in trainer.callback_metrics:  # the parity module logs it; the user's module does not
             self.losses.append(float(trainer.callback_metrics["loss"]))
 
@@ -154,7 +154,7 @@ def run_one(args) -> dict:
         return {}
     with torch.device("meta"):
         n_params = GPT(cfg).num_params()
-    times = [b - a for a, b in zip(rec.stamps, rec.stamps[1:])][args.warmup - 1:]
+    times = rec.clock.step_times(args.warmup)
     step_s = statistics.median(times)
     from gpu_suite import windows
 

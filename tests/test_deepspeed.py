@@ -227,14 +227,18 @@ def test_zero3_leaf_modules_are_the_repeated_blocks_and_bad_values_are_refused()
     import deepspeed
 
     from lightspeed.examples.gpt import GPT, SIZES, Block
-    from lightspeed.strategies.zero3 import mark_leaf_modules
+    from lightspeed.strategies.zero3 import DS_PREFETCH_BUCKET, mark_leaf_modules, prefetch_bucket
 
     model = GPT(dataclasses.replace(SIZES["tiny"], vocab_size=64))
-    mark_leaf_modules(deepspeed, model, None)
+    largest = mark_leaf_modules(deepspeed, model, None)
     leaves = [m for m in model.modules() if getattr(m, "_z3_leaf", False)]
     assert leaves and all(isinstance(m, Block) for m in leaves) and len(leaves) == model.cfg.n_layer
+    assert largest == sum(p.numel() for p in leaves[0].parameters())
+    # The prefetch bucket (GPUs): two blocks ahead, never below DeepSpeed's default; a d=2048 GPT block is 12·d².
+    assert prefetch_bucket(largest) == DS_PREFETCH_BUCKET and prefetch_bucket(12 * 2048**2 + 6 * 2048) == 2 * (
+        12 * 2048**2 + 6 * 2048)
     plain = GPT(dataclasses.replace(SIZES["tiny"], vocab_size=64))
-    mark_leaf_modules(deepspeed, plain, [])
+    assert mark_leaf_modules(deepspeed, plain, []) == 0
     assert not any(getattr(m, "_z3_leaf", False) for m in plain.modules())
     with pytest.raises(ConfigError, match=r"leaf_modules names \['GRU'\].*GPT does not contain"):
         mark_leaf_modules(deepspeed, plain, [torch.nn.GRU])

@@ -42,7 +42,7 @@ from .deepspeed_multi import check_group, initialize_group, leave_process_group,
 from .host_memory import host_memory_warning, offloaded_bytes_per_param
 from .portable import Portable, write_deepspeed
 from .zero3 import (check_leaf_modules, copy_from_rank0, destroy_engine, load_weights, mark_leaf_modules,
-                    partitioned_init, whole_numel)
+                    partitioned_init, prefetch_bucket, whole_numel)
 
 Offload = Literal["cpu", "nvme"] | None
 
@@ -118,7 +118,7 @@ class DeepSpeed:
         offload = "_offload" if self.offload_optimizer or self.offload_params else ""
         nvme = "_nvme" if "nvme" in (self.offload_optimizer, self.offload_params) else ""
         self.name = f"deepspeed_stage_{self.stage}{offload}{nvme}"
-        self.engine, self._prepared, self.micro_batch_size = None, False, None
+        self.engine, self._prepared, self.micro_batch_size, self._leaf_numel = None, False, None, 0
 
     # ------------------------------------------------------------------ config
     def check(self, spec: RunSpec) -> None:
@@ -163,10 +163,11 @@ class DeepSpeed:
             "allgather_bucket_size": self.allgather_bucket_size, "reduce_bucket_size": self.reduce_bucket_size,
         }
         if self.stage == 3 and self.device.type != "cuda":
-            # CPU ranks (the test suite) partition every parameter, however small, so ZeRO-3's shares can be
-            # checked on tiny models. On GPUs DeepSpeed's own stage-3 defaults stand: small parameters stay whole
-            # (no all-gather per LayerNorm) and the prefetch bucket is DeepSpeed's (docs/benchmarks.md).
+            # CPU ranks (the test suite) partition every parameter, however small, so ZeRO-3's shares can be checked
+            # on tiny models. On GPUs small parameters stay whole (DeepSpeed's default: no all-gather per LayerNorm).
             zero.update(stage3_param_persistence_threshold=0, stage3_prefetch_bucket_size=self.reduce_bucket_size)
+        elif self.stage == 3 and self._leaf_numel:  # prefetch the next two leaf blocks (zero3.prefetch_bucket)
+            zero["stage3_prefetch_bucket_size"] = prefetch_bucket(self._leaf_numel)
         for key, device in (("offload_optimizer", self.offload_optimizer), ("offload_param", self.offload_params)):
             if device:
                 zero[key] = {"device": device, "pin_memory": self._pinned}
@@ -259,7 +260,7 @@ class DeepSpeed:
             if self.spec.compile:
                 apply_compile(module)
             if self.stage == 3:
-                mark_leaf_modules(deepspeed, module, self.leaf_modules)
+                self._leaf_numel = mark_leaf_modules(deepspeed, module, self.leaf_modules)
             self._prepared = True
         config = self.build_config(module)
         self.input_dtype = engine_dtype(config)  # forward casts the batch's float tensors to the weights' dtype

@@ -99,15 +99,29 @@ def check_leaf_modules(classes) -> None:
                           "leaf modules) or a list of nn.Module classes, e.g. [Block].")
 
 
-def mark_leaf_modules(deepspeed, module: torch.nn.Module, classes: list[type] | None) -> None:
+def mark_leaf_modules(deepspeed, module: torch.nn.Module, classes: list[type] | None) -> int:
     """Marks the instances of `classes` in `module` as ZeRO-3 leaf modules (DeepSpeed's `set_z3_leaf_modules`):
     each gathers all its parameters at its own forward and backward, so DeepSpeed runs one fetch and one pair of
     hooks per block instead of per submodule. `classes` None means the repeated blocks (the classes of the children
-    of every nn.ModuleList that hold parameters); [] marks nothing.
-    Raises ConfigError when a class named by the user has no instance in the model."""
+    of every nn.ModuleList that hold parameters); [] marks nothing. Returns the largest marked instance's
+    parameter count (0 if none). Raises ConfigError when a class named by the user has no instance in the model."""
     if classes is None:
         classes = list(dict.fromkeys(type(c) for c in repeated_blocks(module) if any(True for _ in c.parameters())))
     if missing := [c.__name__ for c in classes if not any(isinstance(m, c) for m in module.modules())]:
         raise ConfigError(f"DeepSpeed leaf_modules names {missing}, which {type(module).__name__} does not contain.")
     if classes:
         deepspeed.utils.set_z3_leaf_modules(module, list(classes))
+    return max((whole_numel(m) for m in module.modules() if isinstance(m, tuple(classes))), default=0)
+
+
+DS_PREFETCH_BUCKET = 50_000_000  # DeepSpeed's default stage3_prefetch_bucket_size (elements)
+
+
+def prefetch_bucket(leaf_numel: int) -> int:
+    """stage3_prefetch_bucket_size for leaf blocks of up to `leaf_numel` parameters: the next two blocks.
+
+    DeepSpeed prefetches upcoming parameters until the bucket is full. Its default (5e7) is about one block of a
+    d=2048 GPT (12·d² = 5.03e7), so the next block's gather barely overlapped the current block's compute; two
+    blocks ahead lets each gather hide behind a whole block (2×H200: 45.0k against 40.8k tok/s per GPU, same
+    peak memory; docs/benchmarks.md). Costs up to two blocks' gathered parameters of extra memory."""
+    return max(DS_PREFETCH_BUCKET, 2 * leaf_numel)
