@@ -254,8 +254,12 @@ if __name__ == "__main__":
                          enable_progress_bar=False, seed=0)
     trainer.fit(model)
     batch = next(iter(model.train_dataloader()))
-    print("RANK", json.dumps({"rank": trainer.global_rank, "batch_size": model.batch_size, "rows": len(batch[0]),
-                              "strategy": trainer.strategy.name, "step": trainer.global_step}), flush=True)
+    # One write per line: rank 1's output is relayed through rank 0's stdout, so print's separate writes of
+    # "RANK", " ", the JSON and the newline could interleave with the other rank's line.
+    sys.stdout.write("RANK " + json.dumps({"rank": trainer.global_rank, "batch_size": model.batch_size,
+                                          "rows": len(batch[0]), "strategy": trainer.strategy.name,
+                                          "step": trainer.global_step}) + "\n")
+    sys.stdout.flush()
 '''
 
 
