@@ -43,3 +43,18 @@ def test_overlapped_norm_equals_the_norm_after_the_backward():
         params = [p for g in opt.param_groups for p in g["params"]]
         want = torch.nn.utils.get_total_norm([p.grad for p in params])
         assert count == len(params) and torch.allclose(norm, want, rtol=1e-5), (norm, want)
+
+
+def test_single_gpu_guard_skips_on_the_device_and_tracks_the_host_gate(tmp_path):
+    """One GPU, bf16: the user's AdamW becomes fused, so the guard's verdict is the fused kernel's `found_inf`
+    (its norm taken beside the backward). A NaN at step 3 under "skip": that step is skipped, the weights stay
+    finite, and the run tracks the same run with the optimizer kept as written (host gate) within bf16's 2e-2."""
+    import math
+
+    common = dict(devices=1, accelerator="gpu", precision="bf16-mixed", batch_size=8, max_steps=8,
+                  nan_at={"step": 3}, on_nonfinite="skip", launcher="in-process")
+    device = run_workload(tmp_path, **common)
+    host = run_workload(tmp_path, optimizer_kernels="as_written", **common)
+    assert device["skipped_steps"] == 1 and device["finite_weights"] and math.isnan(device["losses"][3])
+    finite = [(a, b) for a, b in zip(device["losses"], host["losses"]) if math.isfinite(b)]
+    assert len(finite) == 7 and all(abs(a - b) <= 2e-2 * abs(b) for a, b in finite), (device, host)

@@ -5,7 +5,7 @@ records the per-step global-mean losses, and rank 0 writes them with other facts
 Options (all optional except out): strategy, devices, max_steps, max_epochs, accumulate, clip, clip_algo,
 precision, batch_size, ckpt_every, resume ("last" or a path), root, seed, limit_train_batches, shuffle,
 predict, validate, test, consolidate (a path), fail_rank (raise on that rank at step 3), dropout, num_nodes,
-progress (show the progress bar), fused (the module's AdamW with fused=True).
+progress (show the progress bar), fused (the module's AdamW with fused=True), optimizer_kernels (the Trainer flag).
 Fault options: nan_at ({"step": k, "rank": r}: that rank's loss is NaN at global step k; rank omitted: every
 rank), on_nonfinite (the Trainer flag), sigterm_at ({"step": k, "rank": r, "signal": "SIGTERM"}: that rank sends
 itself the signal during step k); a run that exits (preemption) still writes its result, with "exit" set to the status; stall_at ({"step":
@@ -222,6 +222,7 @@ def main(opts: dict) -> None:
         callbacks=callbacks, logger=False, accelerator=opts.get("accelerator", "cpu"),
         memory_budget=opts.get("memory_budget"),
         on_nonfinite=opts.get("on_nonfinite", "stop"), timeout=opts.get("collective_timeout", 600),
+        optimizer_kernels=opts.get("optimizer_kernels", "fused"),
     )
     result: dict = {"world_size": trainer.world_size}
     if opts.get("fit", True):
