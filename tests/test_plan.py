@@ -258,7 +258,7 @@ if __name__ == "__main__":
     # "RANK", " ", the JSON and the newline could interleave with the other rank's line.
     sys.stdout.write("RANK " + json.dumps({"rank": trainer.global_rank, "batch_size": model.batch_size,
                                           "rows": len(batch[0]), "strategy": trainer.strategy.name,
-                                          "step": trainer.global_step}) + "\n")
+                                          "step": trainer.global_step}) + "\\n")
     sys.stdout.flush()
 '''
 
