@@ -112,10 +112,8 @@ class NonFiniteGuard:
         """Collective, no host read: the same decision as `should_step(grad_norm)`, kept on the device as the
         `found_inf` flag of optimizers that skip on it (1.0: skip the update; None under "warn": step anyway).
         The caller queues the optimizer step with it, then calls `settle()`, which applies the policy."""
-        slots = self._slots.clone() if self._slots is not None else self._loss_slots(grad_norm.device)
-        slots[self.rank] += torch.where(torch.isfinite(grad_norm.detach()), 0.0, _NORM).to(slots.device)
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(slots, op=dist.ReduceOp.MAX)
+        slots = self._with_norm(self._slots.clone() if self._slots is not None else
+                                self._loss_slots(grad_norm.device), grad_norm)
         self._pending = (slots, None)
         if slots.is_cuda:  # the copy lands right behind the reduction, before the optimizer's kernels
             if self._flag_host is None or self._flag_host.numel() != slots.numel():
@@ -166,12 +164,15 @@ class NonFiniteGuard:
         if grad_norm is None:
             self._landed.synchronize()  # the last forward's flags: the backward queued behind stays queued
             return self._host.clone()
-        slots = self._slots.clone()
-        norm = torch.as_tensor(grad_norm, device=slots.device).to(torch.float64)
+        return self._with_norm(self._slots.clone(), grad_norm).cpu()
+
+    def _with_norm(self, slots: torch.Tensor, grad_norm: torch.Tensor | float) -> torch.Tensor:
+        """`slots` (on the device) with this rank's norm bit added, reduced (MAX) across ranks; no host read."""
+        norm = torch.as_tensor(grad_norm, device=slots.device).detach().to(torch.float64)
         slots[self.rank] += torch.where(torch.isfinite(norm), 0.0, _NORM)
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(slots, op=dist.ReduceOp.MAX)
-        return slots.cpu()
+        return slots
 
     def _reduced_slots(self, grad_norm: torch.Tensor | float | None) -> torch.Tensor:
         """Off CUDA (or with no loss observed): the slots built on the host and reduced now."""
