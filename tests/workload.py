@@ -5,7 +5,8 @@ records the per-step global-mean losses, and rank 0 writes them with other facts
 Options (all optional except out): strategy, devices, max_steps, max_epochs, accumulate, clip, clip_algo,
 precision, batch_size, ckpt_every, resume ("last" or a path), root, seed, limit_train_batches, shuffle,
 predict, validate, test, consolidate (a path), fail_rank (raise on that rank at step 3), dropout, num_nodes,
-progress (show the progress bar), fused (the module's AdamW with fused=True), optimizer_kernels (the Trainer flag).
+progress (show the progress bar), fused (the module's AdamW with fused=True), optimizer_kernels (the Trainer flag),
+compile (Trainer(compile=True); the loss is then recorded in on_train_batch_end, outside the compiled step).
 Fault options: nan_at ({"step": k, "rank": r}: that rank's loss is NaN at global step k; rank omitted: every
 rank), on_nonfinite (the Trainer flag), sigterm_at ({"step": k, "rank": r, "signal": "SIGTERM"}: that rank sends
 itself the signal during step k); a run that exits (preemption) still writes its result, with "exit" set to the status; stall_at ({"step":
@@ -63,6 +64,10 @@ class Workload(GPTModule):
             if self.global_rank == 0:
                 torch.save(full, self.opts["init_weights"])
 
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        if self.opts.get("compile"):  # the same value, read outside the step torch.compile traces
+            self.losses.append(float(self.trainer.callback_metrics["loss"]))
+
     def training_step(self, batch, batch_idx):
         if self.opts.get("fail_rank") == self.global_rank and self.global_step == 3:
             raise RuntimeError(f"deliberate failure on rank {self.global_rank}")
@@ -77,7 +82,8 @@ class Workload(GPTModule):
         if sig and self.global_step == sig["step"] and sig.get("rank", 0) == self.global_rank:
             os.kill(os.getpid(), getattr(signal, sig.get("signal", "SIGTERM")))
         self.log("loss", loss, prog_bar=True, sync_dist=True)
-        self.losses.append(float(self.trainer.callback_metrics["loss"]))
+        if not self.opts.get("compile"):
+            self.losses.append(float(self.trainer.callback_metrics["loss"]))
         if self.opts.get("manual"):  # the same update as the automatic loop, done by hand (each optimizer)
             opts = self.optimizers()
             opts = opts if isinstance(opts, list) else [opts]
@@ -222,7 +228,7 @@ def main(opts: dict) -> None:
         callbacks=callbacks, logger=False, accelerator=opts.get("accelerator", "cpu"),
         memory_budget=opts.get("memory_budget"),
         on_nonfinite=opts.get("on_nonfinite", "stop"), timeout=opts.get("collective_timeout", 600),
-        optimizer_kernels=opts.get("optimizer_kernels", "fused"),
+        optimizer_kernels=opts.get("optimizer_kernels", "fused"), compile=bool(opts.get("compile")),
     )
     result: dict = {"world_size": trainer.world_size}
     if opts.get("fit", True):
@@ -238,6 +244,8 @@ def main(opts: dict) -> None:
                                        for p in module.parameters())
     else:
         result["validate"] = trainer.validate(module, val, ckpt_path=opts.get("resume"))
+    if opts.get("compile"):  # kernels.CompiledStep: None while the step runs compiled, else why it stopped
+        result["step_fallback"] = trainer._training_step.failed
     result.update(losses=module.losses, global_step=trainer.global_step, epoch=trainer.current_epoch,
                   strategy=trainer.strategy.name)
     if opts.get("validate"):

@@ -205,3 +205,99 @@ def compiled_ran(since: int) -> bool:
     """True if torch.compile compiled (hence ran) any frame after `since`, a `compiled_frames()` taken before the
     first step. Used by the Trainer for its "compile=True but nothing compiled ran" warning."""
     return compiled_frames() > since
+
+
+# ---------------------------------------------------------------------------------------------- compiled step
+def compile_step(module: nn.Module, enabled: bool) -> Any:
+    """What the Trainer calls as `training_step`: the module's own, or with `enabled` (compile=True) and automatic
+    optimization a `CompiledStep` of it. Under manual optimization the step holds optimizer calls, left as written."""
+    if not enabled or not getattr(module, "automatic_optimization", True):
+        return module.training_step
+    return CompiledStep(module)
+
+
+RECOMPILE_CALLS = 3  # CompiledStep: consecutive recompiling calls after which the step runs as written
+
+
+class CompiledStep:
+    """`module.training_step` compiled by torch.compile, with the modules it calls kept out of its graph.
+
+    Regional compilation (`apply_compile`) leaves out what `training_step` computes around the model; for a
+    language model that is the fp32 cast and cross-entropy of the logits (8×1024×32000 on the suite's GPT), which
+    eager mode runs as several passes over a GiB-sized tensor and compiled as one fused kernel each way. Here the
+    step's own frame is compiled while the modules it may call (`_opaque_modules`: all but torch.nn's parameter-free
+    ones, not looking inside compiled blocks) are opaque to it for the duration of the call: such a call, hooks included (DDP, FSDP2, ZeRO-3), runs as it would
+    without this, and its regionally compiled blocks run their own compiled code. So the graphs hold only the
+    arithmetic around the model, no parameter is read inside them, and the strategies' gradient hooks fire where
+    they did. `self.log` and the other `Module` conveniences graph-break (they run eagerly).
+
+    A call is made opaque by pointing the module's `_compiled_call_impl` (what `nn.Module.__call__` runs when set)
+    at `torch.compiler.disable` of its `_call_impl`, with its bound `forward` in the instance's `__dict__` (without
+    it dynamo inlines the class's `forward` directly); both are undone after the step, so nothing stays changed
+    outside it (deep copies, checkpoints and other callers see the module as it was).
+
+    If torch.compile fails on the step (an error of dynamo or a backend, not of the user's code), the step warns
+    once and runs as written from then on; the blocks stay compiled. An error of the user's code then surfaces
+    from the step as written.
+    """
+
+    def __init__(self, module: nn.Module):
+        self.step = module.training_step
+        self.compiled = torch.compile(self.step)
+        self.opaque = [(m, torch.compiler.disable(m._call_impl), m.forward) for m in _opaque_modules(module)]
+        self.failed: str | None = None  # why the step runs as written, once it does
+        self.calls, self.recompiling = 0, 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.failed is None:
+            from torch._dynamo.exc import TorchDynamoException
+
+            for m, hidden, forward in self.opaque:
+                m._compiled_call_impl = hidden
+                m.__dict__["forward"] = forward  # dynamo otherwise goes straight to the class's forward
+            frames = compiled_frames()
+            try:
+                out = self.compiled(*args, **kwargs)
+                self._count(compiled_frames() > frames)
+                return out
+            except TorchDynamoException as err:  # the compiler's failure; the user's errors re-raise below
+                self._give_up(f"it could not be compiled ({type(err).__name__}: {str(err).splitlines()[0][:200]})")
+            finally:
+                for m, _, _ in self.opaque:
+                    m._compiled_call_impl = None
+                    del m.__dict__["forward"]
+        return self.step(*args, **kwargs)
+
+    def _count(self, compiled: bool) -> None:
+        """After the first call (which compiles), a step that compiles again on RECOMPILE_CALLS calls in a row is
+        guarded on Python state it changes itself (a list it appends to, a counter): each call would pay a
+        compilation until torch's recompile limit. It runs as written from then on."""
+        self.calls += 1
+        self.recompiling = self.recompiling + 1 if compiled and self.calls > 1 else 0
+        if self.recompiling >= RECOMPILE_CALLS:
+            self._give_up(f"it compiled again on each of {RECOMPILE_CALLS} calls in a row: torch.compile guards on "
+                          "Python state the step changes (a list it appends to, a counter; TORCH_LOGS=recompiles "
+                          "names it)")
+
+    def _give_up(self, why: str) -> None:
+        self.failed = why
+        warnings.warn(f"compile=True: training_step runs as written from now on, {why}; the blocks stay compiled.",
+                      stacklevel=3)
+
+
+def _opaque_modules(module: nn.Module) -> list[nn.Module]:
+    """`module` and its submodules, less compiled ones and what they hold (a compiled block's guards expect the
+    block as it was traced; called from the step directly, it is inlined, still compiled), less those torch.nn
+    defines that hold no parameter or buffer (a loss, an activation, dropout: what the step's graph should fuse),
+    less modules whose instance already carries a `forward`. A user's module without parameters stays opaque: it
+    may keep Python state (a metric's counters) that would make torch.compile recompile each step."""
+    out, stack = [], [module]
+    while stack:
+        m = stack.pop()
+        if m._compiled_call_impl is not None or "forward" in m.__dict__:
+            continue
+        stack.extend(m.children())
+        if not (type(m).__module__.startswith("torch.nn.") and next(m.parameters(), None) is None
+                and next(m.buffers(), None) is None):
+            out.append(m)
+    return out

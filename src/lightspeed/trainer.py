@@ -31,7 +31,7 @@ from .data import (accumulation_windows, check_batch_counts, estimated_stepping_
                    resumed_iterator, set_epoch, with_distributed_sampler)
 from .distributed import broadcast_from_rank0
 from .errors import ConfigError
-from .kernels import compiled_frames, compiled_ran
+from .kernels import compile_step, compiled_frames, compiled_ran
 from .eval_loaders import eval_loaders, fit_loaders, run_batches, sanity_check
 from .hparams import HPARAMS_KEY, HPARAMS_NAME
 from .guard import NonFiniteGuard
@@ -267,7 +267,7 @@ class Trainer:
             skip, rng = self._restore(model, resume) if resume else (0, None)
             self._train_args = hooks.fit_start(self, model)  # unknown hooks warned of, the summary, the hparams
             self._progress = start_progress(self, math.ceil(n / self.cfg.accumulate_grad_batches))
-            self._frames_at_start = compiled_frames() if self.cfg.compile else 0
+            self._frames_at_start, self._training_step = compiled_frames(), compile_step(model, self.cfg.compile)
             model.on_fit_start()
             for cb in self.callbacks:
                 cb.on_fit_start(self, model)
@@ -322,7 +322,7 @@ class Trainer:
             batch = move_to_device(batch, self.device)
             self.metrics.batch_size = infer_batch_size(batch)
             hooks.on_train_batch_start(self, module, batch, batch_idx)
-            out = self.strategy.forward(module.training_step, *self._train_args(batch, batch_idx),
+            out = self.strategy.forward(self._training_step, *self._train_args(batch, batch_idx),
                                         sync_grads=i == len(window) - 1)
             if module.automatic_optimization:
                 self.guard.observe(loss := hooks.loss_of(out), i)
