@@ -221,17 +221,25 @@ def _loader(cfg, micro_batch: int, steps: int):
                                        batch_size=micro_batch)
 
 
-def run_plain_pytorch(cfg, micro_batch: int, steps: int, warmup: int, device) -> list[float]:
+def build_plain(cfg, device) -> tuple[GPT, torch.optim.Optimizer]:
+    """The hand-written torch loops' model and optimizer: the GPT (seed 0) built on `device`, and torch's AdamW
+    (lr 1e-4, betas (0.9, 0.95), weight decay 0.1), fused on CUDA."""
     torch.manual_seed(0)
     with torch.device(device):  # built where it trains: no CPU init then copy
         model = GPT(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1,
                             fused=device.type == "cuda")
-    dtype = torch.bfloat16
+    return model, opt
+
+
+def train_plain(model: torch.nn.Module, opt, batches, device, warmup: int) -> list[float]:
+    """The hand-written torch loop: forward under bf16 autocast, cross-entropy of the fp32 logits, backward,
+    optimizer step. `model` is the GPT or a DistributedDataParallel around it. Returns the step times (`Clock`),
+    the first `warmup` steps left out."""
     clock = Clock()
-    for x, y in _loader(cfg, micro_batch, steps):
+    for x, y in batches:
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        with torch.autocast(device.type, dtype=dtype):
+        with torch.autocast(device.type, dtype=torch.bfloat16):
             logits = model(x)
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1))
         loss.backward()
@@ -239,6 +247,37 @@ def run_plain_pytorch(cfg, micro_batch: int, steps: int, warmup: int, device) ->
         opt.zero_grad(set_to_none=True)
         clock.stamp(device)
     return clock.step_times(warmup)
+
+
+def run_plain_pytorch(cfg, micro_batch: int, steps: int, warmup: int, device) -> list[float]:
+    model, opt = build_plain(cfg, device)
+    return train_plain(model, opt, _loader(cfg, micro_batch, steps), device, warmup)
+
+
+def run_plain_ddp(cfg, micro_batch: int, steps: int, warmup: int, device, seed: int = 0) -> list[float]:
+    """One rank of a hand-written torch DDP loop, started by torchrun (the process group comes from its RANK,
+    WORLD_SIZE and MASTER_* variables; nccl on CUDA, gloo on CPU): `train_plain` around torch's
+    DistributedDataParallel, on random tokens drawn with `seed` (one per rank). Returns this rank's step times."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    model, opt = build_plain(cfg, device)
+    # torch's defaults (25 MiB buckets after a 1 MiB first one, buffers broadcast, no static graph, no search for
+    # unused parameters), except gradient_as_bucket_view=True, lightspeed's DDP default: no gradient copies.
+    ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                  gradient_as_bucket_view=True)
+    data = RandomTokens(cfg.vocab_size, cfg.block_size, micro_batch * steps, seed=seed)
+    try:
+        return train_plain(ddp, opt, torch.utils.data.DataLoader(data, batch_size=micro_batch), device, warmup)
+    finally:
+        # gloo's worker threads free each finished collective, which takes the GIL; freeing the group (here or when
+        # `ddp` goes) joins them while this thread holds the GIL: torch 2.13 hangs there when the last step's
+        # all-reduce is not freed yet (1 CPU run in ~4 here). Sleeping releases the GIL and lets them finish.
+        time.sleep(0.1)
+        dist.destroy_process_group()
 
 
 def run_plain_deepspeed(cfg, micro_batch: int, steps: int, warmup: int, device, zero: dict | None = None,

@@ -13,8 +13,10 @@ rank 0 prints one RESULT line, and this script collects them into tables:
 - memory: peak memory per GPU of each strategy on a 2.29B GPT (d=2560, 28 layers), beside the ZeRO paper's
   model-state figures (DDP 16Ψ; ZeRO-1 4Ψ+12Ψ/N; ZeRO-2 2Ψ+14Ψ/N; ZeRO-3 16Ψ/N bytes for Ψ parameters, before
   activations);
-- scaling: tokens/s per GPU at 1 and N GPUs for ddp, fsdp, deepspeed_stage_2/3 and the hand-written DeepSpeed
-  ZeRO-3 loops (gpu_suite.py's, under torchrun: DeepSpeed's default stage-3 settings, and tuned), each pair
+- scaling: tokens/s per GPU at 1 and N GPUs for ddp, fsdp, deepspeed_stage_2/3, the hand-written DeepSpeed
+  ZeRO-3 loops (gpu_suite.py's, under torchrun: DeepSpeed's default stage-3 settings, and tuned) and the
+  hand-written torch DDP loop `plain_ddp` (gpu_suite.run_plain_ddp, under torchrun; ddp's row gives its ratio
+  to it at N GPUs), each pair
   `--repeats` times round robin (median, spread = (max - min) / median; with `--windows W` each run's timed steps
   give W samples, as in gpu_suite.py); efficiency = per-GPU ratio of the medians; `--counts` picks the GPU counts
   (default 1 and N); `--module user` trains the model as users write it (gpu_suite.py's UserGPT: the user's torch
@@ -56,8 +58,9 @@ from lightspeed.examples.gpt import GPT, SIZES, GPTModule, RandomTokens  # noqa:
 
 PARITY = ["ddp", "ddp_sharded", "fsdp", "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_3"]
 MEMORY = ["ddp", "ddp_sharded", "fsdp", "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_3"]
-SCALING = ["ddp", "fsdp", "deepspeed_stage_2", "deepspeed_stage_3", "plain_deepspeed_zero3", "plain_deepspeed_zero3_tuned"]
-PLAIN = ("plain_deepspeed_zero3", "plain_deepspeed_zero3_tuned")  # hand-written loops, started with torchrun
+SCALING = ["ddp", "fsdp", "deepspeed_stage_2", "deepspeed_stage_3", "plain_deepspeed_zero3",
+           "plain_deepspeed_zero3_tuned", "plain_ddp"]
+PLAIN = ("plain_deepspeed_zero3", "plain_deepspeed_zero3_tuned", "plain_ddp")  # hand-written, started with torchrun
 ZERO_BYTES = {  # model-state bytes per parameter on each GPU, from the ZeRO paper (mixed precision Adam)
     "ddp": lambda n: 16, "ddp_sharded": lambda n: 4 + 12 / n, "deepspeed_stage_1": lambda n: 4 + 12 / n,
     "deepspeed_stage_2": lambda n: 2 + 14 / n, "deepspeed_stage_3": lambda n: 16 / n, "fsdp": lambda n: 16 / n,
@@ -96,13 +99,18 @@ def model_cfg(args, layers: int | None = None, d: int | None = None):
 
 
 def run_plain(args, cfg) -> dict:
-    """One rank of a hand-written DeepSpeed ZeRO-3 loop (started by torchrun); rank 0 returns the figures."""
-    from gpu_suite import ZERO3_DEFAULTS, run_plain_deepspeed, windows, zero3_tuned
+    """One rank of a hand-written loop (started by torchrun): DeepSpeed ZeRO-3, or torch DDP for `plain_ddp`; each
+    rank trains on its own random tokens (seed = rank). Rank 0 returns the figures."""
+    from gpu_suite import ZERO3_DEFAULTS, run_plain_ddp, run_plain_deepspeed, windows, zero3_tuned
 
     rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     device = torch.device("cpu") if args.cpu else torch.device("cuda", local)
-    zero = zero3_tuned(cfg) if _base(args.strategy).endswith("_tuned") else ZERO3_DEFAULTS
-    times = run_plain_deepspeed(cfg, args.micro_batch, args.warmup + args.steps, args.warmup, device, zero, seed=rank)
+    steps = args.warmup + args.steps
+    if _base(args.strategy) == "plain_ddp":
+        times = run_plain_ddp(cfg, args.micro_batch, steps, args.warmup, device, seed=rank)
+    else:
+        zero = zero3_tuned(cfg) if _base(args.strategy).endswith("_tuned") else ZERO3_DEFAULTS
+        times = run_plain_deepspeed(cfg, args.micro_batch, steps, args.warmup, device, zero, seed=rank)
     if rank != 0:
         return {}
     with torch.device("meta"):
@@ -347,19 +355,22 @@ def scaling(args) -> list[dict]:
         return [r for v in runs.values() for r in v]
     med = {k: _median(v) for k, v in runs.items()}
     z3 = med.get(("plain_deepspeed_zero3", args.devices))
+    plain_ddp = med.get(("plain_ddp", args.devices))
     rows = []
     for s in strategies:
         one, many = med[(s, 1)], med[(s, args.devices)]
         if one is None or many is None:
             errors = [r.get("error", "") for r in runs[(s, 1)] + runs[(s, args.devices)] if "error" in r]
-            rows.append([s, errors[0] if errors else "no run", "", "", ""])
+            rows.append([s, errors[0] if errors else "no run", "", "", "", ""])
             continue
         vs_z3 = f"{many[0] / z3[0]:.3f}" if z3 else "-"
+        vs_ddp = f"{many[0] / plain_ddp[0]:.3f}" if plain_ddp and _base(s) == "ddp" else "-"
         rows.append([s, f"{one[0]:,.0f} ±{one[1]:.0%}", f"{many[0]:,.0f} ±{many[1]:.0%}", f"{many[0] / one[0]:.2f}",
-                     vs_z3])
+                     vs_z3, vs_ddp])
     _table(f"Tokens/s per GPU, 1 vs {args.devices} GPUs, median of {args.repeats} runs ± spread (max - min) / median "
            "(target efficiency ≥ 0.95)",
-           ["strategy", "1 GPU", f"{args.devices} GPUs", "efficiency", f"× DS Z3 loop ({args.devices} GPUs)"], rows)
+           ["strategy", "1 GPU", f"{args.devices} GPUs", "efficiency", f"× DS Z3 loop ({args.devices} GPUs)",
+            f"× plain DDP loop ({args.devices} GPUs)"], rows)
     return [r for v in runs.values() for r in v]
 
 
