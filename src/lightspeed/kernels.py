@@ -241,9 +241,9 @@ class CompiledStep:
     from the step as written.
     """
 
-    def __init__(self, module: nn.Module):
+    def __init__(self, module: nn.Module, backend: Any = "inductor"):
         self.step = module.training_step
-        self.compiled = torch.compile(self.step)
+        self.compiled = torch.compile(self.step, backend=backend)
         self.opaque = [(m, torch.compiler.disable(m._call_impl), m.forward) for m in _opaque_modules(module)]
         self.failed: str | None = None  # why the step runs as written, once it does
         self.calls, self.recompiling = 0, 0
