@@ -283,3 +283,19 @@ def test_compile_under_each_sharding_strategy_gives_ddps_losses(tmp_path, ddp_ea
     res = run_workload(tmp_path, strategy=strategy, devices=2, max_steps=6, compile=True)
     assert res["step_fallback"] is None
     assert_close_losses(res["losses"], ddp_eager, rtol=1e-5, what=f"{strategy} compile=True vs ddp eager")
+
+
+def test_lightnings_torch_compile_of_the_module_is_trained_compiled_and_saved_with_plain_keys(tmp_path):
+    """Lightning's documented way, `trainer.fit(torch.compile(model))`: the module inside the wrapper is trained
+    with compile=True (blocks, then the step) and its checkpoint loads into a plain module (no `_orig_mod.`)."""
+    eager, _ = _fit_step_module(tmp_path, compile=False)
+    inner = StepModule()
+    trainer = ls.Trainer(devices=1, accelerator="cpu", max_steps=8, seed=0, logger=False, enable_progress_bar=False,
+                         enable_checkpointing=False, default_root_dir=str(tmp_path))
+    trainer.fit(torch.compile(inner), DataLoader(ByteWindows(stdlib_corpus(60_000), CFG.block_size), batch_size=8))
+    assert trainer.cfg.compile and isinstance(trainer._training_step, CompiledStep)
+    assert trainer._training_step.failed is None
+    assert_close_losses([float(v) for v in inner.losses], eager, rtol=1e-5, what="fit(torch.compile(m)) vs eager")
+    trainer.save_checkpoint(tmp_path / "ckpt")
+    loaded = StepModule.load_from_checkpoint(tmp_path / "ckpt")
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), inner.state_dict().values()))

@@ -208,6 +208,23 @@ def compiled_ran(since: int) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------- compiled step
+def unwrap_compiled(trainer: Any, module: Any) -> Any:
+    """Lightning's way to compile, `trainer.fit(torch.compile(model))`: returns the Module inside torch.compile's
+    wrapper (an OptimizedModule, whose state_dict keys would carry an `_orig_mod.` prefix into checkpoints and
+    whose compiled `forward` the steps never call) and turns the trainer's `compile` flag on, saying so on rank 0,
+    so the model is compiled the lightspeed way (blocks, then the step) under any strategy. Anything else is
+    returned as it is."""
+    if not isinstance(module, torch._dynamo.eval_frame.OptimizedModule):
+        return module
+    if not trainer.cfg.compile:
+        import dataclasses
+
+        trainer.cfg = dataclasses.replace(trainer.cfg, compile=True)
+        trainer.print0("torch.compile(model) was passed: lightspeed trains the module inside it with compile=True "
+                       "(its repeated blocks, then training_step around them); checkpoints keep the module's keys.")
+    return module._orig_mod
+
+
 def compile_step(module: nn.Module, enabled: bool) -> Any:
     """What the Trainer calls as `training_step`: the module's own, or with `enabled` (compile=True) and automatic
     optimization a `CompiledStep` of it. Under manual optimization the step holds optimizer calls, left as written."""
