@@ -286,16 +286,45 @@ def test_compile_under_each_sharding_strategy_gives_ddps_losses(tmp_path, ddp_ea
 
 
 def test_lightnings_torch_compile_of_the_module_is_trained_compiled_and_saved_with_plain_keys(tmp_path):
-    """Lightning's documented way, `trainer.fit(torch.compile(model))`: the module inside the wrapper is trained
-    with compile=True (blocks, then the step) and its checkpoint loads into a plain module (no `_orig_mod.`)."""
+    """Lightning's documented way, `trainer.fit(torch.compile(model, ...))`: the module inside the wrapper is
+    trained compiled (blocks, then the step) with the wrapper's backend, and its checkpoint loads into a plain
+    module (no `_orig_mod.`)."""
+    graphs = []
+
+    def recording(gm, example_inputs):
+        graphs.append({str(n.target) for n in gm.graph.nodes})
+        return gm.forward
+
     eager, _ = _fit_step_module(tmp_path, compile=False)
     inner = StepModule()
     trainer = ls.Trainer(devices=1, accelerator="cpu", max_steps=8, seed=0, logger=False, enable_progress_bar=False,
                          enable_checkpointing=False, default_root_dir=str(tmp_path))
-    trainer.fit(torch.compile(inner), DataLoader(ByteWindows(stdlib_corpus(60_000), CFG.block_size), batch_size=8))
-    assert trainer.cfg.compile and isinstance(trainer._training_step, CompiledStep)
+    trainer.fit(torch.compile(inner, backend=recording),
+                DataLoader(ByteWindows(stdlib_corpus(60_000), CFG.block_size), batch_size=8))
+    assert set(trainer.cfg.compile) == {"backend"} and isinstance(trainer._training_step, CompiledStep)
+    assert any("cross_entropy" in t for g in graphs for t in g), graphs
     assert trainer._training_step.failed is None
     assert_close_losses([float(v) for v in inner.losses], eager, rtol=1e-5, what="fit(torch.compile(m)) vs eager")
     trainer.save_checkpoint(tmp_path / "ckpt")
     loaded = StepModule.load_from_checkpoint(tmp_path / "ckpt")
     assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), inner.state_dict().values()))
+
+
+def test_compile_options_reach_the_blocks_and_the_step_and_bad_ones_fail_before_start(tmp_path):
+    """Trainer(compile={...}): torch.compile's options (here a recording backend) apply to the blocks and to the
+    step; an unknown key or mode is a ConfigError naming `compile` before anything runs."""
+    graphs = []
+
+    def recording(gm, example_inputs):
+        graphs.append({str(n.target) for n in gm.graph.nodes})
+        return gm.forward
+
+    trainer = ls.Trainer(devices=1, accelerator="cpu", max_steps=2, logger=False, enable_progress_bar=False,
+                         enable_checkpointing=False, default_root_dir=str(tmp_path), compile={"backend": recording})
+    trainer.fit(StepModule(), DataLoader(ByteWindows(stdlib_corpus(60_000), CFG.block_size), batch_size=8))
+    assert any("cross_entropy" in t for g in graphs for t in g), graphs  # the step
+    assert any("scaled_dot_product_attention" in t for g in graphs for t in g), graphs  # a block
+    for bad, words in (({"mode": "fastest"}, "torch.compile's modes"), ({"fulgraph": True}, "unknown keys"),
+                       ("yes", "expected True, False or a dict")):
+        with pytest.raises(ConfigError, match=f"compile=.*{words}"):
+            ls.Trainer(compile=bad)
