@@ -45,6 +45,7 @@ import lightspeed as ls  # noqa: E402
 from lightspeed.examples.gpt import GPT, SIZES, Block, GPTModule, RandomTokens  # noqa: E402
 
 PEAK_FLOPS = 989e12
+COMPILE = {"autotune": {"mode": "max-autotune-no-cudagraphs"}}  # Trainer(compile=...) of the "+autotune" setups
 LIGHTSPEED = {
     "single": lambda: "single",
     "single+compile": lambda: "single",
@@ -54,6 +55,7 @@ LIGHTSPEED = {
     "single+user": lambda: "single",
     "single+user+as_written": lambda: "single",
     "single+user+compile": lambda: "single",
+    "single+user+compile+autotune": lambda: "single",  # compile={"mode": "max-autotune-no-cudagraphs"}
     "deepspeed_stage_2+user": lambda: "deepspeed_stage_2",
     "deepspeed_stage_2+user+as_written": lambda: "deepspeed_stage_2",
     "deepspeed_stage_3+user": lambda: "deepspeed_stage_3",
@@ -328,7 +330,8 @@ def run_lightspeed(name: str, cfg, micro_batch: int, steps: int, warmup: int, de
     kernels = "as_written" if "+as_written" in name else "fused"
     trainer = ls.Trainer(strategy=LIGHTSPEED[name](), devices=1, accelerator=device.type, precision="bf16-mixed",
                          max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         callbacks=[timer], compile="+compile" in name, accumulate_grad_batches=accumulate,
+                         callbacks=[timer], compile=COMPILE["autotune"] if "+autotune" in name else "+compile" in name,
+                         accumulate_grad_batches=accumulate,
                          optimizer_kernels=kernels)
     module = (LossInForwardGPT(cfg) if name.endswith("+loss") else UserGPT(cfg) if "+user" in name
               else FusedAdamGPT(cfg))

@@ -58,3 +58,18 @@ def test_single_gpu_guard_skips_on_the_device_and_tracks_the_host_gate(tmp_path)
     assert device["skipped_steps"] == 1 and device["finite_weights"] and math.isnan(device["losses"][3])
     finite = [(a, b) for a, b in zip(device["losses"], host["losses"]) if math.isfinite(b)]
     assert len(finite) == 7 and all(abs(a - b) <= 2e-2 * abs(b) for a, b in finite), (device, host)
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_compile_on_gpus_tracks_eager_in_bf16(tmp_path, devices):
+    """compile=True on CUDA, bf16-mixed (one GPU in-process; ddp on two): the blocks and the step around the model
+    run compiled (no fallback) and the losses track the eager run within bf16's 2e-2."""
+    common = dict(devices=devices, accelerator="gpu", precision="bf16-mixed", batch_size=8, max_steps=8)
+    if devices == 1:
+        common["launcher"] = "in-process"
+    else:
+        common["strategy"] = "ddp"
+    eager = run_workload(tmp_path, **common)
+    compiled = run_workload(tmp_path, compile=True, **common)
+    assert compiled["step_fallback"] is None
+    assert all(abs(a - b) <= 2e-2 * abs(b) for a, b in zip(compiled["losses"], eager["losses"])), (compiled, eager)

@@ -8,6 +8,7 @@ builds it first) and torch.compile with inductor (C++ via gcc; the compile test 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import pytest
@@ -16,10 +17,11 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 import lightspeed as ls
-from helpers import assert_close_losses
+from helpers import assert_close_losses, run_workload
 from lightspeed.errors import ConfigError
 from lightspeed.examples.gpt import GPT, SIZES, ByteWindows, GPTModule, stdlib_corpus
-from lightspeed.kernels import apply_compile, apply_fused_optimizers, compiled_frames, compiled_ran
+from lightspeed.kernels import (RECOMPILE_CALLS, CompiledStep, apply_compile, apply_fused_optimizers, compiled_frames,
+                               compiled_ran)
 from lightspeed.strategies.base import SchedulerConfig
 
 CFG = dataclasses.replace(SIZES["tiny"], bias=False)
@@ -183,3 +185,146 @@ def test_apply_compile_picks_blocks_and_detects_nothing_ran():
     eager = GPT(CFG)
     eager(torch.zeros(1, 4, dtype=torch.long)).sum().backward()
     assert not compiled_ran(before)
+
+
+# ---------------------------------------------------------------------------------------------- compiled step
+class StepModule(GPTModule):
+    """The loss written in `training_step` around `self.model(...)`, as the GPU suite's user module does."""
+
+    def __init__(self, log: bool = True):
+        super().__init__(CFG, lr=3e-3, warmup_steps=5)
+        self.with_log, self.losses = log, []
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        logits = self.model(x)
+        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1))
+        if self.with_log:  # runs eagerly, a graph break (Module.log is torch.compiler.disable'd)
+            self.log("train_loss", loss, prog_bar=True)
+        return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        self.losses.append(outputs.detach())
+
+
+class AppendingStepModule(StepModule):
+    """A step that changes Python state of its own: torch.compile guards on the list's length, so each call
+    would compile again."""
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = F.cross_entropy(self.model(x).float().view(-1, CFG.vocab_size), y.view(-1))
+        self.appended.append(loss.detach())
+        return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        self.losses = self.appended
+
+
+def test_compiled_step_fuses_the_loss_and_leaves_the_modules_as_they_were():
+    """The step's graphs hold the cross-entropy and read no parameter (the model ran outside them, its blocks in
+    their own compiled code); after each call no module keeps what made it opaque."""
+    graphs = []
+
+    def recording(gm, example_inputs):
+        graphs.append(({str(n.target) for n in gm.graph.nodes}, [n.name for n in gm.graph.find_nodes(op="placeholder")]))
+        return gm.forward
+
+    torch.manual_seed(0)
+    module = StepModule(log=False)  # self.log needs a Trainer
+    module.configure_model()
+    assert apply_compile(module) == ["model.blocks.0", "model.blocks.1"]
+    step = CompiledStep(module, backend=recording)
+    before = compiled_frames()
+    for batch_idx, batch in enumerate(_batches(3)):
+        step(batch, batch_idx).backward()
+    assert compiled_ran(before) and step.failed is None
+    targets = set().union(*(t for t, _ in graphs))
+    assert any("cross_entropy" in t for t in targets), targets
+    assert not any("parameters" in name for _, names in graphs for name in names), graphs
+    assert all("forward" not in m.__dict__ for m in module.modules())
+    assert [n for n, m in module.named_modules() if m._compiled_call_impl is not None] == [
+        "model.blocks.0", "model.blocks.1"]
+    copy.deepcopy(module)(_batches(1)[0][0])  # a deep copy runs as written
+
+
+def _fit_step_module(tmp_path, compile: bool, appending: bool = False) -> tuple[list[float], object]:
+    module = AppendingStepModule() if appending else StepModule()
+    module.appended = []
+    trainer = ls.Trainer(devices=1, accelerator="cpu", max_steps=8, seed=0, logger=False, compile=compile,
+                         enable_checkpointing=False, enable_progress_bar=False, default_root_dir=str(tmp_path))
+    trainer.fit(module, DataLoader(ByteWindows(stdlib_corpus(60_000), CFG.block_size), batch_size=8))
+    return [float(v) for v in module.losses], trainer
+
+
+def test_trainer_compile_same_losses_and_a_step_that_recompiles_runs_as_written(tmp_path):
+    """compile=True on one device: the regional blocks and the compiled step give the eager losses (fp32, 8 steps,
+    rtol 1e-5). A step that changes Python state of its own (a list it appends to) would recompile at every
+    call: after RECOMPILE_CALLS calls in a row it runs as written, with a warning, and the losses stay."""
+    eager, _ = _fit_step_module(tmp_path, compile=False)
+    compiled, trainer = _fit_step_module(tmp_path, compile=True)
+    assert trainer._training_step.failed is None and trainer._training_step.calls == 8
+    assert_close_losses(compiled, eager, rtol=1e-5, what="compile=True vs eager")
+    with pytest.warns(UserWarning, match="training_step runs as written from now on, it compiled again"):
+        appending, trainer = _fit_step_module(tmp_path, compile=True, appending=True)
+    assert trainer._training_step.calls == RECOMPILE_CALLS + 1  # the first call compiles; then 3 in a row
+    assert_close_losses(appending, eager, rtol=1e-5, what="step given up vs eager")
+
+
+@pytest.fixture(scope="module")
+def ddp_eager(tmp_path_factory):
+    return run_workload(tmp_path_factory.mktemp("ddp_eager"), strategy="ddp", devices=2, max_steps=6)["losses"]
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "deepspeed_stage_3"])
+def test_compile_under_each_sharding_strategy_gives_ddps_losses(tmp_path, ddp_eager, strategy):
+    """compile=True on 2 gloo ranks: blocks compiled before DDP / FSDP2 / DeepSpeed wrap the model, the step
+    around it compiled with their hooks outside its graph; per-step losses equal eager DDP's (rtol 1e-5)."""
+    res = run_workload(tmp_path, strategy=strategy, devices=2, max_steps=6, compile=True)
+    assert res["step_fallback"] is None
+    assert_close_losses(res["losses"], ddp_eager, rtol=1e-5, what=f"{strategy} compile=True vs ddp eager")
+
+
+def test_lightnings_torch_compile_of_the_module_is_trained_compiled_and_saved_with_plain_keys(tmp_path):
+    """Lightning's documented way, `trainer.fit(torch.compile(model, ...))`: the module inside the wrapper is
+    trained compiled (blocks, then the step) with the wrapper's backend, and its checkpoint loads into a plain
+    module (no `_orig_mod.`)."""
+    graphs = []
+
+    def recording(gm, example_inputs):
+        graphs.append({str(n.target) for n in gm.graph.nodes})
+        return gm.forward
+
+    eager, _ = _fit_step_module(tmp_path, compile=False)
+    inner = StepModule()
+    trainer = ls.Trainer(devices=1, accelerator="cpu", max_steps=8, seed=0, logger=False, enable_progress_bar=False,
+                         enable_checkpointing=False, default_root_dir=str(tmp_path))
+    trainer.fit(torch.compile(inner, backend=recording),
+                DataLoader(ByteWindows(stdlib_corpus(60_000), CFG.block_size), batch_size=8))
+    assert set(trainer.cfg.compile) == {"backend"} and isinstance(trainer._training_step, CompiledStep)
+    assert any("cross_entropy" in t for g in graphs for t in g), graphs
+    assert trainer._training_step.failed is None
+    assert_close_losses([float(v) for v in inner.losses], eager, rtol=1e-5, what="fit(torch.compile(m)) vs eager")
+    trainer.save_checkpoint(tmp_path / "ckpt")
+    loaded = StepModule.load_from_checkpoint(tmp_path / "ckpt")
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), inner.state_dict().values()))
+
+
+def test_compile_options_reach_the_blocks_and_the_step_and_bad_ones_fail_before_start(tmp_path):
+    """Trainer(compile={...}): torch.compile's options (here a recording backend) apply to the blocks and to the
+    step; an unknown key or mode is a ConfigError naming `compile` before anything runs."""
+    graphs = []
+
+    def recording(gm, example_inputs):
+        graphs.append({str(n.target) for n in gm.graph.nodes})
+        return gm.forward
+
+    trainer = ls.Trainer(devices=1, accelerator="cpu", max_steps=2, logger=False, enable_progress_bar=False,
+                         enable_checkpointing=False, default_root_dir=str(tmp_path), compile={"backend": recording})
+    trainer.fit(StepModule(), DataLoader(ByteWindows(stdlib_corpus(60_000), CFG.block_size), batch_size=8))
+    assert any("cross_entropy" in t for g in graphs for t in g), graphs  # the step
+    assert any("scaled_dot_product_attention" in t for g in graphs for t in g), graphs  # a block
+    for bad, words in (({"mode": "fastest"}, "torch.compile's modes"), ({"fulgraph": True}, "unknown keys"),
+                       ("yes", "expected True, False or a dict")):
+        with pytest.raises(ConfigError, match=f"compile=.*{words}"):
+            ls.Trainer(compile=bad)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -64,7 +64,9 @@ class TrainerConfig:
     deterministic: bool = False
     enable_progress_bar: bool = True
     enable_checkpointing: bool = True
-    compile: bool = False
+    # True: regional torch.compile of the repeated blocks, then of training_step around them (lightspeed.kernels);
+    # a dict: the same with these torch.compile options (mode, backend, dynamic, fullgraph, options).
+    compile: bool | dict = False
     # "fused": a plain torch Adam/AdamW/SGD without fused/foreach runs its fused kernel (lightspeed.kernels);
     # "as_written": the optimizer exactly as configure_optimizers built it.
     optimizer_kernels: Literal["fused", "as_written"] = "fused"
@@ -112,8 +114,7 @@ class TrainerConfig:
         if self.optimizer_kernels not in ("fused", "as_written"):
             raise ConfigError(f"optimizer_kernels={self.optimizer_kernels!r} is not valid: use 'fused' (torch's fused "
                               "Adam/AdamW/SGD, DeepSpeed's FusedAdam) or 'as_written'.")
-        if not isinstance(self.compile, bool):
-            raise ConfigError(f"compile={self.compile!r} is not valid: expected True or False.")
+        _compile_options(self.compile)
         if self.memory_budget is not None and (isinstance(self.memory_budget, bool) or
                                                not isinstance(self.memory_budget, (int, float)) or
                                                self.memory_budget <= 0):
@@ -187,3 +188,20 @@ class TrainerConfig:
         if self.max_epochs is not None:
             return self.max_epochs
         return 1000 if self.max_steps == -1 else 2**31
+
+
+COMPILE_OPTIONS = ("mode", "backend", "dynamic", "fullgraph", "options")
+COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def _compile_options(value: Any) -> None:
+    """`compile` is a bool or a dict of torch.compile options; a typo would otherwise fail at the first step."""
+    if isinstance(value, bool):
+        return
+    if not isinstance(value, dict) or set(value) - set(COMPILE_OPTIONS):
+        wrong = sorted(set(value) - set(COMPILE_OPTIONS)) if isinstance(value, dict) else None
+        raise ConfigError(f"compile={value!r} is not valid" + (f" (unknown keys {wrong})" if wrong else "") +
+                          f": expected True, False or a dict of torch.compile options, keys among {COMPILE_OPTIONS}.")
+    if value.get("mode") not in COMPILE_MODES:
+        raise ConfigError(f"compile={{'mode': {value['mode']!r}}} is not valid: torch.compile's modes are "
+                          f"{COMPILE_MODES[1:]}.")

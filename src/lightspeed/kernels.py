@@ -150,7 +150,8 @@ def rebind_schedulers(schedulers: list, old: Any, new: Any) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- compile
-def apply_compile(module: nn.Module, *, block_classes: list[type] | None = None) -> list[str]:
+def apply_compile(module: nn.Module, *, block_classes: list[type] | None = None,
+                  options: bool | dict = True) -> list[str]:
     """Compiles, in place, the repeated blocks of `module` with `torch.compile` (regional compilation).
 
     The blocks are the children of every nn.ModuleList (the units FSDP shards), or the modules whose class is in
@@ -162,6 +163,8 @@ def apply_compile(module: nn.Module, *, block_classes: list[type] | None = None)
     Order: after activation checkpointing (a checkpointed block is compiled whole, recomputation included) and
     before DDP / FSDP / DeepSpeed wrap the model (their hooks then stay outside the compiled code: dynamo skips
     FSDP2's hooks and DeepSpeed marks its ZeRO-3 hooks `torch.compiler.disable`).
+
+    `options` is the Trainer's `compile` flag: True, or a dict of torch.compile options (mode, backend, ...).
 
     Returns:
         the qualified names of the compiled modules ("" for the root), in module order.
@@ -183,7 +186,7 @@ def apply_compile(module: nn.Module, *, block_classes: list[type] | None = None)
     for name in names:
         target = module.get_submodule(name)
         if getattr(target, "_compiled_call_impl", None) is None:  # already compiled: leave its cache
-            target.compile()
+            target.compile(**(options if isinstance(options, dict) else {}))
     return names
 
 
@@ -208,12 +211,36 @@ def compiled_ran(since: int) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------- compiled step
-def compile_step(module: nn.Module, enabled: bool) -> Any:
-    """What the Trainer calls as `training_step`: the module's own, or with `enabled` (compile=True) and automatic
-    optimization a `CompiledStep` of it. Under manual optimization the step holds optimizer calls, left as written."""
-    if not enabled or not getattr(module, "automatic_optimization", True):
+def unwrap_compiled(trainer: Any, module: Any) -> Any:
+    """Lightning's way to compile, `trainer.fit(torch.compile(model))`: returns the Module inside torch.compile's
+    wrapper (an OptimizedModule, whose state_dict keys would carry an `_orig_mod.` prefix into checkpoints and
+    whose compiled `forward` the steps never call) and turns the trainer's `compile` flag on, saying so on rank 0,
+    so the model is compiled the lightspeed way (blocks, then the step) under any strategy. Anything else is
+    returned as it is."""
+    if not isinstance(module, torch._dynamo.eval_frame.OptimizedModule):
+        return module
+    if not trainer.cfg.compile:
+        import dataclasses
+
+        from torch._dynamo.eval_frame import innermost_backend
+
+        # The wrapper's backend carries the user's mode and options (inductor's wrapper holds them as its config).
+        backend = innermost_backend(module.dynamo_ctx.callback)
+        trainer.cfg = dataclasses.replace(trainer.cfg, compile={"backend": backend})
+        trainer.print0("torch.compile(model) was passed: lightspeed trains the module inside it with compile=True "
+                       "and its backend (its repeated blocks, then training_step around them); checkpoints keep the "
+                       "module's keys.")
+    return module._orig_mod
+
+
+def compile_step(module: nn.Module, options: bool | dict) -> Any:
+    """What the Trainer calls as `training_step`: the module's own, or with the `compile` flag set (True or a dict
+    of torch.compile options) and automatic optimization a `CompiledStep` of it. Under manual optimization the
+    step holds optimizer calls, left as written."""
+    if options is False or not getattr(module, "automatic_optimization", True):
         return module.training_step
-    return CompiledStep(module)
+    return CompiledStep(module, **{k: v for k, v in (options if isinstance(options, dict) else {}).items()
+                                   if k != "fullgraph"})  # the step graph-breaks at each module call, by design
 
 
 RECOMPILE_CALLS = 3  # CompiledStep: consecutive recompiling calls after which the step runs as written
@@ -241,9 +268,9 @@ class CompiledStep:
     from the step as written.
     """
 
-    def __init__(self, module: nn.Module):
+    def __init__(self, module: nn.Module, **options: Any):
         self.step = module.training_step
-        self.compiled = torch.compile(self.step)
+        self.compiled = torch.compile(self.step, **options)
         self.opaque = [(m, torch.compiler.disable(m._call_impl), m.forward) for m in _opaque_modules(module)]
         self.failed: str | None = None  # why the step runs as written, once it does
         self.calls, self.recompiling = 0, 0

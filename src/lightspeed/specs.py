@@ -27,7 +27,7 @@ class RunSpec:
     automatic_optimization: bool = True
     seed: int | None = None
     optimizer_kernels: Literal["fused", "as_written"] = "fused"  # kernels.apply_fused_optimizers
-    compile: bool = False  # kernels.apply_compile, applied by each strategy before it wraps the model
+    compile: bool | dict = False  # kernels.apply_compile (a dict: torch.compile options), before a strategy wraps
     timeout_s: float = 600.0  # how long a collective may wait for a rank before the job fails
 
 

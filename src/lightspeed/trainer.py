@@ -31,7 +31,7 @@ from .data import (accumulation_windows, check_batch_counts, estimated_stepping_
                    resumed_iterator, set_epoch, with_distributed_sampler)
 from .distributed import broadcast_from_rank0
 from .errors import ConfigError
-from .kernels import compile_step, compiled_frames, compiled_ran
+from .kernels import compile_step, compiled_frames, compiled_ran, unwrap_compiled
 from .eval_loaders import eval_loaders, fit_loaders, run_batches, sanity_check
 from .hparams import HPARAMS_KEY, HPARAMS_NAME
 from .guard import NonFiniteGuard
@@ -160,9 +160,9 @@ class Trainer:
     def _entry(self, module: Module):
         """Wraps fit / validate / test / predict: whatever happens, the bar stops and the loggers are finalised;
         on an exception the `on_exception` hooks run and the strategy is torn down before it propagates."""
-        status = "failed"
+        status, module = "failed", unwrap_compiled(self, module)  # Lightning's trainer.fit(torch.compile(model))
         try:
-            yield
+            yield module
             status = "success"
         except BaseException as exc:
             status = "interrupted" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "failed"
@@ -252,7 +252,7 @@ class Trainer:
             raise ConfigError(f"fit needs training data: pass train_dataloaders= or define train_dataloader() on "
                               f"{type(model).__name__}.")
         self.datamodule = datamodule
-        with self._entry(model):
+        with self._entry(model) as model:
             data = lambda: fit_loaders(model, datamodule, train_dataloaders, val_dataloaders,  # noqa: E731
                                        bool(self.cfg.overfit_batches))
             if self.dist is None and (self._plans or self.cfg.micro_batch):  # before any rank starts (micro_batch.py)
@@ -393,7 +393,7 @@ class Trainer:
         """Runs `validation_step` over the data (one loader or several); returns [epoch metrics] and prints them.
         Without `model`, the fitted one."""
         model = self._model_for("validate", model, datamodule)
-        with self._entry(model):
+        with self._entry(model) as model:
             loaders = self._prepare_eval("validate", model, dataloaders, ckpt_path)
             results = self._validation_epoch(model, loaders)
             hooks.teardown(self, model, self.datamodule, "validate")
@@ -404,7 +404,7 @@ class Trainer:
         """Runs `test_step` over the data (one loader or several); returns [epoch metrics] and prints them.
         Without `model`, the fitted one."""
         model = self._model_for("test", model, datamodule)
-        with self._entry(model):
+        with self._entry(model) as model:
             loaders = self._prepare_eval("test", model, dataloaders, ckpt_path)
             model.on_test_epoch_start()
             run_batches(self, model, loaders, self.cfg.limit_test_batches, "test")
@@ -420,7 +420,7 @@ class Trainer:
         """Returns this rank's `predict_step` outputs in the order of its batches: a list, or one list per loader
         when there are several. Without `model`, the fitted one."""
         model = self._model_for("predict", model, datamodule)
-        with self._entry(model):
+        with self._entry(model) as model:
             loaders = self._prepare_eval("predict", model, dataloaders, ckpt_path)
             outputs = run_batches(self, model, loaders, self.cfg.limit_predict_batches, "predict",
                                   keep=return_predictions is not False)

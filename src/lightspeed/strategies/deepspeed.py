@@ -258,7 +258,7 @@ class DeepSpeed:
             if self.activation_checkpointing:
                 apply_activation_checkpointing(module, self.activation_checkpointing)
             if self.spec.compile:
-                apply_compile(module)
+                apply_compile(module, options=self.spec.compile)
             if self.stage == 3:
                 self._leaf_numel = mark_leaf_modules(deepspeed, module, self.leaf_modules)
             self._prepared = True

@@ -154,7 +154,7 @@ class FSDP:
         if self.activation_checkpointing:
             apply_activation_checkpointing(module, self.activation_checkpointing)
         if self.spec.compile:  # after activation checkpointing, before sharding (torchtitan's order)
-            apply_compile(module)
+            apply_compile(module, options=self.spec.compile)
         ties = find_tied_parameters(module)
         device = torch.device("cpu") if self.cpu_offload else self.device
         if not self._needs_init:
