@@ -20,7 +20,7 @@
 # Everything lands in $OUT (default ./out): per part a table (.txt), the runs' JSON lines (.err/.log) and JSON.
 # suite/explore3 only: DRY=1 prints the commands and budgets without running anything; CPU=1 runs the same plumbing
 # on CPU with the tiny GPT (a check of this script, not a measurement; put the venv's python3 first in PATH);
-# BUDGET_S (default 555) ends the measuring; REPEATS (3), WARMUP (3), STEPS (12); PHASES=1 or 2 runs one phase
+# BUDGET_S (default 555) ends the measuring; REPEATS (3), WARMUP (3), STEPS (12), PER_RUN_TIMEOUT (150, one-GPU runs); PHASES=1 or 2 runs one phase
 # only, with the whole budget; the setup lists: SUITE1_GPU0, SUITE1_GPU1, SUITE2 (suite), EXPLORE3_GPU0,
 # EXPLORE3_GPU1, EXPLORE3 and EXPLORE3_REPEATS (explore3), each comma-separated.
 set -u
@@ -52,7 +52,7 @@ one_gpu_pair() {  # BUDGET_S LIST0 LIST1 REPEATS TAG: gpu_suite.py on GPU 0 (LIS
     # each list round robin over its setups; both are cut at BUDGET_S (a run cut short keeps what it measured:
     # gpu_suite writes its JSON after every run). An empty list runs nothing (never gpu_suite's default list).
     local S="python3 benchmarks/gpu_suite.py --repeats $4 --windows 1 --warmup $WARMUP --steps $STEPS \
---per-run-timeout 150 $TINY_SUITE"
+--per-run-timeout ${PER_RUN_TIMEOUT:-150} $TINY_SUITE"
     if [ -n "$2" ]; then
         CUDA_VISIBLE_DEVICES=0 run timeout -k 8 "$1" $S --only "$2" --json "$OUT/$5_a.json" > "$OUT/$5_a.log" 2>&1 &
     fi
