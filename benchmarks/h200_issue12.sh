@@ -20,9 +20,9 @@
 # Everything lands in $OUT (default ./out): per part a table (.txt), the runs' JSON lines (.err/.log) and JSON.
 # suite/explore3 only: DRY=1 prints the commands and budgets without running anything; CPU=1 runs the same plumbing
 # on CPU with the tiny GPT (a check of this script, not a measurement; put the venv's python3 first in PATH);
-# BUDGET_S (default 555) ends the measuring; REPEATS (3), WARMUP (3), STEPS (12), PER_RUN_TIMEOUT (150, one-GPU runs); PHASES=1 or 2 runs one phase
-# only, with the whole budget; the setup lists: SUITE1_GPU0, SUITE1_GPU1, SUITE2 (suite), EXPLORE3_GPU0,
-# EXPLORE3_GPU1, EXPLORE3 and EXPLORE3_REPEATS (explore3), each comma-separated.
+# BUDGET_S (default 555) ends the measuring; REPEATS (3), WARMUP (3), STEPS (12), PER_RUN_TIMEOUT (150, one-GPU
+# runs); PHASES=1 or 2 runs one phase only, with the whole budget; the setup lists: SUITE1_GPU0, SUITE1_GPU1,
+# SUITE2 (suite), EXPLORE3_GPU0, EXPLORE3_GPU1, EXPLORE3 and EXPLORE3_REPEATS (explore3), each comma-separated.
 set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"

@@ -6,7 +6,8 @@ Options (all optional except out): strategy, devices, max_steps, max_epochs, acc
 precision, batch_size, ckpt_every, resume ("last" or a path), root, seed, limit_train_batches, shuffle,
 predict, validate, test, consolidate (a path), fail_rank (raise on that rank at step 3), dropout, num_nodes,
 progress (show the progress bar), fused (the module's AdamW with fused=True), optimizer_kernels (the Trainer flag),
-compile (Trainer(compile=True); the loss is then recorded in on_train_batch_end, outside the compiled step).
+compile (Trainer(compile=...): true or a dict of torch.compile options; the loss is then recorded in on_train_batch_end,
+outside the compiled step).
 Fault options: nan_at ({"step": k, "rank": r}: that rank's loss is NaN at global step k; rank omitted: every
 rank), on_nonfinite (the Trainer flag), sigterm_at ({"step": k, "rank": r, "signal": "SIGTERM"}: that rank sends
 itself the signal during step k); a run that exits (preemption) still writes its result, with "exit" set to the status; stall_at ({"step":
@@ -228,7 +229,7 @@ def main(opts: dict) -> None:
         callbacks=callbacks, logger=False, accelerator=opts.get("accelerator", "cpu"),
         memory_budget=opts.get("memory_budget"),
         on_nonfinite=opts.get("on_nonfinite", "stop"), timeout=opts.get("collective_timeout", 600),
-        optimizer_kernels=opts.get("optimizer_kernels", "fused"), compile=bool(opts.get("compile")),
+        optimizer_kernels=opts.get("optimizer_kernels", "fused"), compile=opts.get("compile", False),
     )
     result: dict = {"world_size": trainer.world_size}
     if opts.get("fit", True):

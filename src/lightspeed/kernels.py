@@ -252,11 +252,12 @@ class CompiledStep:
     Regional compilation (`apply_compile`) leaves out what `training_step` computes around the model; for a
     language model that is the fp32 cast and cross-entropy of the logits (8×1024×32000 on the suite's GPT), which
     eager mode runs as several passes over a GiB-sized tensor and compiled as one fused kernel each way. Here the
-    step's own frame is compiled while the modules it may call (`_opaque_modules`: all but torch.nn's parameter-free
-    ones, not looking inside compiled blocks) are opaque to it for the duration of the call: such a call, hooks included (DDP, FSDP2, ZeRO-3), runs as it would
-    without this, and its regionally compiled blocks run their own compiled code. So the graphs hold only the
-    arithmetic around the model, no parameter is read inside them, and the strategies' gradient hooks fire where
-    they did. `self.log` and the other `Module` conveniences graph-break (they run eagerly).
+    step's own frame is compiled while the modules it may call (`_opaque_modules`: all but torch.nn's
+    parameter-free ones, not looking inside compiled blocks) are opaque to it for the duration of the call: such a
+    call, hooks included (DDP, FSDP2, ZeRO-3), runs as it would without this, and its regionally compiled blocks
+    run their own compiled code. So the graphs hold only the arithmetic around the model, no parameter is read
+    inside them, and the strategies' gradient hooks fire where they did. `self.log`, `log_dict` and `print`
+    graph-break (they are `torch.compiler.disable`d and run eagerly).
 
     A call is made opaque by pointing the module's `_compiled_call_impl` (what `nn.Module.__call__` runs when set)
     at `torch.compiler.disable` of its `_call_impl`, with its bound `forward` in the instance's `__dict__` (without
@@ -318,11 +319,12 @@ def _opaque_modules(module: nn.Module) -> list[nn.Module]:
     defines that hold no parameter or buffer (a loss, an activation, dropout: what the step's graph should fuse),
     less modules whose instance already carries a `forward`. A user's module without parameters stays opaque: it
     may keep Python state (a metric's counters) that would make torch.compile recompile each step."""
-    out, stack = [], [module]
+    out, stack, seen = [], [module], set()
     while stack:
         m = stack.pop()
-        if m._compiled_call_impl is not None or "forward" in m.__dict__:
-            continue
+        if id(m) in seen or m._compiled_call_impl is not None or "forward" in m.__dict__:
+            continue  # a module shared by two parents is made opaque once
+        seen.add(id(m))
         stack.extend(m.children())
         if not (type(m).__module__.startswith("torch.nn.") and next(m.parameters(), None) is None
                 and next(m.buffers(), None) is None):
