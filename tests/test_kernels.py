@@ -244,6 +244,7 @@ def test_compiled_step_fuses_the_loss_and_leaves_the_modules_as_they_were():
     assert any("cross_entropy" in t for t in targets), targets
     assert not any("parameters" in name for _, names in graphs for name in names), graphs
     assert all("forward" not in m.__dict__ for m in module.modules())
+    assert not {"log", "log_dict", "print"} & set(module.__dict__)  # made opaque for the call only
     assert [n for n, m in module.named_modules() if m._compiled_call_impl is not None] == [
         "model.blocks.0", "model.blocks.1"]
     copy.deepcopy(module)(_batches(1)[0][0])  # a deep copy runs as written

@@ -11,6 +11,7 @@ Both change nothing the user can observe but speed: the fused optimizer runs the
 from __future__ import annotations
 
 import inspect
+import sys
 import warnings
 from typing import Any, Literal
 
@@ -198,7 +199,10 @@ def _unwrapped(m: nn.Module) -> nn.Module:
 
 def compiled_frames() -> int:
     """How many frames torch.compile has compiled in this process so far. A compiled block is compiled on its
-    first call, so a count that has not grown since `apply_compile` means no compiled code has run."""
+    first call, so a count that has not grown since `apply_compile` means no compiled code has run. 0 while
+    torch.compile has not been imported (importing it takes a second)."""
+    if "torch._dynamo.utils" not in sys.modules:
+        return 0
     from torch._dynamo.utils import counters
 
     return int(counters["frames"]["ok"])
@@ -217,7 +221,8 @@ def unwrap_compiled(trainer: Any, module: Any) -> Any:
     whose compiled `forward` the steps never call) and turns the trainer's `compile` flag on, saying so on rank 0,
     so the model is compiled the lightspeed way (blocks, then the step) under any strategy. Anything else is
     returned as it is."""
-    if not isinstance(module, torch._dynamo.eval_frame.OptimizedModule):
+    compiled = sys.modules.get("torch._dynamo.eval_frame")  # imported by any torch.compile; not here (1 s)
+    if compiled is None or not isinstance(module, compiled.OptimizedModule):
         return module
     if not trainer.cfg.compile:
         import dataclasses
@@ -256,8 +261,8 @@ class CompiledStep:
     parameter-free ones, not looking inside compiled blocks) are opaque to it for the duration of the call: such a
     call, hooks included (DDP, FSDP2, ZeRO-3), runs as it would without this, and its regionally compiled blocks
     run their own compiled code. So the graphs hold only the arithmetic around the model, no parameter is read
-    inside them, and the strategies' gradient hooks fire where they did. `self.log`, `log_dict` and `print`
-    graph-break (they are `torch.compiler.disable`d and run eagerly).
+    inside them, and the strategies' gradient hooks fire where they did. `self.log`, `log_dict` and `print` (the
+    names in the module's `_compile_opaque`) are made opaque the same way: they graph-break and run eagerly.
 
     A call is made opaque by pointing the module's `_compiled_call_impl` (what `nn.Module.__call__` runs when set)
     at `torch.compiler.disable` of its `_call_impl`, with its bound `forward` in the instance's `__dict__` (without
@@ -273,6 +278,10 @@ class CompiledStep:
         self.step = module.training_step
         self.compiled = torch.compile(self.step, **options)
         self.opaque = [(m, torch.compiler.disable(m._call_impl), m.forward) for m in _opaque_modules(module)]
+        # The module's own conveniences that touch Python state (Module._compile_opaque: self.log, ...).
+        self.module, self.methods = module, [(name, torch.compiler.disable(getattr(module, name)))
+                                             for name in getattr(module, "_compile_opaque", ())
+                                             if name not in module.__dict__]
         self.failed: str | None = None  # why the step runs as written, once it does
         self.calls, self.recompiling = 0, 0
 
@@ -283,6 +292,7 @@ class CompiledStep:
             for m, hidden, forward in self.opaque:
                 m._compiled_call_impl = hidden
                 m.__dict__["forward"] = forward  # dynamo otherwise goes straight to the class's forward
+            self.module.__dict__.update(self.methods)
             frames = compiled_frames()
             try:
                 out = self.compiled(*args, **kwargs)
@@ -294,6 +304,8 @@ class CompiledStep:
                 for m, _, _ in self.opaque:
                     m._compiled_call_impl = None
                     del m.__dict__["forward"]
+                for name, _ in self.methods:
+                    del self.module.__dict__[name]
         return self.step(*args, **kwargs)
 
     def _count(self, compiled: bool) -> None:

@@ -130,15 +130,15 @@ class Module(torch.nn.Module):
     def global_step(self) -> int:
         return self.trainer.global_step
 
-    # The conveniences below touch the Trainer's Python state: under compile=True (kernels.CompiledStep) they run
-    # eagerly, a graph break, rather than have torch.compile guard on that state and recompile as it changes.
-    @torch.compiler.disable
+    # Conveniences that touch the Trainer's Python state: under compile=True (kernels.CompiledStep) they run eagerly,
+    # a graph break, rather than have torch.compile guard on that state and recompile as it changes.
+    _compile_opaque = ("print", "log", "log_dict")
+
     def print(self, *args: Any, **kwargs: Any) -> None:
         """print() on rank 0 only."""
         if self.global_rank == 0:
             print(*args, **kwargs)
 
-    @torch.compiler.disable
     def log(self, name: str, value: Any, prog_bar: bool = False, logger: bool = True, on_step: bool | None = None,
             on_epoch: bool | None = None, reduce_fx: Any = "mean", sync_dist: bool = False,
             batch_size: int | None = None, rank_zero_only: bool = False, add_dataloader_idx: bool = True,
@@ -149,7 +149,6 @@ class Module(torch.nn.Module):
         self.trainer.metrics.log(name, value, prog_bar, on_step, on_epoch, sync_dist, reduce_fx, logger,
                                  batch_size, rank_zero_only, add_dataloader_idx)
 
-    @torch.compiler.disable
     def log_dict(self, metrics: dict[str, Any], **kwargs: Any) -> None:
         """`self.log` for each item, with the same keywords."""
         for name, value in metrics.items():
