@@ -37,6 +37,7 @@ full name is what the tables and the JSON carry.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import re
@@ -67,6 +68,10 @@ ZERO_BYTES = {  # model-state bytes per parameter on each GPU, from the ZeRO pap
 }
 
 
+def trainer_strategy_name() -> str:
+    return sys.argv[sys.argv.index("--strategy") + 1] if "--strategy" in sys.argv else ""
+
+
 class Recorder(ls.Callback):
     """Rank 0 keeps each step's loss (averaged over ranks) and time (gpu_suite.Clock: CUDA events, no host sync)."""
 
@@ -75,8 +80,24 @@ class Recorder(ls.Callback):
 
         self.losses: list[float] = []
         self.clock = Clock()
+        self.gc_pauses: list[tuple[int, int, float]] = []  # (batch, generation, ms) of each garbage collection
+        self._gc_start, self._batch = 0.0, 0
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_start = time.perf_counter()
+        else:
+            self.gc_pauses.append((self._batch, info["generation"], (time.perf_counter() - self._gc_start) * 1e3))
+
+    def on_train_start(self, trainer, module):
+        gc_mode = {"gcfreeze", "nogc"} & set(trainer_strategy_name().split("+")[1:])
+        if gc_mode:  # the objects that exist now (model, engines) are never scanned again; or no collection
+            gc.collect()
+            gc.freeze() if "gcfreeze" in gc_mode else gc.disable()
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self._batch += 1
         self.clock.stamp(trainer.device)
         if "loss" in trainer.callback_metrics:  # the parity module logs it; the user's module does not
             self.losses.append(float(trainer.callback_metrics["loss"]))
@@ -96,6 +117,18 @@ class SyncedLossGPT(GPTModule):
 def model_cfg(args, layers: int | None = None, d: int | None = None):
     base = replace(SIZES["tiny"], vocab_size=256) if args.tiny else SIZES["1.3b"]
     return replace(base, n_layer=layers or base.n_layer, n_embd=d or base.n_embd)
+
+
+def host_facts(times: list[float], gc_pauses: list | None = None, warmup: int = 0) -> dict:
+    """Each timed step (ms), this rank's CPUs and torch threads, and with a Recorder's `gc_pauses` the garbage
+    collections in the timed steps: [step, generation, ms] of those over 0.5 ms, and their total."""
+    facts = {"step_ms": [round(t * 1e3, 1) for t in times], "cpus": len(os.sched_getaffinity(0)),
+             "threads": torch.get_num_threads()}
+    if gc_pauses is not None:
+        timed = [(b - warmup, g, ms) for b, g, ms in gc_pauses if b >= warmup]
+        facts["gc_ms"] = [[b, g, round(ms, 1)] for b, g, ms in timed if ms > 0.5]
+        facts["gc_total_ms"] = round(sum(ms for _, _, ms in timed), 1)
+    return facts
 
 
 def run_plain(args, cfg) -> dict:
@@ -122,7 +155,7 @@ def run_plain(args, cfg) -> dict:
             "window_tok_s": [tokens / w for w in windows(times, args.windows)],
             "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if not args.cpu else float("nan"),
             "host_peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-            "nccl_max_ctas": os.environ.get("NCCL_MAX_CTAS")}
+            "nccl_max_ctas": os.environ.get("NCCL_MAX_CTAS"), **host_facts(times)}
 
 
 def run_one(args) -> dict:
@@ -136,6 +169,10 @@ def run_one(args) -> dict:
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gib * 2**30 / total), device)
     strategy, leaf = variant(args.strategy)
+    if "nobeat" in args.strategy.split("+")[1:]:  # no heartbeat thread in any rank (lightspeed.heartbeat)
+        import lightspeed.heartbeat
+
+        lightspeed.heartbeat.start = lambda *a, **k: None
     ls.seed_everything(0)
     rec = Recorder()
     steps = args.warmup + args.steps
@@ -173,7 +210,7 @@ def run_one(args) -> dict:
             "window_tok_s": [tokens / w for w in windows(times, args.windows)],
             "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if not args.cpu else float("nan"),
             "host_peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-            "nccl_max_ctas": os.environ.get("NCCL_MAX_CTAS")}
+            "nccl_max_ctas": os.environ.get("NCCL_MAX_CTAS"), **host_facts(times, rec.gc_pauses, args.warmup)}
 
 
 def _mark_leaf(module) -> None:
@@ -189,6 +226,9 @@ def _base(name: str) -> str:
     return name.split("+")[0]
 
 
+# hiprio: high-priority NCCL streams (environment only, `nccl_env`); gcfreeze/nogc: Python's garbage collector
+# frozen over the objects that exist when training starts, or off (Recorder); nobeat: no heartbeat thread (run_one)
+ANY_OPTIONS = ("hiprio", "gcfreeze", "nogc", "nobeat")
 OPTIONS = {"ddp": ("bucket", "static", "bf16"), "fsdp": ("bf16reduce",), "deepspeed_stage_3": ("leaf", "prefetch")}
 
 
@@ -199,21 +239,25 @@ def check_name(name: str) -> None:
         m = re.fullmatch(r"(bucket|prefetch|ctas)([0-9.e]+)", o)
         try:
             ok = (m and float(m[2]) > 0 and (m[1] == "ctas" and m[2].isdigit() or m[1] in OPTIONS.get(base, ()))
-                  or o in OPTIONS.get(base, ()) and o not in ("bucket", "prefetch"))
+                  or o in OPTIONS.get(base, ()) and o not in ("bucket", "prefetch") or o in ANY_OPTIONS)
         except ValueError:
             ok = False
         if not ok:
-            raise ValueError(f"strategy {name!r}: unknown or malformed option {o!r}; accepted: +ctasN on any "
-                             f"strategy, and for {base!r}: {', '.join(OPTIONS.get(base, ())) or 'none'}")
+            raise ValueError(f"strategy {name!r}: unknown or malformed option {o!r}; accepted: +ctasN and "
+                             f"+{', +'.join(ANY_OPTIONS)} on any strategy, and for {base!r}: "
+                             f"{', '.join(OPTIONS.get(base, ())) or 'none'}")
 
 
 def nccl_env(name: str) -> dict[str, str]:
     """The environment a variant sets in every process of its run, before any process group exists:
-    `+ctasN` -> NCCL_MAX_CTAS=N (any strategy, the hand-written loops included)."""
+    `+ctasN` -> NCCL_MAX_CTAS=N (any strategy, the hand-written loops included); `+hiprio` ->
+    TORCH_NCCL_HIGH_PRIORITY=1."""
     env = {}
     for o in name.split("+")[1:]:
         if o.startswith("ctas"):
             env["NCCL_MAX_CTAS"] = str(int(o[len("ctas"):]))
+        elif o == "hiprio":
+            env["TORCH_NCCL_HIGH_PRIORITY"] = "1"
     return env
 
 

@@ -66,7 +66,8 @@ def launch(script: list[str], cwd: Path, launcher: str = "python", nproc: int = 
     """
     port = free_port(slurm=launcher == "slurm")
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", **(extra_env or {})}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LIGHTSPEED_SPAWNED", "SLURM_PROCID", "SLURM_NTASKS"):
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LIGHTSPEED_SPAWNED", "SLURM_PROCID", "SLURM_NTASKS",
+                *(k for k, v in (extra_env or {}).items() if v is None)):  # None in extra_env: unset
         env.pop(key, None)
     start = time.monotonic()
     procs = []

@@ -121,3 +121,41 @@ def test_sys_exit_status_of_rank_zero_is_the_launchers(tmp_path):
         script.write_text(EXIT_SCRIPT.format(tests=str(ROOT / "tests"), code=code))
         run = launch([str(script)], tmp_path, "python", nproc=2, timeout=120)
         assert run.returncode == want, (code, run.returncode, run.stderr[-3000:])
+
+
+THREADS_SCRIPT = """
+import os, sys
+sys.path.insert(0, {tests!r})
+import torch
+from test_trainer import Regress, make_trainer, regression_data
+import lightspeed as ls
+
+
+class Threads(ls.Callback):
+    def on_train_start(self, trainer, module):
+        print(f"threads: rank={{trainer.global_rank}} torch={{torch.get_num_threads()}} "
+              f"omp={{os.environ.get('OMP_NUM_THREADS')}}", flush=True)
+
+
+make_trainer(".", strategy="ddp", devices=2, max_steps=1, callbacks=[Threads()]).fit(Regress(), regression_data())
+"""
+
+
+@pytest.mark.parametrize("launcher", ["python", "torchrun"])
+def test_local_ranks_share_the_cpus_and_a_users_omp_num_threads_stands(tmp_path, launcher):
+    # Two ranks on one host: each gets the CPUs it may use divided by the local ranks (Lightning's rule), in
+    # torch's pool and in OMP_NUM_THREADS for what it starts; a user's OMP_NUM_THREADS is left as it is. (torchrun
+    # sets OMP_NUM_THREADS=1 itself when it is unset: there the rank sees a value it must keep.)
+    import os
+
+    script = tmp_path / "threads.py"
+    script.write_text(THREADS_SCRIPT.format(tests=str(ROOT / "tests")))
+    cpus = len(os.sched_getaffinity(0))
+    share = max(1, cpus // 2)
+    mine = share + 1 if share < cpus else share - 1  # a user's value that differs from the share
+    cases = [(None, 1 if launcher == "torchrun" else share), (str(mine), mine)]
+    for given, want in cases:
+        run = launch([str(script)], tmp_path, launcher, nproc=2, timeout=120, extra_env={"OMP_NUM_THREADS": given})
+        assert run.returncode == 0, run.stderr[-3000:]
+        lines = sorted(line for line in run.stdout.splitlines() if line.startswith("threads:"))
+        assert lines == [f"threads: rank={r} torch={want} omp={want}" for r in range(2)], (given, run.stdout[-2000:])

@@ -224,7 +224,7 @@ class Trainer:
             self.dist = self._env
             if self._env.launcher == "lightspeed":
                 watch_parent()
-        export_env(self.dist)
+        export_env(self.dist)  # the rank variables, and this rank's share of the host's CPUs
         self.device = torch.device("cuda", self.dist.local_rank) if spec.device_type == "cuda" else torch.device("cpu")
         self.metrics.device = self.device
         self.strategy.connect(spec, self.dist, self.device)
