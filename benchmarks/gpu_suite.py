@@ -396,7 +396,7 @@ def run_one(name: str, args) -> dict:
         "name": name, "params": meta_model.num_params(), "step_s": step_s, "tok_s": tokens / step_s,
         "mfu": tokens / step_s * flops_per_token(meta_model) / PEAK_FLOPS,
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan"),
-        "timed_steps": len(times),
+        "timed_steps": len(times), "step_ms": [round(t * 1e3, 1) for t in times],  # each timed step: its profile
         "window_tok_s": [tokens / w for w in windows(times, args.windows)],
         "first_step_s": getattr(run_lightspeed, "first_step_s", None),
         "prebuilt": getattr(run_lightspeed, "prebuilt", None),  # the model built on the device before fit, kept
