@@ -48,7 +48,8 @@ def test_read_dist_info_classifies_launch_environments():
                             "SLURM_NTASKS_PER_NODE": "4", "SLURM_NODELIST": "gpu[07-10],cpu1", "SLURM_JOB_ID": "42"})
     assert (slurm.launcher, slurm.rank, slurm.local_rank, slurm.world_size) == ("slurm", 5, 1, 8)
     assert (slurm.node_rank, slurm.local_world_size, slurm.master_addr) == (2, 4, "gpu07")
-    assert slurm.master_port == 15042
+    assert slurm.master_port == 15042 and slurm.cpus_per_task == 0
+    assert read_dist_info({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_CPUS_PER_TASK": "6"}).cpus_per_task == 6
     # SLURM's "4(x2)" form of tasks per node, and an interactive allocation that is not a job step.
     assert read_dist_info({"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "SLURM_NTASKS_PER_NODE": "4(x2)"}
                           ).local_world_size == 4
@@ -141,21 +142,24 @@ make_trainer(".", strategy="ddp", devices=2, max_steps=1, callbacks=[Threads()])
 """
 
 
-@pytest.mark.parametrize("launcher", ["python", "torchrun"])
+@pytest.mark.parametrize("launcher", ["python", "torchrun", "slurm"])
 def test_local_ranks_share_the_cpus_and_a_users_omp_num_threads_stands(tmp_path, launcher):
     # Two ranks on one host: each gets the CPUs it may use divided by the local ranks (Lightning's rule), in
-    # torch's pool and in OMP_NUM_THREADS for what it starts; a user's OMP_NUM_THREADS is left as it is. (torchrun
-    # sets OMP_NUM_THREADS=1 itself when it is unset: there the rank sees a value it must keep.)
+    # torch's pool and in OMP_NUM_THREADS for what it starts; under SLURM, --cpus-per-task when it is given; a
+    # user's OMP_NUM_THREADS is left as it is. (torchrun sets OMP_NUM_THREADS=1 itself when it is unset: there the
+    # rank sees a value it must keep.)
     import os
 
     script = tmp_path / "threads.py"
     script.write_text(THREADS_SCRIPT.format(tests=str(ROOT / "tests")))
     cpus = len(os.sched_getaffinity(0))
     share = max(1, cpus // 2)
-    mine = share + 1 if share < cpus else share - 1  # a user's value that differs from the share
-    cases = [(None, 1 if launcher == "torchrun" else share), (str(mine), mine)]
-    for given, want in cases:
-        run = launch([str(script)], tmp_path, launcher, nproc=2, timeout=120, extra_env={"OMP_NUM_THREADS": given})
+    other = share + 1 if share < cpus else share - 1  # a count that differs from the share
+    unset = {"python": share, "torchrun": 1, "slurm": other}[launcher]
+    slurm = {"SLURM_CPUS_PER_TASK": str(other)} if launcher == "slurm" else {}
+    for given, want in ((None, unset), (str(other), other)):
+        run = launch([str(script)], tmp_path, launcher, nproc=2, timeout=120,
+                     extra_env={"OMP_NUM_THREADS": given, **slurm})
         assert run.returncode == 0, run.stderr[-3000:]
         lines = sorted(line for line in run.stdout.splitlines() if line.startswith("threads:"))
         assert lines == [f"threads: rank={r} torch={want} omp={want}" for r in range(2)], (given, run.stdout[-2000:])

@@ -39,6 +39,7 @@ class DistInfo:
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
     launcher: Launcher = "none"
+    cpus_per_task: int = 0  # CPUs the scheduler gave each rank (SLURM's --cpus-per-task); 0: not said
 
     @property
     def is_global_zero(self) -> bool:
@@ -104,6 +105,7 @@ def read_dist_info(env: dict | None = None) -> DistInfo:
             # A port derived from the job id, so every task of the job agrees without talking.
             master_port=_int(env, "MASTER_PORT", 15000 + job_id % 20000),
             launcher="slurm",
+            cpus_per_task=_int(env, "SLURM_CPUS_PER_TASK", 0),
         )
     return DistInfo()
 
@@ -127,14 +129,16 @@ def share_cpus(info: DistInfo) -> int | None:
     """Gives this rank its share of the CPUs when several ranks run on one host, as Lightning does (torchrun
     gives each rank one thread): torch's thread pool, and through OMP_NUM_THREADS the processes this rank starts,
     get the CPUs it may run on divided by the local ranks, so two CPU ranks do not each spin a thread per core
-    (2.5-3.4x faster steps on 2 CPU ranks: benchmarks/cpu_threads.py). A user's OMP_NUM_THREADS stands.
-    Returns the threads set, or None when nothing was changed."""
+    (2.5-3.4x faster steps on 2 CPU ranks: benchmarks/cpu_threads.py). Under SLURM with --cpus-per-task, that
+    count is the share: SLURM may already have bound each task to its own CPUs, which dividing again would
+    undercount (Lightning divides them). A user's OMP_NUM_THREADS stands. Returns the threads set, or None when
+    nothing was changed."""
     if info.local_world_size < 2 or os.environ.get("OMP_NUM_THREADS"):
         return None
     import torch
 
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    threads = max(1, cpus // info.local_world_size)
+    threads = info.cpus_per_task or max(1, cpus // info.local_world_size)
     torch.set_num_threads(threads)
     os.environ["OMP_NUM_THREADS"] = str(threads)
     return threads
