@@ -56,6 +56,9 @@ LIGHTSPEED = {
     "single+user+as_written": lambda: "single",
     "single+user+compile": lambda: "single",
     "single+user+compile+autotune": lambda: "single",  # compile={"mode": "max-autotune-no-cudagraphs"}
+    # "+cudnn": attention on cuDNN's kernel only (sdpa_kernel around fit), instead of torch's default choice
+    "single+user+cudnn": lambda: "single",
+    "single+user+compile+cudnn": lambda: "single",
     "deepspeed_stage_2+user": lambda: "deepspeed_stage_2",
     "deepspeed_stage_2+user+as_written": lambda: "deepspeed_stage_2",
     "deepspeed_stage_3+user": lambda: "deepspeed_stage_3",
@@ -337,7 +340,13 @@ def run_lightspeed(name: str, cfg, micro_batch: int, steps: int, warmup: int, de
               else FusedAdamGPT(cfg))
     built = prebuild(module, trainer.strategy, device)
     started = time.perf_counter()
-    trainer.fit(module, _loader(cfg, micro_batch, steps * accumulate))
+    if "+cudnn" in name:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            trainer.fit(module, _loader(cfg, micro_batch, steps * accumulate))
+    else:
+        trainer.fit(module, _loader(cfg, micro_batch, steps * accumulate))
     run_lightspeed.prebuilt = kept(module, built)
     # Setup plus the first step: where torch.compile's compile time shows.
     run_lightspeed.first_step_s = timer.clock.first_host - started
