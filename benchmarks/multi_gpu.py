@@ -68,16 +68,13 @@ ZERO_BYTES = {  # model-state bytes per parameter on each GPU, from the ZeRO pap
 }
 
 
-def trainer_strategy_name() -> str:
-    return sys.argv[sys.argv.index("--strategy") + 1] if "--strategy" in sys.argv else ""
-
-
 class Recorder(ls.Callback):
     """Rank 0 keeps each step's loss (averaged over ranks) and time (gpu_suite.Clock: CUDA events, no host sync)."""
 
-    def __init__(self):
+    def __init__(self, strategy_name: str = ""):
         from gpu_suite import Clock
 
+        self.gc_mode = {"gcfreeze", "nogc"} & set(strategy_name.split("+")[1:])  # multi_gpu's `+` variants
         self.losses: list[float] = []
         self.clock = Clock()
         self.gc_pauses: list[tuple[int, int, float]] = []  # (batch, generation, ms) of each garbage collection
@@ -91,10 +88,9 @@ class Recorder(ls.Callback):
             self.gc_pauses.append((self._batch, info["generation"], (time.perf_counter() - self._gc_start) * 1e3))
 
     def on_train_start(self, trainer, module):
-        gc_mode = {"gcfreeze", "nogc"} & set(trainer_strategy_name().split("+")[1:])
-        if gc_mode:  # the objects that exist now (model, engines) are never scanned again; or no collection
+        if self.gc_mode:  # the objects that exist now (model, engines) are never scanned again; or no collection
             gc.collect()
-            gc.freeze() if "gcfreeze" in gc_mode else gc.disable()
+            gc.freeze() if "gcfreeze" in self.gc_mode else gc.disable()
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         self._batch += 1
@@ -174,7 +170,7 @@ def run_one(args) -> dict:
 
         lightspeed.heartbeat.start = lambda *a, **k: None
     ls.seed_everything(0)
-    rec = Recorder()
+    rec = Recorder(args.strategy)
     steps = args.warmup + args.steps
     data = RandomTokens(cfg.vocab_size, cfg.block_size, args.micro_batch * args.devices * steps)
     trainer = ls.Trainer(strategy=strategy, devices=args.devices, accelerator="cpu" if args.cpu else "gpu",
