@@ -55,8 +55,8 @@ CUDA = torch.cuda.is_available()
 class Probe:
     """Called after every step with the engine (or None): times steps, then counts syncs, then profiles."""
 
-    def __init__(self, warmup: int, timed: int, report: bool):
-        self.warmup, self.timed, self.report = warmup, timed, report
+    def __init__(self, warmup: int, timed: int, report: bool, trace: str | None = None):
+        self.warmup, self.timed, self.report, self.trace = warmup, timed, report, trace
         self.stamps: list[float] = []
         self.syncs: collections.Counter = collections.Counter()
         self.prof = None
@@ -91,6 +91,9 @@ class Probe:
             self._prof_wall = time.perf_counter() - self._prof_start
             if self.report:
                 self._print()
+                if self.trace:
+                    self.prof.export_chrome_trace(self.trace)
+                    print(trace_summary(self.trace))
 
     def _start_sync_count(self) -> None:
         def record(message, category, filename, lineno, file=None, line=None):
@@ -128,6 +131,75 @@ class Probe:
         print(events.table(sort_by="self_device_time_total", row_limit=20, max_name_column_width=60))
 
 
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return [(a, b) for a, b in merged]
+
+
+def _length(intervals) -> float:
+    return sum(b - a for a, b in intervals)
+
+
+def _minus(xs, ys) -> float:
+    """Length of the union `xs` not covered by the union `ys` (both sorted, disjoint)."""
+    covered, j = 0.0, 0
+    for a, b in xs:
+        while j < len(ys) and ys[j][1] <= a:
+            j += 1
+        k = j
+        while k < len(ys) and ys[k][0] < b:
+            covered += max(0.0, min(b, ys[k][1]) - max(a, ys[k][0]))
+            k += 1
+    return _length(xs) - covered
+
+
+def trace_summary(path: str) -> str:
+    """Rank 0's timeline over the profiled steps, from the chrome trace: how long the GPU ran anything, compute
+    kernels, communication (NCCL) kernels, and communication that no compute kernel hid; the host's blocking
+    CUDA calls; and the GPU's longest idle gaps with the host op that ran at each gap's middle (what the GPU waited
+    for)."""
+    with open(path) as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X" and "dur" in e]
+    kernels = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    if not kernels:
+        return "TRACE no GPU kernels"
+    comm = _union([(e["ts"], e["ts"] + e["dur"]) for e in kernels if "nccl" in e["name"].lower()])
+    compute = _union([(e["ts"], e["ts"] + e["dur"]) for e in kernels if "nccl" not in e["name"].lower()])
+    anything = _union(comm + compute)
+    t0, t1 = anything[0][0], anything[-1][1]
+    wall = t1 - t0
+    lines = [f"TRACE window {wall / 1e3:.1f} ms (first to last kernel): GPU busy {_length(anything) / wall:.0%}, "
+             f"compute {_length(compute) / 1e3:.1f} ms, NCCL {_length(comm) / 1e3:.1f} ms of which not under "
+             f"compute {_minus(comm, compute) / 1e3:.1f} ms, idle {(wall - _length(anything)) / 1e3:.1f} ms"]
+    blocking = collections.Counter()
+    blocking_ms = collections.Counter()
+    for e in events:
+        if e.get("cat") == "cuda_runtime" and ("Synchronize" in e["name"] or e["name"] in ("cudaMemcpy", "cudaMemcpyAsync")):
+            blocking[e["name"]] += 1
+            blocking_ms[e["name"]] += e["dur"] / 1e3
+    lines.append("TRACE host CUDA calls that may block: " + ", ".join(
+        f"{n} x{blocking[n]} {blocking_ms[n]:.1f} ms" for n in blocking) or "none")
+    gaps = [(b[0] - a[1], a[1], b[0]) for a, b in zip(anything, anything[1:]) if b[0] - a[1] > 50]
+    cpu_ops = [e for e in events if e.get("cat") in ("cpu_op", "user_annotation", "python_function")]
+    by_op = collections.Counter()
+    for length, a, b in gaps:
+        mid = (a + b) / 2
+        covering = [e for e in cpu_ops if e["ts"] <= mid <= e["ts"] + e["dur"]]
+        outer = min(covering, key=lambda e: e["ts"], default=None)
+        inner = max(covering, key=lambda e: e["ts"], default=None)
+        key = f"{outer['name'][:50]} > {inner['name'][:50]}" if outer else "(no host op)"
+        by_op[key] += length / 1e3
+    lines.append(f"TRACE GPU idle gaps over 50 us: {len(gaps)}, {sum(g[0] for g in gaps) / 1e3:.1f} ms; by the host "
+                 "op at the gap's middle (outermost > innermost):")
+    lines += [f"  {ms:7.1f} ms  {k}" for k, ms in by_op.most_common(15)]
+    return "\n".join(lines)
+
+
 def _short(path: str) -> str:
     for marker in ("site-packages/", "src/", "benchmarks/"):
         if marker in path:
@@ -152,13 +224,14 @@ def main() -> None:
     p.add_argument("--timed", type=int, default=10)
     p.add_argument("--legacy-guard", action="store_true")
     p.add_argument("--tiny", action="store_true", help="CPU smoke run with the tiny GPT")
+    p.add_argument("--trace", help="write rank 0's chrome trace of the profiled steps here, and summarise it")
     args = p.parse_args()
     if args.legacy_guard and os.environ.get("LS_PROFILE_LEGACY_GUARD") != "1":  # re-run with the patch in place
         os.environ["LS_PROFILE_LEGACY_GUARD"] = "1"
         os.execv(sys.executable, [sys.executable, *sys.argv])
     cfg = _model_cfg(argparse.Namespace(tiny=args.tiny, layers=None))
     rank = int(os.environ.get("RANK", "0"))
-    probe = Probe(args.warmup, args.timed, report=rank == 0)
+    probe = Probe(args.warmup, args.timed, report=rank == 0, trace=args.trace)
     print(f"SETUP {args.setup} devices={args.devices} micro_batch={args.micro_batch} "
           f"legacy_guard={args.legacy_guard}", flush=True)
     if args.setup == "plain_deepspeed_zero3":
