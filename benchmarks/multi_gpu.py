@@ -225,7 +225,7 @@ def _base(name: str) -> str:
 # hiprio: high-priority NCCL streams (environment only, `nccl_env`); gcfreeze/nogc: Python's garbage collector
 # frozen over the objects that exist when training starts, or off (Recorder); nobeat: no heartbeat thread (run_one)
 ANY_OPTIONS = ("hiprio", "gcfreeze", "nogc", "nobeat")
-OPTIONS = {"ddp": ("bucket", "static", "bf16"), "fsdp": ("bf16reduce",), "deepspeed_stage_3": ("leaf", "prefetch")}
+OPTIONS = {"ddp": ("bucket", "static", "bf16"), "fsdp": ("bf16reduce",), "deepspeed_stage_3": ("leaf", "prefetch", "nomeml")}
 
 
 def check_name(name: str) -> None:
@@ -262,13 +262,14 @@ def variant(name: str):
     `ddp+bucketN` (bucket_cap_mb=N), `ddp+static`, `ddp+bf16` (comm_hook='bf16'), `fsdp+bf16reduce` (gradients
     reduce-scattered in bf16), `deepspeed_stage_3+leaf` (each Block one ZeRO-3 leaf module),
     `deepspeed_stage_3+prefetchN` (zero_optimization.stage3_prefetch_bucket_size=N, e.g. 1e8, through
-    DeepSpeed(config=...)), and `+ctasN` on any name (NCCL_MAX_CTAS=N, set by `_launch`: see `nccl_env`).
+    DeepSpeed(config=...)), `deepspeed_stage_3+nomeml` (memory_efficient_linear off: torch's own Linear), and `+ctasN` on any name (NCCL_MAX_CTAS=N, set by `_launch`: see `nccl_env`).
     Returns (strategy, leaf)."""
     base, *opts = name.split("+")
-    if base == "deepspeed_stage_3" and any(o.startswith("prefetch") for o in opts):
-        prefetch = next(int(float(o[len("prefetch"):])) for o in opts if o.startswith("prefetch"))
-        return ls.DeepSpeed(stage=3, config={"zero_optimization": {"stage3_prefetch_bucket_size": prefetch}}), \
-            "leaf" in opts
+    zero = {"stage3_prefetch_bucket_size": int(float(o[len("prefetch"):])) for o in opts if o.startswith("prefetch")}
+    if "nomeml" in opts:
+        zero["memory_efficient_linear"] = False
+    if base == "deepspeed_stage_3" and zero:
+        return ls.DeepSpeed(stage=3, config={"zero_optimization": zero}), "leaf" in opts
     if base == "ddp" and opts:
         kw = {}
         for o in opts:

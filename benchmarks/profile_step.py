@@ -55,8 +55,8 @@ CUDA = torch.cuda.is_available()
 class Probe:
     """Called after every step with the engine (or None): times steps, then counts syncs, then profiles."""
 
-    def __init__(self, warmup: int, timed: int, report: bool, trace: str | None = None):
-        self.warmup, self.timed, self.report, self.trace = warmup, timed, report, trace
+    def __init__(self, warmup: int, timed: int, report: bool, trace: str | None = None, cprofile: bool = False):
+        self.warmup, self.timed, self.report, self.trace, self.cprofile = warmup, timed, report, trace, cprofile
         self.stamps: list[float] = []
         self.syncs: collections.Counter = collections.Counter()
         self.prof = None
@@ -79,9 +79,9 @@ class Probe:
             print("ENGINE_CONFIG " + json.dumps(top, default=str, sort_keys=True), flush=True)
             print(f"OPTIMIZER {type(engine.optimizer).__name__} / {type(getattr(engine.optimizer, 'optimizer', None)).__name__}")
         if k == self.warmup + self.timed:
-            self._start_sync_count()
+            self._start_python_profile() if self.cprofile else self._start_sync_count()
         elif k == self.warmup + self.timed + 3:
-            self._stop_sync_count()
+            self._stop_python_profile() if self.cprofile else self._stop_sync_count()
             activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if CUDA else [])
             self.prof = torch.profiler.profile(activities=activities)
             self.prof.__enter__()
@@ -94,6 +94,25 @@ class Probe:
                 if self.trace:
                     self.prof.export_chrome_trace(self.trace)
                     print(trace_summary(self.trace))
+
+    def _start_python_profile(self) -> None:
+        import cProfile
+
+        self._py = cProfile.Profile()
+        self._py.enable()
+
+    def _stop_python_profile(self) -> None:
+        """The main thread's Python over 3 steps (the forward, DeepSpeed's forward hooks and the step; the
+        backward's hooks run on autograd's thread, which cProfile does not see)."""
+        import io
+        import pstats
+
+        self._py.disable()
+        if self.report:
+            for key in ("tottime", "cumulative"):
+                out = io.StringIO()
+                pstats.Stats(self._py, stream=out).strip_dirs().sort_stats(key).print_stats(30)
+                print(f"CPROFILE main thread, 3 steps, by {key}:\n" + out.getvalue().split("ncalls", 1)[-1][:6000])
 
     def _start_sync_count(self) -> None:
         def record(message, category, filename, lineno, file=None, line=None):
@@ -122,7 +141,8 @@ class Probe:
     def _print(self) -> None:
         times = [b - a for a, b in zip(self.stamps, self.stamps[1:])][self.warmup - 1:self.warmup - 1 + self.timed]
         print(f"STEP median {statistics.median(times) * 1e3:.1f} ms (min {min(times) * 1e3:.1f}, "
-              f"max {max(times) * 1e3:.1f}, {len(times)} steps)")
+              f"max {max(times) * 1e3:.1f}, {len(times)} steps)"
+              + (f"; peak memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB" if CUDA else ""))
         events = self.prof.key_averages()
         gpu = sum(e.self_device_time_total for e in events) / 1e3
         print(f"PROFILE 2 steps: wall {self._prof_wall * 1e3:.1f} ms, GPU kernel time {gpu:.1f} ms "
@@ -224,6 +244,7 @@ def main() -> None:
     p.add_argument("--timed", type=int, default=10)
     p.add_argument("--legacy-guard", action="store_true")
     p.add_argument("--tiny", action="store_true", help="CPU smoke run with the tiny GPT")
+    p.add_argument("--cprofile", action="store_true", help="cProfile the main thread instead of counting syncs")
     p.add_argument("--trace", help="write rank 0's chrome trace of the profiled steps here, and summarise it")
     args = p.parse_args()
     if args.legacy_guard and os.environ.get("LS_PROFILE_LEGACY_GUARD") != "1":  # re-run with the patch in place
@@ -231,7 +252,7 @@ def main() -> None:
         os.execv(sys.executable, [sys.executable, *sys.argv])
     cfg = _model_cfg(argparse.Namespace(tiny=args.tiny, layers=None))
     rank = int(os.environ.get("RANK", "0"))
-    probe = Probe(args.warmup, args.timed, report=rank == 0, trace=args.trace)
+    probe = Probe(args.warmup, args.timed, report=rank == 0, trace=args.trace, cprofile=args.cprofile)
     print(f"SETUP {args.setup} devices={args.devices} micro_batch={args.micro_batch} "
           f"legacy_guard={args.legacy_guard}", flush=True)
     if args.setup == "plain_deepspeed_zero3":
