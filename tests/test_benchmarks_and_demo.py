@@ -117,3 +117,30 @@ def test_plain_ddp_loop_on_two_cpu_ranks_lands_in_the_issue12_table(tmp_path):
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("│") and "plain_ddp" in ln)
     cells = [c.strip() for c in line.split("│")[2:-1]]  # 1-GPU setup │ 1 GPU │ 2 GPUs │ efficiency │ ...
     assert cells[0] == "plain_pytorch" and cells[3] == "0.500", proc.stdout
+
+
+def test_profile_step_trace_summary_splits_the_gpu_timeline(tmp_path):
+    """profile_step.trace_summary on a hand-made chrome trace: busy time is the union of every stream's kernels,
+    NCCL time hidden under compute is told apart from exposed NCCL time, blocking CUDA calls are counted, and each
+    idle gap over 50 us is charged to the host ops that ran at its middle."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from profile_step import trace_summary
+
+    def op(cat, name, ts, dur, stream=None):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "args": {"stream": stream}}
+
+    events = [op("kernel", "gemm", 0, 100, 7), op("kernel", "ncclDevKernel_AllGather", 60, 100, 17),  # 40 exposed
+              op("kernel", "gemm", 300, 100, 7),  # a 140 us gap (160..300)
+              op("kernel", "ncclDevKernel_ReduceScatter", 420, 30, 29),  # 20 us gap, exposed 30
+              op("cpu_op", "DeepSpeedEngine.forward", 0, 460), op("cpu_op", "fetch", 200, 50),
+              op("cuda_runtime", "cudaStreamSynchronize", 200, 40), op("cuda_runtime", "cudaLaunchKernel", 1, 2)]
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    lines = trace_summary(str(path)).splitlines()
+    # window 0..450 us; busy 0..160, 300..400, 420..450 = 290 us (64%); NCCL 130 us, 70 us of it exposed
+    assert lines[0].startswith("TRACE window 0.5 ms") and "GPU busy 64%" in lines[0], lines
+    assert "compute 0.2 ms" in lines[0] and "NCCL 0.1 ms of which not under compute 0.1 ms" in lines[0], lines
+    assert "idle 0.2 ms" in lines[0], lines
+    assert lines[1] == "TRACE host CUDA calls that may block: cudaStreamSynchronize x1 0.0 ms", lines
+    assert "gaps over 50 us: 1, 0.1 ms" in lines[2], lines  # the 20 us gap is under the threshold
+    assert lines[3].strip() == "0.1 ms  DeepSpeedEngine.forward > fetch", lines
