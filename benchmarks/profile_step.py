@@ -102,8 +102,8 @@ class Probe:
         self._py.enable()
 
     def _stop_python_profile(self) -> None:
-        """The main thread's Python over 3 steps (the forward, DeepSpeed's forward hooks and the step; the
-        backward's hooks run on autograd's thread, which cProfile does not see)."""
+        """Rank 0's Python over 3 steps. From Python 3.12 cProfile sees every thread (autograd's, which runs the
+        backward's hooks on CUDA, included); before, the thread that started it only."""
         import io
         import pstats
 
@@ -202,8 +202,8 @@ def trace_summary(path: str) -> str:
         if e.get("cat") == "cuda_runtime" and ("Synchronize" in e["name"] or e["name"] in ("cudaMemcpy", "cudaMemcpyAsync")):
             blocking[e["name"]] += 1
             blocking_ms[e["name"]] += e["dur"] / 1e3
-    lines.append("TRACE host CUDA calls that may block: " + ", ".join(
-        f"{n} x{blocking[n]} {blocking_ms[n]:.1f} ms" for n in blocking) or "none")
+    lines.append("TRACE host CUDA calls that may block: " + (", ".join(
+        f"{n} x{blocking[n]} {blocking_ms[n]:.1f} ms" for n in blocking) or "none"))
     gaps = [(b[0] - a[1], a[1], b[0]) for a, b in zip(anything, anything[1:]) if b[0] - a[1] > 50]
     cpu_ops = [e for e in events if e.get("cat") in ("cpu_op", "user_annotation", "python_function")]
     by_op = collections.Counter()
@@ -244,7 +244,7 @@ def main() -> None:
     p.add_argument("--timed", type=int, default=10)
     p.add_argument("--legacy-guard", action="store_true")
     p.add_argument("--tiny", action="store_true", help="CPU smoke run with the tiny GPT")
-    p.add_argument("--cprofile", action="store_true", help="cProfile the main thread instead of counting syncs")
+    p.add_argument("--cprofile", action="store_true", help="cProfile rank 0 instead of counting syncs")
     p.add_argument("--trace", help="write rank 0's chrome trace of the profiled steps here, and summarise it")
     args = p.parse_args()
     if args.legacy_guard and os.environ.get("LS_PROFILE_LEGACY_GUARD") != "1":  # re-run with the patch in place

@@ -144,3 +144,5 @@ def test_profile_step_trace_summary_splits_the_gpu_timeline(tmp_path):
     assert lines[1] == "TRACE host CUDA calls that may block: cudaStreamSynchronize x1 0.0 ms", lines
     assert "gaps over 50 us: 1, 0.1 ms" in lines[2], lines  # the 20 us gap is under the threshold
     assert lines[3].strip() == "0.1 ms  DeepSpeedEngine.forward > fetch", lines
+    path.write_text(json.dumps({"traceEvents": [e for e in events if e["cat"] != "cuda_runtime"]}))
+    assert trace_summary(str(path)).splitlines()[1] == "TRACE host CUDA calls that may block: none"
