@@ -46,6 +46,12 @@ from lightspeed.examples.gpt import GPT, SIZES, Block, GPTModule, RandomTokens  
 
 PEAK_FLOPS = 989e12
 COMPILE = {"autotune": {"mode": "max-autotune-no-cudagraphs"}}  # Trainer(compile=...) of the "+autotune" setups
+
+
+def _stage3_torch_linear():
+    return ls.DeepSpeed(stage=3, config={"zero_optimization": {"memory_efficient_linear": False}})
+
+
 LIGHTSPEED = {
     "single": lambda: "single",
     "single+compile": lambda: "single",
@@ -67,12 +73,10 @@ LIGHTSPEED = {
     "fsdp+user": lambda: "fsdp",
     "ddp+user": lambda: "ddp",  # DDP in a group of one: the one-GPU end of the scaling table
     "fsdp+user+compile": lambda: "fsdp",
-    # lightspeed's stage 3 with the same zero_optimization settings as the two hand-written ZeRO-3 loops
     # DeepSpeed's own nn.functional.linear off (a Python autograd function per Linear): host time vs memory
-    "deepspeed_stage_3+user+nomeml": lambda: ls.DeepSpeed(stage=3, config={"zero_optimization": {
-        "memory_efficient_linear": False}}),
-    "deepspeed_stage_3+nomeml": lambda: ls.DeepSpeed(stage=3, config={"zero_optimization": {
-        "memory_efficient_linear": False}}),
+    "deepspeed_stage_3+user+nomeml": _stage3_torch_linear,
+    "deepspeed_stage_3+nomeml": _stage3_torch_linear,
+    # lightspeed's stage 3 with the same zero_optimization settings as the two hand-written ZeRO-3 loops
     "deepspeed_stage_3+ds_defaults": lambda: ls.DeepSpeed(stage=3, config={"zero_optimization": ZERO3_DEFAULTS}),
     "deepspeed_stage_3+tuned": lambda: ls.DeepSpeed(stage=3, config={"zero_optimization": zero3_tuned(SIZES["1.3b"])}),
     "deepspeed_stage_1": lambda: "deepspeed_stage_1",
