@@ -295,12 +295,15 @@ def run_plain_ddp(cfg, micro_batch: int, steps: int, warmup: int, device, seed: 
 
 
 def run_plain_deepspeed(cfg, micro_batch: int, steps: int, warmup: int, device, zero: dict | None = None,
-                        seed: int = 0, on_step=None) -> list[float]:
+                        seed: int = 0, on_step=None, deepcompile: str | None = None) -> list[float]:
     """A hand-written DeepSpeed loop, bf16, DeepSpeed's own (fused) Adam from the config: what users write today.
 
     `zero` is the zero_optimization section (default: stage 2 with DeepSpeed's defaults). Under torchrun (RANK set)
     each rank joins the launcher's group; alone, it makes a group of one. Stage 3 builds the model in zero.Init.
-    `on_step(engine)`, if given, is called after each step (profile_step.py's probe)."""
+    `on_step(engine)`, if given, is called after each step (profile_step.py's probe). `deepcompile` ("inductor" or
+    "eager") turns on DeepSpeed's DeepCompile (`compile.deepcompile` and `engine.compile(backend=...)`): ZeRO's
+    gathers, releases and reductions become graph operations instead of module hooks. It recompiles at its 6th
+    step with a prefetch schedule measured in the first five, so give it warm-up steps past that."""
     import deepspeed
 
     if "RANK" not in os.environ:
@@ -314,6 +317,8 @@ def run_plain_deepspeed(cfg, micro_batch: int, steps: int, warmup: int, device, 
         "bf16": {"enabled": True}, "zero_optimization": zero or {"stage": 2}, "steps_per_print": 10**9,
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "betas": [0.9, 0.95], "weight_decay": 0.1}},
     }
+    if deepcompile:
+        config["compile"] = {"deepcompile": True}
     torch.manual_seed(0)
     stage3 = config["zero_optimization"]["stage"] == 3
     # Stage 3: zero.Init allocates each parameter on cuda:LOCAL_RANK and partitions it; below 3, built on the device.
@@ -321,6 +326,8 @@ def run_plain_deepspeed(cfg, micro_batch: int, steps: int, warmup: int, device, 
             contextlib.nullcontext() if stage3 else torch.device(device)):
         model = GPT(cfg)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    if deepcompile:
+        engine.compile(backend=deepcompile)
     clock = Clock()
     data = RandomTokens(cfg.vocab_size, cfg.block_size, micro_batch * steps, seed=seed)
     for x, y in torch.utils.data.DataLoader(data, batch_size=micro_batch):
