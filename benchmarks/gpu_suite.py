@@ -75,6 +75,8 @@ LIGHTSPEED = {
     "fsdp+user+compile": lambda: "fsdp",
     # DeepSpeed's own nn.functional.linear off (a Python autograd function per Linear): host time vs memory
     "deepspeed_stage_3+user+nomeml": _stage3_torch_linear,
+    # DeepSpeed's DeepCompile: ZeRO-3's gathers and reductions inside one compiled graph, no module hooks
+    "deepspeed_stage_3+user+dc": lambda: ls.DeepSpeed(stage=3, deepcompile=True),
     "deepspeed_stage_3+nomeml": _stage3_torch_linear,
     # lightspeed's stage 3 with the same zero_optimization settings as the two hand-written ZeRO-3 loops
     "deepspeed_stage_3+ds_defaults": lambda: ls.DeepSpeed(stage=3, config={"zero_optimization": ZERO3_DEFAULTS}),

@@ -5,7 +5,8 @@
 
 The suite files are gpu_suite.py's `--json` output (one GPU per process); the scaling file is multi_gpu.py's
 (`--counts 2 --module user`), whose one-GPU ends are the suite's `<strategy>+user` setups of the same module and
-micro-batch. A variant (`ddp+bf16+ctas8`) is measured against its strategy's one-GPU setup (`ddp+user`); a strategy
+micro-batch. A variant (`ddp+bf16+ctas8`) is measured against its strategy's one-GPU setup (`ddp+user`), unless
+ONE_GPU names its own (`deepspeed_stage_3+dc`, DeepCompile, against `deepspeed_stage_3+user+dc`); a strategy
 without one in the files (deepspeed_stage_3 in `explore3`) shows "-". The hand-written torch DDP loop `plain_ddp`
 is measured against the plain PyTorch loop (`plain_pytorch`), and ddp's rows also give their ratio to `plain_ddp`
 on the same GPU count. The scaling rows are `--rows` (default the issue's five and plain_ddp), then every other
@@ -44,7 +45,9 @@ ONE_GPU = {"ddp": "ddp+user", "fsdp": "fsdp+user", "deepspeed_stage_2": "deepspe
            # it on N GPUs, DDP's own cost included. The suite has no one-rank DDP loop (a group of one would hide
            # that cost); lightspeed's ddp rows keep their own baseline, `ddp+user`, lightspeed's DDP in a group of
            # one, so compare the two rows' N-GPU figures (ddp's "× plain DDP loop"), not their efficiencies.
-           "plain_ddp": "plain_pytorch"}
+           "plain_ddp": "plain_pytorch",
+           # DeepSpeed's DeepCompile (DeepSpeed(deepcompile=True)) against itself on one GPU, not against the hooks
+           "deepspeed_stage_3+dc": "deepspeed_stage_3+user+dc"}
 SCALING_TARGET = 0.95
 
 
@@ -135,7 +138,7 @@ def main() -> None:
     z3 = scaling_sample(scaling, "plain_deepspeed_zero3", n)
     plain_ddp = scaling_sample(scaling, "plain_ddp", n)
     for strategy in rows:
-        one_name = ONE_GPU.get(strategy.split("+")[0], "")
+        one_name = ONE_GPU.get(strategy, ONE_GPU.get(strategy.split("+")[0], ""))
         one, many = suite_sample(suite.get(one_name)), scaling_sample(scaling, strategy, n)
         eff = many[0] / one[0] if one and many else None
         vs = f"{many[0] / z3[0]:.3f}" if many and z3 and strategy.startswith("deepspeed_stage_3") else ""

@@ -228,7 +228,8 @@ def _base(name: str) -> str:
 # hiprio: high-priority NCCL streams (environment only, `nccl_env`); gcfreeze/nogc: Python's garbage collector
 # frozen over the objects that exist when training starts, or off (Recorder); nobeat: no heartbeat thread (run_one)
 ANY_OPTIONS = ("hiprio", "gcfreeze", "nogc", "nobeat")
-OPTIONS = {"ddp": ("bucket", "static", "bf16"), "fsdp": ("bf16reduce",), "deepspeed_stage_3": ("leaf", "prefetch", "nomeml", "dc"),
+OPTIONS = {"ddp": ("bucket", "static", "bf16"), "fsdp": ("bf16reduce",),
+           "deepspeed_stage_3": ("leaf", "prefetch", "nomeml", "dc"),
            "plain_deepspeed_zero3": ("dc", "dceager"), "plain_deepspeed_zero3_tuned": ("dc", "dceager")}
 
 
@@ -266,24 +267,16 @@ def variant(name: str):
     `ddp+bucketN` (bucket_cap_mb=N), `ddp+static`, `ddp+bf16` (comm_hook='bf16'), `fsdp+bf16reduce` (gradients
     reduce-scattered in bf16), `deepspeed_stage_3+leaf` (each Block one ZeRO-3 leaf module),
     `deepspeed_stage_3+prefetchN` (zero_optimization.stage3_prefetch_bucket_size=N, e.g. 1e8, through
-    DeepSpeed(config=...)), `deepspeed_stage_3+nomeml` (memory_efficient_linear off: torch's own Linear), `deepspeed_stage_3+dc` (DeepSpeed's
-    DeepCompile: `compile.deepcompile` and `engine.compile()` after setup), and `+ctasN` on any name (NCCL_MAX_CTAS=N, set by `_launch`: see `nccl_env`).
+    DeepSpeed(config=...)), `deepspeed_stage_3+nomeml` (memory_efficient_linear off: torch's own Linear),
+    `deepspeed_stage_3+dc` (DeepSpeed's DeepCompile: `DeepSpeed(stage=3, deepcompile=True)`), and `+ctasN` on any
+    name (NCCL_MAX_CTAS=N, set by `_launch`: see `nccl_env`).
     Returns (strategy, leaf)."""
     base, *opts = name.split("+")
     zero = {"stage3_prefetch_bucket_size": int(float(o[len("prefetch"):])) for o in opts if o.startswith("prefetch")}
     if "nomeml" in opts:
         zero["memory_efficient_linear"] = False
-    if base == "deepspeed_stage_3" and "dc" in opts:  # DeepCompile around lightspeed's engine (experiment only)
-        from lightspeed.strategies.deepspeed import DeepSpeed
-
-        setup = DeepSpeed.setup
-
-        def setup_and_compile(self, *a, **k):
-            setup(self, *a, **k)
-            self.engine.compile(backend="inductor")
-
-        DeepSpeed.setup = setup_and_compile
-        return ls.DeepSpeed(stage=3, config={"compile": {"deepcompile": True}, "zero_optimization": zero}), False
+    if base == "deepspeed_stage_3" and "dc" in opts:  # DeepSpeed's DeepCompile (the strategy's deepcompile flag)
+        return ls.DeepSpeed(stage=3, deepcompile=True, config={"zero_optimization": zero} if zero else None), False
     if base == "deepspeed_stage_3" and zero:
         return ls.DeepSpeed(stage=3, config={"zero_optimization": zero}), "leaf" in opts
     if base == "ddp" and opts:

@@ -244,3 +244,14 @@ def test_zero3_leaf_modules_are_the_repeated_blocks_and_bad_values_are_refused()
         mark_leaf_modules(deepspeed, plain, [torch.nn.GRU])
     with pytest.raises(ConfigError, match="leaf_modules='Block' is not valid: use None"):
         ls.DeepSpeed(stage=3, leaf_modules="Block")
+
+
+def test_deepcompile_is_the_flag_or_deepspeeds_own_config_key():
+    """DeepSpeed's DeepCompile is on with `DeepSpeed(deepcompile=True)` or with the config key DeepSpeed users
+    already write, `compile.deepcompile` (DeepSpeed acts on it only once `engine.compile()` is called, which the
+    strategy does); off otherwise. The measured run and the GPU parity test are on CUDA (DeepCompile runs there
+    only; tests/test_gpu.py); the refusals are in test_bad_input_catalogue.py."""
+    assert ls.DeepSpeed(stage=3, deepcompile=True).deepcompile is True
+    assert ls.DeepSpeed(stage=3, config={"compile": {"deepcompile": True}}).deepcompile is True
+    assert ls.DeepSpeed(stage=3, config={"compile": {"deepcompile": False}}).deepcompile is False
+    assert ls.DeepSpeed(stage=3).deepcompile is False and ls.DeepSpeed(stage=2).deepcompile is False

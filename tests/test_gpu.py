@@ -73,3 +73,19 @@ def test_compile_on_gpus_tracks_eager_in_bf16(tmp_path, devices):
     compiled = run_workload(tmp_path, compile=True, **common)
     assert compiled["step_fallback"] is None
     assert all(abs(a - b) <= 2e-2 * abs(b) for a, b in zip(compiled["losses"], eager["losses"])), (compiled, eager)
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_deepcompile_tracks_zero3_with_hooks_and_resumes(tmp_path, devices):
+    """DeepSpeed(stage=3, deepcompile=True), bf16: 10 steps track ZeRO-3 with its hooks within bf16's 2e-2 (the
+    compiled schedule changes at step 6, after DeepCompile's profiling steps), and a run resumed from the step-5
+    checkpoint continues with the uninterrupted run's losses (2e-2)."""
+    common = dict(devices=devices, accelerator="gpu", precision="bf16-mixed", batch_size=8, max_steps=10)
+    hooks = run_workload(tmp_path, ds={"stage": 3}, root=str(tmp_path / "hooks"), **common)
+    dc = {"stage": 3, "deepcompile": True}
+    compiled = run_workload(tmp_path, ds=dc, ckpt_every=5, root=str(tmp_path / "dc"), **common)
+    assert compiled["deepspeed"]["config"]["compile"]["deepcompile"] is True
+    assert_close_losses(compiled["losses"], hooks["losses"], 2e-2, "deepcompile vs hooks")
+    step5 = next((tmp_path / "dc" / "checkpoints").glob("*step=5*"))
+    resumed = run_workload(tmp_path, ds=dc, resume=str(step5), root=str(tmp_path / "resumed"), **common)
+    assert_close_losses(resumed["losses"], compiled["losses"][5:], 2e-2, "deepcompile resumed vs uninterrupted")

@@ -16,7 +16,6 @@ so losses match across strategies, and one optimizer step is one `engine.global_
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import logging
 import os
@@ -29,11 +28,10 @@ import torch
 import torch.distributed as dist
 
 from ..checkpoint_io import DEEPSPEED_DIR as TAG  # the sub-directory that holds DeepSpeed's files
-from ..distributed import broadcast_from_rank0, init_process_group
+from ..distributed import init_process_group
 from ..errors import ConfigError
 from ..kernels import apply_compile, build_optimizers_fast, rebind_schedulers
 from ..launch import DistInfo
-from ..memory import cuda_free
 from ..specs import RunSpec, StepStats
 from .common import StepRunner, apply_activation_checkpointing, configure_with_plain_twin
 from .deepspeed_config import cast_floats, check_extension_locks, engine_dtype, merge, read_config
@@ -41,8 +39,8 @@ from .deepspeed_manual import EngineOptimizer
 from .deepspeed_multi import check_group, initialize_group, leave_process_group, merge_engines
 from .host_memory import host_memory_warning, offloaded_bytes_per_param
 from .portable import Portable, write_deepspeed
-from .zero3 import (check_leaf_modules, copy_from_rank0, destroy_engine, load_weights, mark_leaf_modules,
-                    partitioned_init, prefetch_bucket, whole_numel)
+from .zero3 import (check_deepcompile_run, check_leaf_modules, copy_from_rank0, destroy_engine, full_shapes,
+                    load_weights, mark_leaf_modules, partitioned_init, prefetch_bucket, wants_deepcompile, whole_numel)
 
 Offload = Literal["cpu", "nvme"] | None
 
@@ -74,6 +72,9 @@ class DeepSpeed:
         allgather_bucket_size, reduce_bucket_size: ZeRO communication bucket sizes (elements).
         leaf_modules: stage 3: classes whose parameters are gathered at once (one fetch per block, not per Linear;
             docs/benchmarks.md). Default: the repeated blocks (nn.ModuleList children); [] is DeepSpeed's default.
+        deepcompile: stage 3 on CUDA: DeepSpeed's DeepCompile compiles the step (forward, backward and ZeRO-3's
+            gathers and reductions in one graph, no per-module hooks; `zero3.wants_deepcompile`). The first steps
+            compile (minutes on a cold cache). Also on when the config sets `compile.deepcompile`.
     Raises:
         ConfigError: bad stage, offload or leaf_modules, nvme without nvme_path, a missing or invalid config file;
             in `check` clipping by value, 16-mixed off CUDA, or gradient_clip_val with manual optimization; later, a
@@ -90,6 +91,7 @@ class DeepSpeed:
     allgather_bucket_size: int = 200_000_000
     reduce_bucket_size: int = 200_000_000
     leaf_modules: list[type] | None = None
+    deepcompile: bool = False
     optimizers: list = field(default_factory=list)
     schedulers: list = field(default_factory=list)
 
@@ -115,6 +117,8 @@ class DeepSpeed:
         if importlib.util.find_spec("deepspeed") is None:
             _import_deepspeed()  # raises the install hint now, before any rank is started
         self.user_config = read_config(self.config)
+        self.deepcompile = wants_deepcompile(self.deepcompile, self.user_config, self.stage,
+                                             bool(self.offload_optimizer or self.offload_params), self.leaf_modules)
         offload = "_offload" if self.offload_optimizer or self.offload_params else ""
         nvme = "_nvme" if "nvme" in (self.offload_optimizer, self.offload_params) else ""
         self.name = f"deepspeed_stage_{self.stage}{offload}{nvme}"
@@ -133,6 +137,8 @@ class DeepSpeed:
         if spec.precision == "16-mixed" and spec.device_type != "cuda":  # DeepSpeed would refuse it in initialize
             raise ConfigError(f"precision='16-mixed' is not valid with DeepSpeed on {spec.device_type}: its CPU "
                               "accelerator has no fp16 support. Use '32-true', 'bf16-mixed' or 'bf16-true'.")
+        if self.deepcompile:
+            check_deepcompile_run(spec)
 
     def connect(self, spec: RunSpec, dist_info: DistInfo, device: torch.device) -> None:
         deepspeed = _import_deepspeed()
@@ -182,6 +188,8 @@ class DeepSpeed:
             "steps_per_print": 2**62,  # off: lightspeed's loggers report progress
             "wall_clock_breakdown": False,
         }
+        if self.deepcompile:
+            config["compile"] = {"deepcompile": True}
         if self.offload_optimizer:
             # A non-Adam optimizer may run on offloaded states too (slowly); Adam/AdamW become DeepSpeedCPUAdam.
             config["zero_force_ds_cpu_optimizer"] = False
@@ -259,20 +267,20 @@ class DeepSpeed:
                 apply_activation_checkpointing(module, self.activation_checkpointing)
             if self.spec.compile:
                 apply_compile(module, options=self.spec.compile)
-            if self.stage == 3:
+            if self.stage == 3 and not self.deepcompile:  # DeepCompile gathers blocks without leaf hooks
                 self._leaf_numel = mark_leaf_modules(deepspeed, module, self.leaf_modules)
             self._prepared = True
         config = self.build_config(module)
         self.input_dtype = engine_dtype(config)  # forward casts the batch's float tensors to the weights' dtype
         optimizer = None
         if build_optimizers is None:  # evaluation: an inference-only engine, no optimizer state
-            config = {k: v for k, v in config.items() if k not in ("optimizer", "scheduler")}
+            config = {k: v for k, v in config.items() if k not in ("optimizer", "scheduler", "compile")}
             if self.stage < 3:  # stages 1 and 2 shard optimizer state only, and refuse to run without an optimizer
                 config["zero_optimization"] = {**config["zero_optimization"], "stage": 0}
         elif "optimizer" in config:
             self._log0("DeepSpeed: the config has an 'optimizer' section; configure_optimizers is not used.")
         else:
-            with self._full_shapes(deepspeed, module):
+            with full_shapes(deepspeed, module, self.device, self.dist.local_world_size, self._log0):
                 optimizers, self.schedulers = build_optimizers_fast(
                     build_optimizers, self.spec, backend="deepspeed", device_type=self.device.type,
                     offload=bool(self.offload_optimizer), is_global_zero=self.dist.is_global_zero)
@@ -304,24 +312,10 @@ class DeepSpeed:
             model_parameters=[p for p in module.parameters() if p.requires_grad] if optimizer is None else None,
         )
         self.optimizers = [ds_optimizer] if build_optimizers is not None and ds_optimizer is not None else []
+        if self.deepcompile and self.optimizers:  # training; an evaluation-only engine keeps ZeRO-3's hooks
+            self.engine.compile(backend="inductor")
         if self.optimizers and not self.spec.automatic_optimization:  # the user's opt.step() is the engine's
             self.optimizers = [EngineOptimizer(self.engine, ds_optimizer)]
-
-    def _full_shapes(self, deepspeed, module: torch.nn.Module):
-        """Under ZeRO-3 a partitioned parameter is an empty 1-D tensor, so `configure_optimizers` rules such as
-        "decay if p.dim() >= 2" would silently change the optimizer. Gathering the parameters while it runs shows
-        their true shapes; skipped (with a log line) when the whole model would not fit on the device."""
-        params = [p for p in module.parameters() if hasattr(p, "ds_id")]
-        if not params:
-            return contextlib.nullcontext()
-        free = (cuda_free(self.device) if self.device.type == "cuda"
-                else psutil.virtual_memory().available / max(1, self.dist.local_world_size))
-        # Rank 0 decides for all: GatheredParameters is collective, and free memory differs between ranks.
-        if not broadcast_from_rank0(sum(p.ds_numel for p in params) * params[0].element_size() < 0.5 * free):
-            self._log0("DeepSpeed stage 3: configure_optimizers sees partitioned parameters (the model is too "
-                       "large to gather); use p.ds_shape, not p.shape or p.dim(), to group them.")
-            return contextlib.nullcontext()
-        return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
 
     def _maybe_cpu_adam(self, opt: torch.optim.Optimizer) -> Any:
         """Under optimizer offload, a torch Adam/AdamW becomes DeepSpeedCPUAdam (several times faster on
