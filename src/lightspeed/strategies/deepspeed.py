@@ -313,6 +313,8 @@ class DeepSpeed:
         )
         self.optimizers = [ds_optimizer] if build_optimizers is not None and ds_optimizer is not None else []
         if self.deepcompile and self.optimizers:  # training; an evaluation-only engine keeps ZeRO-3's hooks
+            self._log0("DeepSpeed: DeepCompile compiles the step at the first step and again at the sixth, with the "
+                       "prefetch schedule it measured (minutes on a cold cache; the steps after run compiled).")
             self.engine.compile(backend="inductor")
         if self.optimizers and not self.spec.automatic_optimization:  # the user's opt.step() is the engine's
             self.optimizers = [EngineOptimizer(self.engine, ds_optimizer)]
