@@ -7,16 +7,9 @@
 # ONE0 on GPU 0 beside ONE1 on GPU 1, then TWO on both, REPEATS (1) times each, round robin. DeepCompile recompiles
 # at its 6th step with a prefetch schedule measured in the first five, so every run warms up for WARMUP (8) steps.
 # Each run's line lands in $OUT/dc1_*.log / dc2.log as it ends.
-OUT=${OUT:-out}
-mkdir -p "$OUT"
-python3 -m pip install -q --no-deps .wheels/*.whl 2>&1 | tail -2
-export PYTHONPATH=src PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0 NCCL_NVLS_ENABLE=0 \
-       TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 TORCH_EXTENSIONS_DIR=$PWD/.torch_extensions
-{ nvidia-smi --query-gpu=name,clocks.max.sm --format=csv; nproc; } > "$OUT/machine.txt" 2>&1
+source benchmarks/h200_env.sh
 T0=$SECONDS
-timeout 300 python3 -c "from deepspeed.accelerator import get_accelerator as a; \
-a().create_op_builder('FusedAdamBuilder').load(); from deepspeed.ops.op_builder.dc import DeepCompileBuilder; \
-DeepCompileBuilder().load(); print('ops ready')" > "$OUT/ops.log" 2>&1
+build_ops dc > "$OUT/ops.log"
 echo "ops built in $((SECONDS - T0)) s" >> "$OUT/ops.log"
 if [ "${TESTS:-1}" = 1 ]; then
     timeout "${TEST_S:-420}" python3 -m pytest -q -m gpu tests/test_gpu.py -k deepcompile > "$OUT/gpu_test.log" 2>&1

@@ -4,14 +4,8 @@
 #     ONE0="--setup deepspeed_stage_3 --cprofile" ONE1="--setup ddp" TWO="--setup deepspeed_stage_3 --trace T" \
 #         bash benchmarks/h200_trace.sh
 # A `--trace NAME` lands (gzipped) in $OUT/NAME.json.gz; every run's output in $OUT/NN.log; the summary lines last.
-OUT=${OUT:-out}
-mkdir -p "$OUT"
-python3 -m pip install -q --no-deps .wheels/*.whl 2>&1 | tail -2
-export PYTHONPATH=src PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0 NCCL_NVLS_ENABLE=0 \
-       TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 TORCH_EXTENSIONS_DIR=$PWD/.torch_extensions
-{ nvidia-smi --query-gpu=name,clocks.max.sm --format=csv; nproc; } > "$OUT/machine.txt" 2>&1
-timeout 150 python3 -c "from deepspeed.accelerator import get_accelerator as a; \
-a().create_op_builder('FusedAdamBuilder').load(); print('ops ready')"
+source benchmarks/h200_env.sh
+build_ops
 profile() {  # TAG GPU-ENV DEVICES ARGS
     local args=$4 trace
     trace=$(sed -n 's/.*--trace \([A-Za-z0-9_]*\).*/\1/p' <<< "$args")
