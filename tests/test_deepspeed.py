@@ -255,3 +255,26 @@ def test_deepcompile_is_the_flag_or_deepspeeds_own_config_key():
     assert ls.DeepSpeed(stage=3, config={"compile": {"deepcompile": True}}).deepcompile is True
     assert ls.DeepSpeed(stage=3, config={"compile": {"deepcompile": False}}).deepcompile is False
     assert ls.DeepSpeed(stage=3).deepcompile is False and ls.DeepSpeed(stage=2).deepcompile is False
+
+
+def test_deepcompile_schedule_is_deepspeeds_default_from_the_engines_step():
+    """The pass schedule `DeepSpeed(deepcompile=True)` hands `engine.compile()` is DeepSpeed's own ZeRO-3 default
+    moved to the engine's step (a resumed engine starts at its checkpoint's step, where DeepSpeed's default, counted
+    from 0, would launch no pass), and DeepSpeed's pass contracts accept it (checked with DeepSpeed's validator and
+    pass registry; a prefetch without the gather pass before it is refused the same way)."""
+    from deepspeed.compile import backend
+    from deepspeed.compile.init_z3 import WARMUP
+    from deepspeed.compile.passes import prefetch, selective_gather, zero3_compile
+    from deepspeed.compile.passes.contract import PassContractError, validate_schedule
+
+    from lightspeed.strategies.zero3 import DEEPCOMPILE_WARMUP, deepcompile_schedule
+
+    assert DEEPCOMPILE_WARMUP == WARMUP
+    for mod, fn in ((zero3_compile, zero3_compile.add_z3_gather_release), (prefetch, prefetch.schedule_prefetch),
+                    (selective_gather, selective_gather.selective_gather)):
+        backend.register_compile_pass(mod.NAME, fn, mod.CONTRACT)  # what a CUDA engine registers at its start
+    assert deepcompile_schedule(0)[0] == (0, [zero3_compile.NAME])
+    assert [s for s, _ in deepcompile_schedule(5)] == [5, 5 + WARMUP]
+    validate_schedule(deepcompile_schedule(5), backend.opt_passes)
+    with pytest.raises(PassContractError, match="requires"):
+        validate_schedule([(5, [prefetch.NAME])], backend.opt_passes)

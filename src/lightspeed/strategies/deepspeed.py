@@ -40,7 +40,8 @@ from .deepspeed_multi import check_group, initialize_group, leave_process_group,
 from .host_memory import host_memory_warning, offloaded_bytes_per_param
 from .portable import Portable, write_deepspeed
 from .zero3 import (check_deepcompile_run, check_leaf_modules, copy_from_rank0, destroy_engine, full_shapes,
-                    load_weights, mark_leaf_modules, partitioned_init, prefetch_bucket, wants_deepcompile, whole_numel)
+                    load_weights, mark_leaf_modules, partitioned_init, prefetch_bucket, start_deepcompile,
+                    wants_deepcompile, whole_numel)
 
 Offload = Literal["cpu", "nvme"] | None
 
@@ -123,6 +124,7 @@ class DeepSpeed:
         nvme = "_nvme" if "nvme" in (self.offload_optimizer, self.offload_params) else ""
         self.name = f"deepspeed_stage_{self.stage}{offload}{nvme}"
         self.engine, self._prepared, self.micro_batch_size, self._leaf_numel = None, False, None, 0
+        self._compile_pending = False
 
     # ------------------------------------------------------------------ config
     def check(self, spec: RunSpec) -> None:
@@ -312,10 +314,8 @@ class DeepSpeed:
             model_parameters=[p for p in module.parameters() if p.requires_grad] if optimizer is None else None,
         )
         self.optimizers = [ds_optimizer] if build_optimizers is not None and ds_optimizer is not None else []
-        if self.deepcompile and self.optimizers:  # training; an evaluation-only engine keeps ZeRO-3's hooks
-            self._log0("DeepSpeed: DeepCompile compiles the step at the first step and again at the sixth, with the "
-                       "prefetch schedule it measured (minutes on a cold cache; the steps after run compiled).")
-            self.engine.compile(backend="inductor")
+        # DeepCompile starts at the first training step, after any checkpoint load; evaluation engines keep hooks
+        self._compile_pending = self.deepcompile and bool(self.optimizers)
         if self.optimizers and not self.spec.automatic_optimization:  # the user's opt.step() is the engine's
             self.optimizers = [EngineOptimizer(self.engine, ds_optimizer)]
 
@@ -341,6 +341,9 @@ class DeepSpeed:
             self.engine.set_gradient_accumulation_boundary(sync_grads)
         if self.engine.training != self.module.training:
             self.engine.train(self.module.training)  # the Trainer switches the user's module; follow it
+        if self._compile_pending and self.module.training:
+            self._compile_pending = False
+            start_deepcompile(self.engine, self._log0)
         return self.engine(step, *cast_floats(args, self.input_dtype))
 
     def backward(self, loss: torch.Tensor) -> None:

@@ -190,3 +190,23 @@ def check_deepcompile_run(spec) -> None:
     if spec.device_type != "cuda":
         raise ConfigError(f"DeepSpeed deepcompile=True needs CUDA GPUs (DeepSpeed's DeepCompile runs on CUDA only); "
                           f"this run's accelerator is {spec.device_type!r}. Leave deepcompile unset there.")
+
+
+DEEPCOMPILE_WARMUP = 5  # steps DeepCompile profiles before it compiles its prefetch schedule in (init_z3.WARMUP)
+
+
+def deepcompile_schedule(step: int) -> list[tuple[int, list[str]]]:
+    """DeepSpeed's default ZeRO-3 DeepCompile pass schedule (init_z3), counted from `step` instead of 0: gathers
+    and releases in the graph at once, prefetch and selective gathering from DEEPCOMPILE_WARMUP steps later."""
+    return [(step, ["zero3_compile"]),
+            (step + DEEPCOMPILE_WARMUP, ["zero3_compile", "prefetch", "selective_gather"])]
+
+
+def start_deepcompile(engine, log0) -> None:
+    """`engine.compile()` under DeepCompile with `deepcompile_schedule` from the engine's current step. DeepSpeed's
+    own default counts from step 0 and launches a pass only when `global_steps` equals its step exactly, so an
+    engine resumed at step 5 would never launch one and would run the graph with partitioned weights. Called at the
+    first training forward, after any checkpoint load; says so with `log0`."""
+    log0(f"DeepSpeed: DeepCompile compiles the step now and again {DEEPCOMPILE_WARMUP} steps on, with the prefetch "
+         "schedule it measured (minutes on a cold cache; the steps after run compiled).")
+    engine.compile(backend="inductor", schedule=deepcompile_schedule(engine.global_steps))
