@@ -152,8 +152,8 @@ def wants_deepcompile(flag, user_config: dict, stage: int, offloaded: bool, leaf
     """Whether DeepSpeed's DeepCompile runs the step: `DeepSpeed(deepcompile=True)` or the user's config key
     `compile.deepcompile` (DeepSpeed's own switch, which DeepSpeed only acts on once `engine.compile()` is called;
     lightspeed calls it). DeepCompile turns ZeRO-3's per-module gathers, releases and gradient reductions into
-    operations of one compiled graph, which removes the hooks' host time (docs/benchmarks.md: 2×H200, 53.6k
-    tok/s per GPU against 37.1k with hooks on the same host, 1.00 scaling from 1 to 2 GPUs).
+    operations of one compiled graph, which removes the hooks' host time (docs/benchmarks.md: on 2 H200s 53.6k
+    tok/s per GPU and 1.00 scaling from 1 to 2 GPUs, where the hooks scale 0.86-0.90).
 
     Raises ConfigError for a value that is not a bool, a config key contradicting the flag, a stage other than 3,
     offload, or leaf modules (DeepSpeed gives each leaf a full backward hook, which DeepCompile keeps and dynamo
