@@ -267,14 +267,35 @@ def test_deepcompile_schedule_is_deepspeeds_default_from_the_engines_step():
     from deepspeed.compile.passes import prefetch, selective_gather, zero3_compile
     from deepspeed.compile.passes.contract import PassContractError, validate_schedule
 
-    from lightspeed.strategies.zero3 import DEEPCOMPILE_WARMUP, deepcompile_schedule
+    from lightspeed.strategies.zero3 import (DEEPCOMPILE_WARMUP, PREFETCH, deepcompile_schedule,
+                                             prefetch_where_gathered)
 
     assert DEEPCOMPILE_WARMUP == WARMUP
     for mod, fn in ((zero3_compile, zero3_compile.add_z3_gather_release), (prefetch, prefetch.schedule_prefetch),
                     (selective_gather, selective_gather.selective_gather)):
         backend.register_compile_pass(mod.NAME, fn, mod.CONTRACT)  # what a CUDA engine registers at its start
+    backend.register_compile_pass(PREFETCH, prefetch_where_gathered, prefetch.CONTRACT)  # what start_deepcompile adds
     assert deepcompile_schedule(0)[0] == (0, [zero3_compile.NAME])
-    assert [s for s, _ in deepcompile_schedule(5)] == [5, 5 + WARMUP]
+    assert deepcompile_schedule(5)[1] == (5 + WARMUP, [zero3_compile.NAME, PREFETCH, selective_gather.NAME])
     validate_schedule(deepcompile_schedule(5), backend.opt_passes)
-    with pytest.raises(PassContractError, match="requires"):
-        validate_schedule([(5, [prefetch.NAME])], backend.opt_passes)
+    for name in (prefetch.NAME, PREFETCH):
+        with pytest.raises(PassContractError, match="requires"):
+            validate_schedule([(5, [name])], backend.opt_passes)
+
+
+def test_deepcompile_prefetch_leaves_graphs_without_gathers_alone():
+    """A graph with no inputs (what a graph break in `training_step` can leave, e.g. a constant built for
+    `self.log`) fails DeepSpeed 0.19's `schedule_prefetch` with a bare AssertionError (seen on an H200); lightspeed's
+    prefetch returns None for it (graph unchanged, as DeepSpeed's pass runner reads None) before DeepSpeed's pass
+    runs, which would fail here for want of profiling results."""
+    import torch.fx
+
+    from lightspeed.strategies.zero3 import prefetch_where_gathered
+
+    class Constant(torch.nn.Module):
+        def forward(self):
+            return torch.ones(2) * 3
+
+    gm = torch.fx.symbolic_trace(Constant())
+    assert not [n for n in gm.graph.nodes if n.op == "placeholder"]
+    assert prefetch_where_gathered(gm, 0, [], {}, None, 0.0, {}, False) is None

@@ -195,11 +195,28 @@ def check_deepcompile_run(spec) -> None:
 DEEPCOMPILE_WARMUP = 5  # steps DeepCompile profiles before it compiles its prefetch schedule in (init_z3.WARMUP)
 
 
+PREFETCH = "lightspeed_prefetch"  # DeepSpeed's prefetch pass, kept off graphs that gather no parameter
+
+
 def deepcompile_schedule(step: int) -> list[tuple[int, list[str]]]:
     """DeepSpeed's default ZeRO-3 DeepCompile pass schedule (init_z3), counted from `step` instead of 0: gathers
-    and releases in the graph at once, prefetch and selective gathering from DEEPCOMPILE_WARMUP steps later."""
+    and releases in the graph at once, prefetch and selective gathering from DEEPCOMPILE_WARMUP steps later. The
+    prefetch is `prefetch_where_gathered`'s, registered by `start_deepcompile` under PREFETCH."""
     return [(step, ["zero3_compile"]),
-            (step + DEEPCOMPILE_WARMUP, ["zero3_compile", "prefetch", "selective_gather"])]
+            (step + DEEPCOMPILE_WARMUP, ["zero3_compile", PREFETCH, "selective_gather"])]
+
+
+def prefetch_where_gathered(gm, *args):
+    """DeepSpeed's `schedule_prefetch` on a graph that gathers parameters; None (graph unchanged) on one that
+    gathers none. A `training_step` that graph-breaks (`self.log`, `.item()`) leaves small graphs with no inputs,
+    and DeepSpeed 0.19's pass fails on those with a bare AssertionError (measured on an H200: `assert i <
+    len(order_rev) - 1`); they have nothing to prefetch. Every rank traces the same graphs, so every rank skips the
+    same ones (the pass all-reduces)."""
+    if not any(str(node.target).startswith("dc.allgather_param") for node in gm.graph.nodes):
+        return None
+    from deepspeed.compile.passes.prefetch import schedule_prefetch
+
+    return schedule_prefetch(gm, *args)
 
 
 def start_deepcompile(engine, log0) -> None:
@@ -207,6 +224,9 @@ def start_deepcompile(engine, log0) -> None:
     own default counts from step 0 and launches a pass only when `global_steps` equals its step exactly, so an
     engine resumed at step 5 would never launch one and would run the graph with partitioned weights. Called at the
     first training forward, after any checkpoint load; says so with `log0`."""
+    from deepspeed.compile.passes import prefetch
+
     log0(f"DeepSpeed: DeepCompile compiles the step now and again {DEEPCOMPILE_WARMUP} steps on, with the prefetch "
          "schedule it measured (minutes on a cold cache; the steps after run compiled).")
+    engine.register_compile_pass(PREFETCH, prefetch_where_gathered, prefetch.CONTRACT)
     engine.compile(backend="inductor", schedule=deepcompile_schedule(engine.global_steps))
