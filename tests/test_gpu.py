@@ -79,7 +79,8 @@ def test_compile_on_gpus_tracks_eager_in_bf16(tmp_path, devices):
 def test_deepcompile_tracks_zero3_with_hooks_and_resumes(tmp_path, devices):
     """DeepSpeed(stage=3, deepcompile=True), bf16: 10 steps track ZeRO-3 with its hooks within bf16's 2e-2 (the
     compiled schedule changes at step 6, after DeepCompile's profiling steps), and a run resumed from the step-5
-    checkpoint continues with the uninterrupted run's losses (2e-2)."""
+    checkpoint continues with the uninterrupted run's losses (2e-2). The workload's `training_step` graph-breaks
+    (`self.log`, `float(...)`), which DeepSpeed's own prefetch pass failed on (docs/benchmarks.md, eighth session)."""
     common = dict(devices=devices, accelerator="gpu", precision="bf16-mixed", batch_size=8, max_steps=10)
     hooks = run_workload(tmp_path, ds={"stage": 3}, root=str(tmp_path / "hooks"), **common)
     dc = {"stage": 3, "deepcompile": True}
