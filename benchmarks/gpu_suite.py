@@ -438,8 +438,22 @@ def _model_cfg(args):
     return replace(SIZES["1.3b"], n_layer=args.layers or SIZES["1.3b"].n_layer)
 
 
+DC_WARMUP = 8  # DeepCompile recompiles at its 6th step with the prefetch schedule it measured: time after that
+DC_TIMEOUT = 420  # seconds: its two compilations take about 3 minutes per process on a cold cache (H200 hosts)
+
+
+def for_setup(name: str, warmup: int, timeout: float) -> tuple[int, float]:
+    """The warm-up steps and the time limit a setup runs with: a DeepCompile setup (`+dc`, `+dceager`) gets at least DC_WARMUP
+    and DC_TIMEOUT, so its timed steps are the compiled schedule's and its compilation is not cut short; every run's
+    result records the warm-up it had."""
+    if {"dc", "dceager"} & set(name.split("+")[1:]):
+        return max(warmup, DC_WARMUP), max(timeout, DC_TIMEOUT)
+    return warmup, timeout
+
+
 def _subprocess(name: str, args, extra: list[str] | None = None, timeout: float = 900) -> dict:
-    cmd = [sys.executable, __file__, "--run", name, "--steps", str(args.steps), "--warmup", str(args.warmup),
+    warmup, timeout = for_setup(name, args.warmup, timeout)
+    cmd = [sys.executable, __file__, "--run", name, "--steps", str(args.steps), "--warmup", str(warmup),
            "--micro-batch", str(args.micro_batch), "--accumulate", str(args.accumulate),
            "--windows", str(args.windows), *(["--tiny"] if args.tiny else []), *(extra or [])]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
@@ -449,7 +463,7 @@ def _subprocess(name: str, args, extra: list[str] | None = None, timeout: float 
         return {"name": name, "error": f"timed out after {timeout:.0f}s"}
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
+            return json.loads(line[len("RESULT "):]) | {"warmup": warmup}
     tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
     oom = "out of memory" in proc.stderr.lower() or "OutOfMemory" in proc.stderr
     return {"name": name, "error": "OOM" if oom else " | ".join(tail)[-300:]}

@@ -23,6 +23,11 @@
 # BUDGET_S (default 555) ends the measuring; REPEATS (3), WARMUP (3), STEPS (12), PER_RUN_TIMEOUT (150, one-GPU
 # runs); PHASES=1 or 2 runs one phase only, with the whole budget; the setup lists: SUITE1_GPU0, SUITE1_GPU1,
 # SUITE2 (suite), EXPLORE3_GPU0, EXPLORE3_GPU1, EXPLORE3 and EXPLORE3_REPEATS (explore3), each comma-separated.
+# suite with DC=1: DeepSpeed(stage=3, deepcompile=True) joins, `deepspeed_stage_3+user+dc` at the end of GPU 0's list
+# and `deepspeed_stage_3+dc` of SUITE2 (each run warms up 8 steps and may take 420 s: gpu_suite.for_setup), and the
+# prelude builds DeepSpeed's dc extension too. Its compilation takes host cores for ~3 minutes per process, which
+# slows GPU 1's host-bound ZeRO-3 runs beside it (docs/benchmarks.md, eighth session): read phase 1's ZeRO-3 figures
+# with that in mind, or run the DeepCompile setups with benchmarks/h200_dc.sh.
 set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -44,8 +49,10 @@ run() {  # a command, or with DRY=1 its text
 prelude() {  # machine facts and DeepSpeed's FusedAdam op built/loaded once, before any timed run ($1: log)
     [ -n "${CPU:-}${DRY:-}" ] && return
     { nvidia-smi --query-gpu=name,memory.total --format=csv; nproc; free -g; python3 -c "import torch; print(torch.__version__)"; } > "$OUT/machine.txt" 2>&1
-    timeout 150 python3 -c "from deepspeed.accelerator import get_accelerator as a; \
-a().create_op_builder('FusedAdamBuilder').load(); print('ops ready')" >> "$1" 2>&1
+    local dc=""
+    [ -n "${DC:-}" ] && dc="; from deepspeed.ops.op_builder.dc import DeepCompileBuilder; DeepCompileBuilder().load()"
+    timeout 300 python3 -c "from deepspeed.accelerator import get_accelerator as a; \
+a().create_op_builder('FusedAdamBuilder').load()$dc; print('ops ready')" >> "$1" 2>&1
 }
 
 one_gpu_pair() {  # BUDGET_S LIST0 LIST1 REPEATS TAG: gpu_suite.py on GPU 0 (LIST0) and GPU 1 (LIST1) at once,
@@ -92,6 +99,9 @@ suite|explore3)
         P1_LIST1=${SUITE1_GPU1:-plain_deepspeed_zero2,deepspeed_stage_2+user,plain_deepspeed_zero3,deepspeed_stage_3+user}
         P1_REPEATS=$REPEATS
         P2_LIST=${SUITE2:-ddp,fsdp,deepspeed_stage_2,deepspeed_stage_3,plain_deepspeed_zero3,plain_ddp}
+        if [ -n "${DC:-}" ]; then
+            P1_LIST0=$P1_LIST0,deepspeed_stage_3+user+dc P2_LIST=$P2_LIST,deepspeed_stage_3+dc
+        fi
         P2_REPEATS=$REPEATS
         # P1_SHARE: % of what is left after the prelude: est. phase 1 ~345 s, phase 2 ~480 s before plain_ddp
         # (the hand-written torch DDP loop, ddp's baseline) joined SUITE2; its runs are not timed on the H200s yet

@@ -36,6 +36,10 @@ SINGLE = [
     ("deepspeed_stage_3+user", "plain_deepspeed_zero3", 0.99),
     ("deepspeed_stage_3+user", "plain_deepspeed_zero3", 1.15),  # the moonshot, at peak memory ≤ 1.10× the loop's
 ]
+OPTIONAL = [  # shown when the files have them: DeepSpeed(stage=3, deepcompile=True) (h200_issue12.sh suite, DC=1)
+    ("deepspeed_stage_3+user+dc", "plain_deepspeed_zero3", 0.99),
+    ("deepspeed_stage_3+user+dc", "plain_deepspeed_zero3", 1.15),
+]
 # scaling strategy -> the suite's one-GPU setup of the same module
 # (a variant `base+opt...` is measured against its base's one-GPU setup: ddp+bf16 against the default DDP's)
 ONE_GPU = {"ddp": "ddp+user", "fsdp": "fsdp+user", "deepspeed_stage_2": "deepspeed_stage_2+user",
@@ -113,7 +117,7 @@ def main() -> None:
     table = Table(title="One GPU: tok/s (median ± spread (samples)), each against its baseline in this run")
     for col in ("setup", "tok/s", "against", "ratio", "target", "", "peak GiB"):
         table.add_column(col, justify="right")
-    for name, base, target in SINGLE:
+    for name, base, target in SINGLE + [row for row in OPTIONAL if row[0] in suite]:
         mine, ref = suite_sample(suite.get(name)), suite_sample(suite.get(base)) if base else None
         ratio = mine[0] / ref[0] if mine and ref else None
         peak = suite.get(name, {}).get("peak_gib")

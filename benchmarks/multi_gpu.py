@@ -324,11 +324,14 @@ def launch(args, strategy: str, devices: int, extra: list[str] | None = None, ti
 
 
 def _launch(args, strategy: str, devices: int, extra: list[str] | None, timeout: float) -> dict:
+    from gpu_suite import for_setup
+
     # The hand-written loops are started as users start them: torchrun, one process per GPU.
+    warmup, timeout = for_setup(strategy, args.warmup, timeout)
     start = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(devices), "--"]
              if _base(strategy) in PLAIN else [sys.executable])
     cmd = [*start, __file__, "--run", "--strategy", strategy, "--devices", str(devices),
-           "--steps", str(args.steps), "--warmup", str(args.warmup), "--micro-batch", str(args.micro_batch),
+           "--steps", str(args.steps), "--warmup", str(warmup), "--micro-batch", str(args.micro_batch),
            "--windows", str(args.windows), "--module", args.module,
            *(["--cpu"] if args.cpu else []), *(["--tiny"] if args.tiny else []),
            *(["--cap-gib", str(args.cap_gib)] if args.cap_gib else []), *(extra or [])]
@@ -340,7 +343,7 @@ def _launch(args, strategy: str, devices: int, extra: list[str] | None, timeout:
         return {"strategy": strategy, "error": f"timed out after {timeout:.0f}s"}
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
+            return json.loads(line[len("RESULT "):]) | {"warmup": warmup}
     oom = "out of memory" in proc.stderr.lower()
     return {"strategy": strategy, "error": "OOM" if oom else " | ".join(proc.stderr.strip().splitlines()[-2:])[-300:]}
 

@@ -82,11 +82,14 @@ def test_issue12_table_pairs_each_figure_with_its_baseline(tmp_path):
     s = summarize("single+user", [{"name": "single+user", "tok_s": 99.0, "window_tok_s": [98.0, 99.0, 103.0]}])
     assert (s["tok_s"], s["samples"], round(s["spread"], 4)) == (99.0, 3, round(5 / 99, 4))
     suite = [summarize(n, [{"name": n, "tok_s": t, "window_tok_s": [t, t, t], "peak_gib": 1.0}])
-             for n, t in (("plain_pytorch", 100.0), ("single+user", 99.5), ("ddp+user", 90.0))]
+             for n, t in (("plain_pytorch", 100.0), ("single+user", 99.5), ("ddp+user", 90.0),
+                          ("plain_deepspeed_zero3", 50.0), ("deepspeed_stage_3+user+dc", 80.0))]
     (tmp_path / "suite_a.json").write_text(json.dumps(suite))
     (tmp_path / "scaling.json").write_text(json.dumps({
         "ddp 2": {"strategy": "ddp", "devices": 2, "tok_s_per_gpu": 81.0, "window_tok_s": [80.0, 81.0, 82.0]},
-        "plain_ddp 2": {"strategy": "plain_ddp", "devices": 2, "tok_s_per_gpu": 85.0, "window_tok_s": [85.0]}}))
+        "plain_ddp 2": {"strategy": "plain_ddp", "devices": 2, "tok_s_per_gpu": 85.0, "window_tok_s": [85.0]},
+        "z3 2": {"strategy": "plain_deepspeed_zero3", "devices": 2, "tok_s_per_gpu": 40.0, "window_tok_s": [40.0]},
+        "dc 2": {"strategy": "deepspeed_stage_3+dc", "devices": 2, "tok_s_per_gpu": 84.0, "window_tok_s": [84.0]}}))
     proc = _run([str(ROOT / "benchmarks" / "issue12_table.py"), str(tmp_path / "suite_a.json"), "--scaling",
                  str(tmp_path / "scaling.json")], tmp_path, timeout=60)
     row = {ln.split("│")[1].strip(): ln.split("│")[2:-1] for ln in proc.stdout.splitlines() if ln.count("│") > 2}
@@ -97,6 +100,12 @@ def test_issue12_table_pairs_each_figure_with_its_baseline(tmp_path):
     assert ddp[0] == "ddp+user" and ddp[3] == "0.900" and ddp[5] == "NOT met" and ddp[7] == "0.953", proc.stdout
     # the hand-written DDP loop against the plain PyTorch loop on one GPU, no target of its own
     assert plain[0] == "plain_pytorch" and plain[3] == "0.850" and plain[4:] == ["", "", "", ""], proc.stdout
+    # DeepCompile's rows, present because the files have them: against DeepSpeed's ZeRO-3 loop on one GPU (the
+    # moonshot's row, same peak memory), and on two GPUs against its own one-GPU setup
+    one_dc = "│".join(row["deepspeed_stage_3+user+dc"])
+    assert "1.600" in one_dc and "met" in one_dc and "NOT" not in one_dc, proc.stdout
+    dc = [c.strip() for c in row["deepspeed_stage_3+dc"]]
+    assert (dc[0], dc[3], dc[5], dc[6]) == ("deepspeed_stage_3+user+dc", "1.050", "met", "2.100"), proc.stdout
 
 
 def test_plain_ddp_loop_on_two_cpu_ranks_lands_in_the_issue12_table(tmp_path):
@@ -146,3 +155,15 @@ def test_profile_step_trace_summary_splits_the_gpu_timeline(tmp_path):
     assert lines[3].strip() == "0.1 ms  DeepSpeedEngine.forward > fetch", lines
     path.write_text(json.dumps({"traceEvents": [e for e in events if e["cat"] != "cuda_runtime"]}))
     assert trace_summary(str(path)).splitlines()[1] == "TRACE host CUDA calls that may block: none"
+
+
+def test_deepcompile_setups_warm_up_past_the_recompile():
+    """Benchmark setups under DeepCompile (`+dc`, `+dceager`) warm up for at least 8 steps (DeepCompile recompiles at
+    its 6th) and get at least 420 s; other setups keep what they were given."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from gpu_suite import for_setup
+
+    assert for_setup("deepspeed_stage_3+user+dc", 3, 150) == (8, 420)
+    assert for_setup("plain_deepspeed_zero3+dceager", 10, 900) == (10, 900)
+    assert for_setup("deepspeed_stage_3", 3, 150) == (3, 150)
+    assert for_setup("ddp+user", 3, 150) == (3, 150)
