@@ -3,8 +3,8 @@
 #     OUT=/tmp/D setsid nohup bash benchmarks/h200_dc.sh > /tmp/D/stdout.txt 2>&1 < /dev/null &
 # then poll for "dc done" in /tmp/D/stdout.txt (the whole run outlasts one 10-minute device command).
 # First (TESTS=1, the default) the GPU tests of DeepSpeed(deepcompile=True): tests/test_gpu.py -k deepcompile
-# (parity with the hooks and a resume, on 1 and 2 GPUs) into $OUT/gpu_test.log (STOP_ON_FAIL=1: stop there if they
-# fail). Then multi_gpu.py's scaling runs:
+# (parity with the hooks and a resume, on 1 and 2 GPUs; validation and activation checkpointing on 1; TEST_K picks
+# others) into $OUT/gpu_test.log (STOP_ON_FAIL=1: stop there if they fail; TEST_S, default 420, bounds them). Then multi_gpu.py's scaling runs:
 # ONE0 on GPU 0 beside ONE1 on GPU 1, then TWO on both, REPEATS (1) times each, round robin. DeepCompile recompiles
 # at its 6th step with a prefetch schedule measured in the first five, so every run warms up for WARMUP (8) steps.
 # Each run's line lands in $OUT/dc1_*.log / dc2.log as it ends.
@@ -13,7 +13,7 @@ T0=$SECONDS
 build_ops dc > "$OUT/ops.log"
 echo "ops built in $((SECONDS - T0)) s" >> "$OUT/ops.log"
 if [ "${TESTS:-1}" = 1 ]; then
-    timeout "${TEST_S:-420}" python3 -m pytest -q -m gpu tests/test_gpu.py -k deepcompile > "$OUT/gpu_test.log" 2>&1
+    timeout "${TEST_S:-420}" python3 -m pytest -q -m gpu tests/test_gpu.py -k "${TEST_K:-deepcompile}" > "$OUT/gpu_test.log" 2>&1
     rc=$?
     tail -n 3 "$OUT/gpu_test.log"
     if [ $rc != 0 ] && [ "${STOP_ON_FAIL:-0}" = 1 ]; then echo "dc done in $((SECONDS - T0)) s: tests failed"; exit 1; fi
