@@ -286,8 +286,10 @@ def test_deepcompile_schedule_is_deepspeeds_default_from_the_engines_step():
 def test_deepcompile_prefetch_leaves_graphs_without_gathers_alone():
     """A graph with no inputs (what a graph break in `training_step` can leave, e.g. a constant built for
     `self.log`) fails DeepSpeed 0.19's `schedule_prefetch` with a bare AssertionError (seen on an H200); lightspeed's
-    prefetch returns None for it (graph unchanged, as DeepSpeed's pass runner reads None) before DeepSpeed's pass
-    runs, which would fail here for want of profiling results."""
+    prefetch returns None for it (graph unchanged, as DeepSpeed's pass runner reads None) without running DeepSpeed's
+    pass, and hands a graph that gathers parameters to DeepSpeed's pass."""
+    from types import SimpleNamespace
+
     import torch.fx
 
     from lightspeed.strategies.zero3 import prefetch_where_gathered
@@ -299,3 +301,17 @@ def test_deepcompile_prefetch_leaves_graphs_without_gathers_alone():
     gm = torch.fx.symbolic_trace(Constant())
     assert not [n for n in gm.graph.nodes if n.op == "placeholder"]
     assert prefetch_where_gathered(gm, 0, [], {}, None, 0.0, {}, False) is None
+
+    class Gather:  # stands for torch.ops.dc.allgather_param.default (CUDA-only), which prints under this name
+        __name__ = "allgather_param"
+
+        def __call__(self, x):
+            return x
+
+        def __str__(self):
+            return "dc.allgather_param.default"
+
+    graph = torch.fx.Graph()
+    graph.output(graph.call_function(Gather(), (graph.placeholder("w"),)))
+    with pytest.raises(KeyError):  # a graph that gathers reaches DeepSpeed's pass, which looks up its profile
+        prefetch_where_gathered(SimpleNamespace(graph=graph), 0, [], {}, None, 0.0, {}, False)
