@@ -443,9 +443,9 @@ DC_TIMEOUT = 420  # seconds: its two compilations take about 3 minutes per proce
 
 
 def for_setup(name: str, warmup: int, timeout: float) -> tuple[int, float]:
-    """The warm-up steps and the time limit a setup runs with: a DeepCompile setup (`+dc`, `+dceager`) gets at least DC_WARMUP
-    and DC_TIMEOUT, so its timed steps are the compiled schedule's and its compilation is not cut short; every run's
-    result records the warm-up it had."""
+    """The warm-up steps and the time limit a setup runs with: a DeepCompile setup (`+dc`, `+dceager`) gets at
+    least DC_WARMUP and DC_TIMEOUT, so its timed steps are the compiled schedule's and its compilation is not cut
+    short; every run's result records the warm-up it had."""
     if {"dc", "dceager"} & set(name.split("+")[1:]):
         return max(warmup, DC_WARMUP), max(timeout, DC_TIMEOUT)
     return warmup, timeout

@@ -46,13 +46,11 @@ run() {  # a command, or with DRY=1 its text
     if [ -n "${DRY:-}" ]; then echo "+ CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-all} $*" >&3; else "$@"; fi
 }
 
-prelude() {  # machine facts and DeepSpeed's FusedAdam op built/loaded once, before any timed run ($1: log)
+prelude() {  # machine facts and DeepSpeed's FusedAdam (DC=1: and dc) op built once, before any timed run ($1: log)
     [ -n "${CPU:-}${DRY:-}" ] && return
     { nvidia-smi --query-gpu=name,memory.total --format=csv; nproc; free -g; python3 -c "import torch; print(torch.__version__)"; } > "$OUT/machine.txt" 2>&1
-    local dc=""
-    [ -n "${DC:-}" ] && dc="; from deepspeed.ops.op_builder.dc import DeepCompileBuilder; DeepCompileBuilder().load()"
-    timeout 300 python3 -c "from deepspeed.accelerator import get_accelerator as a; \
-a().create_op_builder('FusedAdamBuilder').load()$dc; print('ops ready')" >> "$1" 2>&1
+    H200_FUNCS_ONLY=1 source benchmarks/h200_env.sh
+    build_ops ${DC:+dc} >> "$1"
 }
 
 one_gpu_pair() {  # BUDGET_S LIST0 LIST1 REPEATS TAG: gpu_suite.py on GPU 0 (LIST0) and GPU 1 (LIST1) at once,

@@ -326,8 +326,8 @@ def launch(args, strategy: str, devices: int, extra: list[str] | None = None, ti
 def _launch(args, strategy: str, devices: int, extra: list[str] | None, timeout: float) -> dict:
     from gpu_suite import for_setup
 
-    # The hand-written loops are started as users start them: torchrun, one process per GPU.
     warmup, timeout = for_setup(strategy, args.warmup, timeout)
+    # The hand-written loops are started as users start them: torchrun, one process per GPU.
     start = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(devices), "--"]
              if _base(strategy) in PLAIN else [sys.executable])
     cmd = [*start, __file__, "--run", "--strategy", strategy, "--devices", str(devices),
