@@ -21,7 +21,7 @@ from helpers import assert_close_losses, run_workload
 from lightspeed.errors import ConfigError
 from lightspeed.examples.gpt import GPT, SIZES, ByteWindows, GPTModule, stdlib_corpus
 from lightspeed.kernels import (RECOMPILE_CALLS, CompiledStep, apply_compile, apply_fused_optimizers, compiled_frames,
-                               compiled_ran)
+                               compiled_ran, skip_alignment_asserts)
 from lightspeed.strategies.base import SchedulerConfig
 
 CFG = dataclasses.replace(SIZES["tiny"], bias=False)
@@ -334,3 +334,21 @@ def test_compile_options_reach_the_blocks_and_the_step_and_bad_ones_fail_before_
                        ("yes", "expected True, False or a dict")):
         with pytest.raises(ConfigError, match=f"compile=.*{words}"):
             ls.Trainer(compile=bad)
+
+
+def test_compiling_turns_inductors_alignment_asserts_off_unless_the_user_chose(monkeypatch):
+    """Inductor's alignment check fails on an output a fallback op leaves undefined (cuDNN attention without grad:
+    validation through compiled blocks or DeepCompile's engine crashed on an H200; docs/benchmarks.md, ninth
+    session), so lightspeed's compile paths turn it off, except where TORCHINDUCTOR_ALIGNMENT_ASSERTS says."""
+    import torch._inductor.config as inductor
+
+    monkeypatch.setattr(inductor, "alignment_asserts", True)
+    monkeypatch.setenv("TORCHINDUCTOR_ALIGNMENT_ASSERTS", "1")
+    skip_alignment_asserts()
+    assert inductor.alignment_asserts is True  # the user's choice stands
+    monkeypatch.delenv("TORCHINDUCTOR_ALIGNMENT_ASSERTS")
+    apply_compile(torch.nn.Sequential(torch.nn.Linear(4, 4)))
+    assert inductor.alignment_asserts is False
+    monkeypatch.setattr(inductor, "alignment_asserts", True)
+    CompiledStep(StepModule(log=False))
+    assert inductor.alignment_asserts is False

@@ -11,6 +11,7 @@ Both change nothing the user can observe but speed: the fused optimizer runs the
 from __future__ import annotations
 
 import inspect
+import os
 import sys
 import warnings
 from typing import Any, Literal
@@ -151,6 +152,19 @@ def rebind_schedulers(schedulers: list, old: Any, new: Any) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- compile
+def skip_alignment_asserts() -> None:
+    """Turns off inductor's `alignment_asserts` (a debug check in the code it generates) for this process, unless
+    the user set TORCHINDUCTOR_ALIGNMENT_ASSERTS. torch's inductor checks every output of a fallback op, and an
+    output the op leaves undefined fails it: cuDNN attention without grad (validation, prediction) leaves its
+    logsumexp undefined, and the compiled forward stopped with "TypeError: expected Tensor() for op:
+    torch.ops.aten._scaled_dot_product_cudnn_attention.default" (an H200, torch 2.11; pytorch issue #196226).
+    PyTorch's own fbcode builds ship with the check off. Called wherever lightspeed compiles."""
+    if "TORCHINDUCTOR_ALIGNMENT_ASSERTS" not in os.environ:
+        import torch._inductor.config as inductor
+
+        inductor.alignment_asserts = False
+
+
 def apply_compile(module: nn.Module, *, block_classes: list[type] | None = None,
                   options: bool | dict = True) -> list[str]:
     """Compiles, in place, the repeated blocks of `module` with `torch.compile` (regional compilation).
@@ -170,6 +184,7 @@ def apply_compile(module: nn.Module, *, block_classes: list[type] | None = None,
     Returns:
         the qualified names of the compiled modules ("" for the root), in module order.
     """
+    skip_alignment_asserts()
     if block_classes:
         classes = tuple(block_classes)
         found = [(n, m) for n, m in module.named_modules() if isinstance(_unwrapped(m), classes)]
@@ -275,6 +290,7 @@ class CompiledStep:
     """
 
     def __init__(self, module: nn.Module, **options: Any):
+        skip_alignment_asserts()
         self.step = module.training_step
         self.compiled = torch.compile(self.step, **options)
         self.opaque = [(m, torch.compiler.disable(m._call_impl), m.forward) for m in _opaque_modules(module)]

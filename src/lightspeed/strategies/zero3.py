@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from ..distributed import broadcast_from_rank0
 from ..errors import ConfigError
+from ..kernels import skip_alignment_asserts
 from ..memory import cuda_free
 from ..plan_probe import repeated_blocks
 
@@ -226,6 +227,7 @@ def start_deepcompile(engine, log0) -> None:
     first training forward, after any checkpoint load; says so with `log0`."""
     from deepspeed.compile.passes import prefetch
 
+    skip_alignment_asserts()  # the compiled engine validates without grad (kernels.skip_alignment_asserts)
     log0(f"DeepSpeed: DeepCompile compiles the step now and again {DEEPCOMPILE_WARMUP} steps on, with the prefetch "
          "schedule it measured (minutes on a cold cache; the steps after run compiled).")
     engine.register_compile_pass(PREFETCH, prefetch_where_gathered, prefetch.CONTRACT)
