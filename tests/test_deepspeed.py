@@ -315,3 +315,26 @@ def test_deepcompile_prefetch_leaves_graphs_without_gathers_alone():
     graph.output(graph.call_function(Gather(), (graph.placeholder("w"),)))
     with pytest.raises(KeyError):  # a graph that gathers reaches DeepSpeed's pass, which looks up its profile
         prefetch_where_gathered(SimpleNamespace(graph=graph), 0, [], {}, None, 0.0, {}, False)
+
+
+def test_zero3_with_hooks_on_several_gpus_suggests_deepcompile_where_it_could_run():
+    """Rank 0 is told about `deepcompile=True` where it could replace ZeRO-3's hooks: stage 3 on several CUDA GPUs,
+    nothing DeepCompile refuses (offload, manual optimization, the Trainer's compile, named leaf modules). Nowhere
+    else: one GPU, CPU ranks (every test here), other stages, or with the flag already on."""
+    from lightspeed.launch import DistInfo
+    from lightspeed.specs import RunSpec
+    from lightspeed.strategies.zero3 import deepcompile_hint
+
+    def hint(world_size=2, device="cuda", spec=None, **strategy):
+        s = ls.DeepSpeed(**{"stage": 3, **strategy})
+        s.spec, s.dist = spec or RunSpec(device_type=device), DistInfo(world_size=world_size, local_world_size=2)
+        s.device = torch.device(device, 0) if device == "cuda" else torch.device(device)
+        return deepcompile_hint(s)
+
+    line = hint()
+    assert "2 GPUs" in line and "deepcompile=True" in line and "docs/benchmarks.md" in line
+    for quiet in (hint(world_size=1), hint(device="cpu"), hint(stage=2), hint(offload_optimizer="cpu"),
+                  hint(deepcompile=True), hint(leaf_modules=[torch.nn.Linear]),
+                  hint(spec=RunSpec(device_type="cuda", compile=True)),
+                  hint(spec=RunSpec(device_type="cuda", automatic_optimization=False))):
+        assert quiet is None

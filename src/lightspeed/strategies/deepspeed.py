@@ -39,9 +39,9 @@ from .deepspeed_manual import EngineOptimizer
 from .deepspeed_multi import check_group, initialize_group, leave_process_group, merge_engines
 from .host_memory import host_memory_warning, offloaded_bytes_per_param
 from .portable import Portable, write_deepspeed
-from .zero3 import (check_deepcompile_run, check_leaf_modules, copy_from_rank0, destroy_engine, full_shapes,
-                    load_weights, mark_leaf_modules, partitioned_init, prefetch_bucket, start_deepcompile,
-                    wants_deepcompile, whole_numel)
+from .zero3 import (check_deepcompile_run, check_leaf_modules, copy_from_rank0, deepcompile_hint, destroy_engine,
+                    full_shapes, load_weights, mark_leaf_modules, partitioned_init, prefetch_bucket,
+                    start_deepcompile, wants_deepcompile, whole_numel)
 
 Offload = Literal["cpu", "nvme"] | None
 
@@ -153,6 +153,7 @@ class DeepSpeed:
         # DeepSpeed's comm layer adopts the torch process group that is already there.
         deepspeed.init_distributed(dist_backend=dist.get_backend(), dist_init_required=False, verbose=False)
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+        self._log0(deepcompile_hint(self))  # None: no line
 
     @property
     def _pinned(self) -> bool:
@@ -385,8 +386,8 @@ class DeepSpeed:
                 destroy_engine(engine, self.module)
         leave_process_group()  # and drop DeepSpeed's references to it: a later Trainer here joins a new one
 
-    def _log0(self, message: str) -> None:
-        print(message, flush=True) if self.dist.is_global_zero else None
+    def _log0(self, message: str | None) -> None:
+        print(message, flush=True) if message and self.dist.is_global_zero else None
 
 
 def full_state_dict(path: Path) -> dict[str, torch.Tensor]:

@@ -178,6 +178,20 @@ def wants_deepcompile(flag, user_config: dict, stage: int, offloaded: bool, leaf
     return True
 
 
+def deepcompile_hint(strategy) -> str | None:
+    """A line for rank 0 when `strategy` (a connected DeepSpeed) runs ZeRO-3's hooks where DeepCompile could run
+    the step instead: stage 3 on more than one CUDA GPU, no offload, automatic optimization, no Trainer compile,
+    no leaf modules named. None otherwise."""
+    spec, s = strategy.spec, strategy
+    if (s.stage != 3 or s.deepcompile or s.device.type != "cuda" or s.dist.world_size < 2 or s.offload_optimizer
+            or s.offload_params or s.leaf_modules or spec.compile or not spec.automatic_optimization):
+        return None
+    return (f"DeepSpeed stage 3 on {s.dist.world_size} GPUs gathers parameters with per-module hooks, whose host "
+            "time costs speed per GPU as GPUs are added (2 H200s: 0.86-0.90 of one GPU's tokens/s per GPU; "
+            "docs/benchmarks.md). DeepSpeed(stage=3, deepcompile=True) compiles the gathers into the step (1.00-1.05 "
+            "there) at the cost of minutes of compilation in the first steps.")
+
+
 def check_deepcompile_run(spec) -> None:
     """Raises ConfigError, before any rank starts, for a run DeepCompile cannot serve: off CUDA (DeepSpeed's
     DeepCompile runs on CUDA only), with the Trainer's own `compile` (the step would be compiled twice over), or
