@@ -6,7 +6,6 @@ still learn). ~15 s per stage.
 """
 
 import json
-import sys
 
 import pytest
 from helpers import ROOT, launch

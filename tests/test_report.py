@@ -15,11 +15,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
 from helpers import launch
-from lightspeed.callbacks import Callback
 from lightspeed.loggers import CSVLogger
 from lightspeed.report import write_report
 from lightspeed.run_metrics import RunMetrics
