@@ -182,9 +182,9 @@ def deepcompile_hint(strategy) -> str | None:
     """A line for rank 0 when `strategy` (a connected DeepSpeed) runs ZeRO-3's hooks where DeepCompile could run
     the step instead: stage 3 on more than one CUDA GPU, no offload, automatic optimization, no Trainer compile,
     no leaf modules named. None otherwise."""
-    spec, s = strategy.spec, strategy
+    s = strategy
     if (s.stage != 3 or s.deepcompile or s.device.type != "cuda" or s.dist.world_size < 2 or s.offload_optimizer
-            or s.offload_params or s.leaf_modules or spec.compile or not spec.automatic_optimization):
+            or s.offload_params or s.leaf_modules or s.spec.compile or not s.spec.automatic_optimization):
         return None
     return (f"DeepSpeed stage 3 on {s.dist.world_size} GPUs gathers parameters with per-module hooks, whose host "
             "time costs speed per GPU as GPUs are added (2 H200s: 0.86-0.90 of one GPU's tokens/s per GPU; "
