@@ -154,7 +154,8 @@ def run_plain(args, cfg) -> dict:
             "window_tok_s": [tokens / w for w in windows(times, args.windows)],
             "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if not args.cpu else float("nan"),
             "host_peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-            "nccl_max_ctas": os.environ.get("NCCL_MAX_CTAS"), **host_facts(times)}
+            "nccl_max_ctas": os.environ.get("NCCL_MAX_CTAS"), "nccl_proto": os.environ.get("NCCL_PROTO"),
+            "zero3_fetch": FETCH or None, **host_facts(times)}
 
 
 def run_one(args) -> dict:
@@ -209,7 +210,8 @@ def run_one(args) -> dict:
             "window_tok_s": [tokens / w for w in windows(times, args.windows)],
             "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if not args.cpu else float("nan"),
             "host_peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-            "nccl_max_ctas": os.environ.get("NCCL_MAX_CTAS"), **host_facts(times, rec.gc_pauses, args.warmup)}
+            "nccl_max_ctas": os.environ.get("NCCL_MAX_CTAS"), "nccl_proto": os.environ.get("NCCL_PROTO"),
+            "zero3_fetch": FETCH or None, **host_facts(times, rec.gc_pauses, args.warmup)}
 
 
 def _mark_leaf(module) -> None:
@@ -226,10 +228,11 @@ def _base(name: str) -> str:
 
 
 # hiprio: high-priority NCCL streams (environment only, `nccl_env`); gcfreeze/nogc: Python's garbage collector
-# frozen over the objects that exist when training starts, or off (Recorder); nobeat: no heartbeat thread (run_one)
-ANY_OPTIONS = ("hiprio", "gcfreeze", "nogc", "nobeat")
+# frozen over the objects that exist when training starts, or off (Recorder); nobeat: no heartbeat thread (run_one);
+# protoSimple/protoLL128/protoLL: NCCL_PROTO (`nccl_env`)
+ANY_OPTIONS = ("hiprio", "gcfreeze", "nogc", "nobeat", "protoSimple", "protoLL128", "protoLL")
 OPTIONS = {"ddp": ("bucket", "static", "bf16"), "fsdp": ("bf16reduce",),
-           "deepspeed_stage_3": ("leaf", "prefetch", "nomeml", "dc"),
+           "deepspeed_stage_3": ("leaf", "prefetch", "nomeml", "dc", "events", "fastleaf"),
            "plain_deepspeed_zero3": ("dc", "dceager"), "plain_deepspeed_zero3_tuned": ("dc", "dceager")}
 
 
@@ -237,10 +240,10 @@ def check_name(name: str) -> None:
     """Raises ValueError for a `+` option `variant`/`nccl_env` would not apply (a typo would measure the default)."""
     base, *opts = name.split("+")
     for o in opts:
-        m = re.fullmatch(r"(bucket|prefetch|ctas)([0-9.e]+)", o)
+        m = re.fullmatch(r"(bucket|prefetch|ctas|events)([0-9.e]+)", o)
         try:
             ok = (m and float(m[2]) > 0 and (m[1] == "ctas" and m[2].isdigit() or m[1] in OPTIONS.get(base, ()))
-                  or o in OPTIONS.get(base, ()) and o not in ("bucket", "prefetch") or o in ANY_OPTIONS)
+                  or o in OPTIONS.get(base, ()) and o not in ("bucket", "prefetch", "events") or o in ANY_OPTIONS)
         except ValueError:
             ok = False
         if not ok:
@@ -252,13 +255,15 @@ def check_name(name: str) -> None:
 def nccl_env(name: str) -> dict[str, str]:
     """The environment a variant sets in every process of its run, before any process group exists:
     `+ctasN` -> NCCL_MAX_CTAS=N (any strategy, the hand-written loops included); `+hiprio` ->
-    TORCH_NCCL_HIGH_PRIORITY=1."""
+    TORCH_NCCL_HIGH_PRIORITY=1; `+protoSimple` -> NCCL_PROTO=Simple."""
     env = {}
     for o in name.split("+")[1:]:
         if o.startswith("ctas"):
             env["NCCL_MAX_CTAS"] = str(int(o[len("ctas"):]))
         elif o == "hiprio":
             env["TORCH_NCCL_HIGH_PRIORITY"] = "1"
+        elif o.startswith("proto"):
+            env["NCCL_PROTO"] = o[len("proto"):]
     return env
 
 
@@ -269,9 +274,15 @@ def variant(name: str):
     `deepspeed_stage_3+prefetchN` (zero_optimization.stage3_prefetch_bucket_size=N, e.g. 1e8, through
     DeepSpeed(config=...)), `deepspeed_stage_3+nomeml` (memory_efficient_linear off: torch's own Linear),
     `deepspeed_stage_3+dc` (DeepSpeed's DeepCompile: `DeepSpeed(stage=3, deepcompile=True)`), and `+ctasN` on any
-    name (NCCL_MAX_CTAS=N, set by `_launch`: see `nccl_env`).
+    name (NCCL_MAX_CTAS=N, set by `_launch`: see `nccl_env`). ZeRO-3's parameter fetches:
+    `deepspeed_stage_3+eventsN` lets the host queue N fetch events before it waits on the oldest (DeepSpeed's
+    coordinator waits after 2), `deepspeed_stage_3+fastleaf` takes DeepSpeed's fast fetch for the leaf blocks (no
+    fetch events, no record_stream: what `stage3_module_granularity_threshold` turns on for the leaves it picks).
     Returns (strategy, leaf)."""
     base, *opts = name.split("+")
+    events = [int(float(o[len("events"):])) for o in opts if o.startswith("events")]
+    if base == "deepspeed_stage_3" and (events or "fastleaf" in opts):
+        patch_fetch(events[0] if events else None, "fastleaf" in opts)
     zero = {"stage3_prefetch_bucket_size": int(float(o[len("prefetch"):])) for o in opts if o.startswith("prefetch")}
     if "nomeml" in opts:
         zero["memory_efficient_linear"] = False
@@ -298,6 +309,28 @@ def variant(name: str):
                                                                           reduce_dtype=torch.bfloat16)
         return "fsdp", False
     return base, "leaf" in opts
+
+
+FETCH: dict = {}  # what patch_fetch set on the coordinator this run built (a run's JSON carries it)
+
+
+def patch_fetch(events: int | None, fast: bool) -> None:
+    """Changes DeepSpeed's ZeRO-3 parameter coordinator in this process (every rank parses the same name): its
+    limit of queued fetch events (`events`) and its fast fetch of leaf modules (`fast`)."""
+    from deepspeed.runtime.zero import partitioned_param_coordinator as ppc
+
+    init = ppc.PartitionedParameterCoordinator.__init__
+
+    def patched(self, *a, **kw):
+        if fast:
+            kw["fast_sharding_for_leaf_module"] = True
+        init(self, *a, **kw)
+        if events is not None:
+            self._PartitionedParameterCoordinator__max_ongoing_fetch_events = events
+        FETCH.update(fast_leaf=self.fast_sharding_for_leaf_module,
+                     events=self._PartitionedParameterCoordinator__max_ongoing_fetch_events)
+
+    ppc.PartitionedParameterCoordinator.__init__ = patched
 
 
 RESULTS: dict[str, dict] = {}  # every run of this invocation, keyed by its command line
