@@ -2,8 +2,9 @@
 # The GPU measurements of issue 12 (fused kernels by default, compile, ZeRO-3, scaling), on the 2xH200 machine,
 # with .wheels carried (see ../shared/device/README.md):
 #
-#     BUDGET_S=900 bash benchmarks/h200_issue12.sh suite   # EVERY figure of the issue, 3 runs (processes) per
-#                                               # setup (751 s on 2xH200): phase 1 the one-GPU setups on both GPUs
+#     BUDGET_S=960 bash benchmarks/h200_issue12.sh suite   # EVERY figure of the issue, 3 runs (processes) per
+#                                               # setup (751 s on 2xH200 before the tuned ZeRO-3 loop joined
+#                                               # both phases; ~920 s with it): phase 1 the one-GPU setups on both GPUs
 #                                               # at once, phase 2 the two-GPU runs, then issue12_table.py's table
 #                                               # in $OUT/table.txt. The default BUDGET_S (555) fits one 10-minute
 #                                               # device command and cuts the last round; docs/benchmarks.md says
@@ -93,10 +94,10 @@ suite|explore3)
     echo "[h200_issue12] $1 $(date -u +%FT%TZ) warmup $WARMUP steps $STEPS" > "$LOG"
     prelude "$LOG"
     if [ "$1" = suite ]; then
-        P1_LIST0=${SUITE1_GPU0:-single+user+compile,plain_pytorch,single+user,ddp+user,fsdp+user}
-        P1_LIST1=${SUITE1_GPU1:-plain_deepspeed_zero2,deepspeed_stage_2+user,plain_deepspeed_zero3,deepspeed_stage_3+user}
+        P1_LIST0=${SUITE1_GPU0:-single+user+compile,plain_pytorch,single+user,ddp+user,fsdp+user,plain_deepspeed_zero2}
+        P1_LIST1=${SUITE1_GPU1:-deepspeed_stage_2+user,plain_deepspeed_zero3,deepspeed_stage_3+user,plain_deepspeed_zero3_tuned}
         P1_REPEATS=$REPEATS
-        P2_LIST=${SUITE2:-ddp,fsdp,deepspeed_stage_2,deepspeed_stage_3,plain_deepspeed_zero3,plain_ddp}
+        P2_LIST=${SUITE2:-ddp,fsdp,deepspeed_stage_2,deepspeed_stage_3,plain_deepspeed_zero3,plain_ddp,plain_deepspeed_zero3_tuned}
         if [ -n "${DC:-}" ]; then
             P1_LIST0=$P1_LIST0,deepspeed_stage_3+user+dc P2_LIST=$P2_LIST,deepspeed_stage_3+dc
         fi
@@ -104,7 +105,7 @@ suite|explore3)
         # P1_SHARE: % of what is left after the prelude: est. phase 1 ~345 s, phase 2 ~480 s before plain_ddp
         # (the hand-written torch DDP loop, ddp's baseline) joined SUITE2; its runs are not timed on the H200s yet
         # (a guess: ~30 s a round, as ddp's)
-        P1_SHARE=${P1_SHARE:-42}
+        P1_SHARE=${P1_SHARE:-38}  # with plain_deepspeed_zero3_tuned in both phases: ~330 s and ~560 s
     else
         P1_LIST0=${EXPLORE3_GPU0:-plain_pytorch,single+user}
         P1_LIST1=${EXPLORE3_GPU1:-ddp+user,fsdp+user}
@@ -131,7 +132,7 @@ suite|explore3)
     fi
     P2_WALL=$(( SECONDS - start ))
     run python3 benchmarks/issue12_table.py "$OUT/$1_1gpu_a.json" "$OUT/$1_1gpu_b.json" \
-        --scaling "$OUT/$1_2gpu.json" --rows "${P2_LIST:-${SUITE2:-ddp,fsdp,deepspeed_stage_2,deepspeed_stage_3,plain_deepspeed_zero3,plain_ddp}}" > "$OUT/table.txt" 2>&1
+        --scaling "$OUT/$1_2gpu.json" --rows "${P2_LIST:-${SUITE2:-ddp,fsdp,deepspeed_stage_2,deepspeed_stage_3,plain_deepspeed_zero3,plain_ddp,plain_deepspeed_zero3_tuned}}" > "$OUT/table.txt" 2>&1
     [ -n "${DRY:-}" ] || cat "$OUT/table.txt" >> "$LOG"
     echo "[h200_issue12] $1 done: prelude + phase 1 $P1_WALL s + phase 2 $P2_WALL s, total $(( SECONDS - T0 )) s" \
         | tee -a "$LOG" >&3

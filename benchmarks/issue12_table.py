@@ -36,7 +36,11 @@ SINGLE = [
     ("deepspeed_stage_3+user", "plain_deepspeed_zero3", 0.99),
     ("deepspeed_stage_3+user", "plain_deepspeed_zero3", 1.15),  # the moonshot, at peak memory ≤ 1.10× the loop's
 ]
-OPTIONAL = [  # shown when the files have them: DeepSpeed(stage=3, deepcompile=True) (h200_issue12.sh suite, DC=1)
+OPTIONAL = [  # shown when the files have them: the hand-written ZeRO-3 loop with the settings DeepSpeed recommends
+    # for the model's size (gpu_suite.zero3_tuned), beside which stage 3 has no target; DeepSpeed(stage=3,
+    # deepcompile=True) (h200_issue12.sh suite, DC=1)
+    ("plain_deepspeed_zero3_tuned", None, None),
+    ("deepspeed_stage_3+user", "plain_deepspeed_zero3_tuned", None),
     ("deepspeed_stage_3+user+dc", "plain_deepspeed_zero3", 0.99),
     ("deepspeed_stage_3+user+dc", "plain_deepspeed_zero3", 1.15),
 ]
@@ -44,6 +48,7 @@ OPTIONAL = [  # shown when the files have them: DeepSpeed(stage=3, deepcompile=T
 # (a variant `base+opt...` is measured against its base's one-GPU setup: ddp+bf16 against the default DDP's)
 ONE_GPU = {"ddp": "ddp+user", "fsdp": "fsdp+user", "deepspeed_stage_2": "deepspeed_stage_2+user",
            "deepspeed_stage_3": "deepspeed_stage_3+user", "plain_deepspeed_zero3": "plain_deepspeed_zero3",
+           "plain_deepspeed_zero3_tuned": "plain_deepspeed_zero3_tuned",
            # The hand-written DDP loop against the same loop without DDP (gpu_suite's run_plain_pytorch: same model,
            # fused AdamW, autocast, random tokens): the per-GPU speed a user's own loop keeps when torch's DDP runs
            # it on N GPUs, DDP's own cost included. The suite has no one-rank DDP loop (a group of one would hide
@@ -117,7 +122,7 @@ def main() -> None:
     table = Table(title="One GPU: tok/s (median ± spread (samples)), each against its baseline in this run")
     for col in ("setup", "tok/s", "against", "ratio", "target", "", "peak GiB"):
         table.add_column(col, justify="right")
-    for name, base, target in SINGLE + [row for row in OPTIONAL if row[0] in suite]:
+    for name, base, target in SINGLE + [row for row in OPTIONAL if row[0] in suite and (not row[1] or row[1] in suite)]:
         mine, ref = suite_sample(suite.get(name)), suite_sample(suite.get(base)) if base else None
         ratio = mine[0] / ref[0] if mine and ref else None
         peak = suite.get(name, {}).get("peak_gib")
@@ -137,21 +142,25 @@ def main() -> None:
     table = Table(title=f"Scaling 1 → {n} GPUs: tok/s per GPU (median ± spread (samples)); the one-GPU figure is "
                         "the suite's run of the setup named beside it")
     for col in ("strategy", "1-GPU setup", "1 GPU", f"{n} GPUs", "efficiency", "target", "",
-                f"× DS ZeRO-3 loop ({n} GPUs)", f"× plain DDP loop ({n} GPUs)"):
+                f"× DS ZeRO-3 loop ({n} GPUs)", f"× DS ZeRO-3 tuned ({n} GPUs)", f"× plain DDP loop ({n} GPUs)"):
         table.add_column(col, justify="right")
     z3 = scaling_sample(scaling, "plain_deepspeed_zero3", n)
+    z3_tuned = scaling_sample(scaling, "plain_deepspeed_zero3_tuned", n)
     plain_ddp = scaling_sample(scaling, "plain_ddp", n)
     for strategy in rows:
         one_name = ONE_GPU.get(strategy, ONE_GPU.get(strategy.split("+")[0], ""))
         one, many = suite_sample(suite.get(one_name)), scaling_sample(scaling, strategy, n)
         eff = many[0] / one[0] if one and many else None
         vs = f"{many[0] / z3[0]:.3f}" if many and z3 and strategy.startswith("deepspeed_stage_3") else ""
+        vs_tuned = (f"{many[0] / z3_tuned[0]:.3f}" if many and z3_tuned and strategy.startswith("deepspeed_stage_3")
+                    else "")
         vs_ddp = f"{many[0] / plain_ddp[0]:.3f}" if many and plain_ddp and strategy.split("+")[0] == "ddp" else ""
         errors = [r["error"] for r in scaling.values() if r.get("strategy") == strategy and "error" in r]
         cell = _fmt(many) if many or not errors else f"{errors[0][:60]} ({len(errors)} failed)"
         table.add_row(strategy, one_name or "-", _fmt(one), cell, f"{eff:.3f}" if eff else "-",
                       "" if strategy.startswith("plain") else f"≥{SCALING_TARGET}",
-                      "" if strategy.startswith("plain") else _verdict(eff, SCALING_TARGET), vs, vs_ddp)
+                      "" if strategy.startswith("plain") else _verdict(eff, SCALING_TARGET), vs, vs_tuned,
+                      vs_ddp)
     console.print(table)
 
 

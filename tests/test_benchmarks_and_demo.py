@@ -83,23 +83,34 @@ def test_issue12_table_pairs_each_figure_with_its_baseline(tmp_path):
     assert (s["tok_s"], s["samples"], round(s["spread"], 4)) == (99.0, 3, round(5 / 99, 4))
     suite = [summarize(n, [{"name": n, "tok_s": t, "window_tok_s": [t, t, t], "peak_gib": 1.0}])
              for n, t in (("plain_pytorch", 100.0), ("single+user", 99.5), ("ddp+user", 90.0),
-                          ("plain_deepspeed_zero3", 50.0), ("deepspeed_stage_3+user+dc", 80.0))]
+                          ("plain_deepspeed_zero3", 50.0), ("deepspeed_stage_3+user+dc", 80.0),
+                          ("plain_deepspeed_zero3_tuned", 60.0), ("deepspeed_stage_3+user", 70.0))]
     (tmp_path / "suite_a.json").write_text(json.dumps(suite))
     (tmp_path / "scaling.json").write_text(json.dumps({
         "ddp 2": {"strategy": "ddp", "devices": 2, "tok_s_per_gpu": 81.0, "window_tok_s": [80.0, 81.0, 82.0]},
         "plain_ddp 2": {"strategy": "plain_ddp", "devices": 2, "tok_s_per_gpu": 85.0, "window_tok_s": [85.0]},
         "z3 2": {"strategy": "plain_deepspeed_zero3", "devices": 2, "tok_s_per_gpu": 40.0, "window_tok_s": [40.0]},
+        "z3t 2": {"strategy": "plain_deepspeed_zero3_tuned", "devices": 2, "tok_s_per_gpu": 45.0,
+                  "window_tok_s": [45.0]},
+        "ds3 2": {"strategy": "deepspeed_stage_3", "devices": 2, "tok_s_per_gpu": 63.0, "window_tok_s": [63.0]},
         "dc 2": {"strategy": "deepspeed_stage_3+dc", "devices": 2, "tok_s_per_gpu": 84.0, "window_tok_s": [84.0]}}))
     proc = _run([str(ROOT / "benchmarks" / "issue12_table.py"), str(tmp_path / "suite_a.json"), "--scaling",
                  str(tmp_path / "scaling.json")], tmp_path, timeout=60)
     row = {ln.split("│")[1].strip(): ln.split("│")[2:-1] for ln in proc.stdout.splitlines() if ln.count("│") > 2}
     single = "│".join(row["single+user"])
     assert "0.995" in single and "met" in single and "NOT" not in single, proc.stdout
-    # columns after the strategy: 1-GPU setup, 1 GPU, 2 GPUs, efficiency, target, verdict, × DS Z3, × plain DDP
-    ddp, plain = [[c.strip() for c in row[k]] for k in ("ddp", "plain_ddp")]
-    assert ddp[0] == "ddp+user" and ddp[3] == "0.900" and ddp[5] == "NOT met" and ddp[7] == "0.953", proc.stdout
+    # columns after the strategy: 1-GPU setup, 1 GPU, 2 GPUs, efficiency, target, verdict, × DS Z3, × DS Z3 tuned,
+    # × plain DDP
+    ddp, plain, z3 = [[c.strip() for c in row[k]] for k in ("ddp", "plain_ddp", "deepspeed_stage_3")]
+    assert ddp[0] == "ddp+user" and ddp[3] == "0.900" and ddp[5] == "NOT met" and ddp[8] == "0.953", proc.stdout
     # the hand-written DDP loop against the plain PyTorch loop on one GPU, no target of its own
-    assert plain[0] == "plain_pytorch" and plain[3] == "0.850" and plain[4:] == ["", "", "", ""], proc.stdout
+    assert plain[0] == "plain_pytorch" and plain[3] == "0.850" and plain[4:] == ["", "", "", "", ""], proc.stdout
+    # stage 3 against both hand-written ZeRO-3 loops on two GPUs: DeepSpeed's defaults and the tuned settings
+    assert (z3[3], z3[6], z3[7], z3[8]) == ("0.900", "1.575", "1.400", ""), proc.stdout
+    # on one GPU the last stage-3 row is the one against the tuned loop (no target); the tuned loop has its row
+    tuned_row = "│".join(row["deepspeed_stage_3+user"])
+    assert "plain_deepspeed_zero3_tuned" in tuned_row and "1.167" in tuned_row and "met" not in tuned_row, proc.stdout
+    assert [c.strip() for c in row["plain_deepspeed_zero3_tuned"]][0] == "60 ±0.0% (3)", proc.stdout
     # DeepCompile's rows, present because the files have them: against DeepSpeed's ZeRO-3 loop on one GPU (the
     # moonshot's row, same peak memory), and on two GPUs against its own one-GPU setup
     one_dc = "│".join(row["deepspeed_stage_3+user+dc"])
