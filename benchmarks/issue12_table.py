@@ -117,7 +117,7 @@ def main() -> None:
                    help="scaling strategies always shown (comma-separated), then any other found in the file")
     args = p.parse_args()
     suite = load_suite(args.suite)
-    console = Console(width=190)
+    console = Console(width=230)
 
     table = Table(title="One GPU: tok/s (median ± spread (samples)), each against its baseline in this run")
     for col in ("setup", "tok/s", "against", "ratio", "target", "", "peak GiB"):
