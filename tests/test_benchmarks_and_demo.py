@@ -179,3 +179,27 @@ def test_deepcompile_setups_warm_up_past_the_recompile():
     assert for_setup("plain_deepspeed_zero3+dceager", 10, 900) == (10, 900)
     assert for_setup("deepspeed_stage_3", 3, 150) == (3, 150)
     assert for_setup("ddp+user", 3, 150) == (3, 150)
+
+
+def test_multi_gpu_fetch_and_nccl_variants_are_checked_and_applied(tmp_path):
+    """multi_gpu.py's ZeRO-3 fetch variants reach DeepSpeed's parameter coordinator in every rank (the run's JSON
+    says what the coordinator was built with) and leave the per-step losses of the default run unchanged (fp32,
+    2 gloo ranks, tiny GPT); NCCL_PROTO variants set the environment; a malformed option is refused by name."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from multi_gpu import check_name, nccl_env
+
+    assert nccl_env("ddp+protoSimple") == {"NCCL_PROTO": "Simple"}
+    for good in ("deepspeed_stage_3+events16", "deepspeed_stage_3+fastleaf", "fsdp+protoLL128"):
+        check_name(good)
+    for bad in ("deepspeed_stage_3+events", "ddp+fastleaf", "deepspeed_stage_3+events0", "ddp+protoFast"):
+        with pytest.raises(ValueError, match="unknown or malformed option"):
+            check_name(bad)
+    out = tmp_path / "fetch.json"
+    _run([str(ROOT / "benchmarks" / "multi_gpu.py"), "--cpu", "--tiny", "--devices", "2", "--sections", "scaling",
+          "--counts", "2", "--strategies", "deepspeed_stage_3,deepspeed_stage_3+fastleaf+events9", "--repeats", "1",
+          "--steps", "4", "--warmup", "1", "--per-run-timeout", "150", "--json", str(out)], tmp_path, timeout=330)
+    runs = {r["strategy"]: r for r in json.loads(out.read_text()).values()}
+    default, patched = runs["deepspeed_stage_3"], runs["deepspeed_stage_3+fastleaf+events9"]
+    assert "error" not in default and "error" not in patched, runs
+    assert default["zero3_fetch"] is None and patched["zero3_fetch"] == {"fast_leaf": True, "events": 9}, runs
+    assert len(patched["losses"]) == 5 and patched["losses"] == pytest.approx(default["losses"], rel=1e-6), runs
