@@ -81,6 +81,11 @@ def _samples(values: list[float]) -> tuple[float, float, int] | None:
     return mid, (max(values) - min(values)) / mid, len(values)
 
 
+def _times(mine: tuple | None, ref: tuple | None, shown: bool) -> str:
+    """The ratio of two samples' medians as a cell, or "" where either is missing or the column does not apply."""
+    return f"{mine[0] / ref[0]:.3f}" if shown and mine and ref else ""
+
+
 def _verdict(ratio: float | None, target: float | None) -> str:
     if ratio is None or target is None:
         return ""
@@ -122,7 +127,8 @@ def main() -> None:
     table = Table(title="One GPU: tok/s (median ± spread (samples)), each against its baseline in this run")
     for col in ("setup", "tok/s", "against", "ratio", "target", "", "peak GiB"):
         table.add_column(col, justify="right")
-    for name, base, target in SINGLE + [row for row in OPTIONAL if row[0] in suite and (not row[1] or row[1] in suite)]:
+    optional = [row for row in OPTIONAL if row[0] in suite and (not row[1] or row[1] in suite)]
+    for name, base, target in SINGLE + optional:
         mine, ref = suite_sample(suite.get(name)), suite_sample(suite.get(base)) if base else None
         ratio = mine[0] / ref[0] if mine and ref else None
         peak = suite.get(name, {}).get("peak_gib")
@@ -151,10 +157,8 @@ def main() -> None:
         one_name = ONE_GPU.get(strategy, ONE_GPU.get(strategy.split("+")[0], ""))
         one, many = suite_sample(suite.get(one_name)), scaling_sample(scaling, strategy, n)
         eff = many[0] / one[0] if one and many else None
-        vs = f"{many[0] / z3[0]:.3f}" if many and z3 and strategy.startswith("deepspeed_stage_3") else ""
-        vs_tuned = (f"{many[0] / z3_tuned[0]:.3f}" if many and z3_tuned and strategy.startswith("deepspeed_stage_3")
-                    else "")
-        vs_ddp = f"{many[0] / plain_ddp[0]:.3f}" if many and plain_ddp and strategy.split("+")[0] == "ddp" else ""
+        zero3, ddp = strategy.startswith("deepspeed_stage_3"), strategy.split("+")[0] == "ddp"
+        vs, vs_tuned, vs_ddp = _times(many, z3, zero3), _times(many, z3_tuned, zero3), _times(many, plain_ddp, ddp)
         errors = [r["error"] for r in scaling.values() if r.get("strategy") == strategy and "error" in r]
         cell = _fmt(many) if many or not errors else f"{errors[0][:60]} ({len(errors)} failed)"
         table.add_row(strategy, one_name or "-", _fmt(one), cell, f"{eff:.3f}" if eff else "-",
