@@ -9,6 +9,10 @@
 #                                               # in $OUT/table.txt. The default BUDGET_S (555) fits one 10-minute
 #                                               # device command and cuts the last round; docs/benchmarks.md says
 #                                               # how the whole suite ran in the background across two commands.
+#     GPUS=4 BUDGET_S=1380 bash benchmarks/h200_issue12.sh suite   # on nvidia-h200-x4: the same figures with the
+#                                               # one-GPU setups on four GPUs at once, the two-GPU runs on two pairs
+#                                               # at once, and the four-GPU runs (scaling 1 -> 4, ZeRO-3 memory per
+#                                               # GPU against 16Ψ/N), all 3 runs per setup; ~1,330 s (estimate)
 #     bash benchmarks/h200_issue12.sh explore3  # candidate scaling fixes (NCCL CTAs, bf16 gradients, prefetch) on 2
 #                                               # GPUs, against one-GPU ddp/fsdp baselines measured first, < 570 s
 #     bash benchmarks/h200_issue12.sh single    # GPU 0: plain loop vs the user's AdamW (fused by default / as
@@ -54,25 +58,30 @@ prelude() {  # machine facts and DeepSpeed's FusedAdam (DC=1: and dc) op built o
     build_ops ${DC:+dc} >> "$1"
 }
 
-one_gpu_pair() {  # BUDGET_S LIST0 LIST1 REPEATS TAG: gpu_suite.py on GPU 0 (LIST0) and GPU 1 (LIST1) at once,
-    # each list round robin over its setups; both are cut at BUDGET_S (a run cut short keeps what it measured:
-    # gpu_suite writes its JSON after every run). An empty list runs nothing (never gpu_suite's default list).
-    local S="python3 benchmarks/gpu_suite.py --repeats $4 --windows 1 --warmup $WARMUP --steps $STEPS \
+one_gpu_lists() {  # BUDGET_S REPEATS TAG LIST0 [LIST1 ...]: gpu_suite.py on GPU i with LISTi, every GPU at once,
+    # each list round robin over its setups, in $OUT/TAG_a.json (GPU 0), TAG_b.json (GPU 1), ...; all are cut at
+    # BUDGET_S (a run cut short keeps what it measured: gpu_suite writes its JSON after every run). An empty list
+    # runs nothing (never gpu_suite's default list).
+    local budget=$1 repeats=$2 tag=$3 gpu=0 letters=abcdefgh list
+    shift 3
+    local S="python3 benchmarks/gpu_suite.py --repeats $repeats --windows 1 --warmup $WARMUP --steps $STEPS \
 --per-run-timeout ${PER_RUN_TIMEOUT:-150} $TINY_SUITE"
-    if [ -n "$2" ]; then
-        CUDA_VISIBLE_DEVICES=0 run timeout -k 8 "$1" $S --only "$2" --json "$OUT/$5_a.json" > "$OUT/$5_a.log" 2>&1 &
-    fi
-    if [ -n "$3" ]; then
-        CUDA_VISIBLE_DEVICES=1 run timeout -k 8 "$1" $S --only "$3" --json "$OUT/$5_b.json" > "$OUT/$5_b.log" 2>&1
-    fi
+    for list in "$@"; do
+        local f="$OUT/${tag}_${letters:$gpu:1}"
+        if [ -n "$list" ]; then
+            CUDA_VISIBLE_DEVICES=$gpu run timeout -k 8 "$budget" $S --only "$list" --json "$f.json" > "$f.log" 2>&1 &
+        fi
+        gpu=$(( gpu + 1 ))
+    done
     wait
 }
 
-two_gpus() {  # BUDGET_S LIST REPEATS JSON LOG: multi_gpu.py's scaling section on 2 GPUs only (round robin)
+n_gpus() {  # BUDGET_S LIST REPEATS JSON LOG N: multi_gpu.py's scaling section on N GPUs only (round robin), on the
+    # GPUs CUDA_VISIBLE_DEVICES names (all by default)
     [ -n "$2" ] || return 0
-    run timeout -k 8 "$1" python3 benchmarks/multi_gpu.py --devices 2 --counts 2 --sections scaling --module user \
-        --micro-batch 8 --repeats "$3" --windows 1 --warmup "$WARMUP" --steps "$STEPS" --per-run-timeout 150 \
-        $TINY_MG --strategies "$2" --json "$4" > "$5" 2>&1
+    run timeout -k 8 "$1" python3 benchmarks/multi_gpu.py --devices "$6" --counts "$6" --sections scaling \
+        --module user --micro-batch 8 --repeats "$3" --windows 1 --warmup "$WARMUP" --steps "$STEPS" \
+        --per-run-timeout 150 $TINY_MG --strategies "$2" --json "$4" > "$5" 2>&1
 }
 
 budget_left() {  # seconds from now to the end of the measuring budget ($BUDGET_S after the script started)
@@ -84,58 +93,98 @@ suite|explore3)
     # suite: every figure of issue 12 in one command. explore3: the lead's scaling exploration. Both end before
     # $BUDGET_S (default 555 s; each phase is cut with `timeout -k 8`, so + 8 s at worst, + the table's ~3 s)
     # whatever happens, and print the table from what was measured.
-    #   phase 1: the one-GPU setups, both GPUs at once (one process per run, round robin over each GPU's list so
+    #   phase 1: the one-GPU setups, every GPU at once (one process per run, round robin over each GPU's list so
     #            slow drift hits every setup alike). suite: the ZeRO-3 pair, whose step is CPU-bound, shares
-    #            GPU 1's list (never beside the compile setup, whose inductor workers take many cores) and runs
-    #            while GPU 0 runs its eager setups; the lists are balanced by estimated run times (~115 s a round each).
-    #   phase 2: the two-GPU runs, round robin, until the budget.
+    #            one GPU's list (never beside the compile setup on 2 GPUs, whose inductor workers take many cores)
+    #            and runs while GPU 0 runs its eager setups; the lists are balanced by estimated run times.
+    #   GPUS=4 (suite only), phase 4: the four-GPU runs, round robin, before phase 2, so a budget cut falls on the
+    #            two-GPU rounds, measured in every suite since the first, not on the four-GPU ones.
+    #   phase 2: the two-GPU runs, round robin, until the budget; GPUS=4: two pairs at once (GPUs 0,1: SUITE2_A,
+    #            GPUs 2,3: SUITE2_B, the ZeRO-3 setups together).
     BUDGET_S=${BUDGET_S:-555}
+    GPUS=${GPUS:-2}
     LOG="$OUT/$1.log"
-    echo "[h200_issue12] $1 $(date -u +%FT%TZ) warmup $WARMUP steps $STEPS" > "$LOG"
+    echo "[h200_issue12] $1 $(date -u +%FT%TZ) warmup $WARMUP steps $STEPS gpus $GPUS" > "$LOG"
     prelude "$LOG"
-    if [ "$1" = suite ]; then
-        P1_LIST0=${SUITE1_GPU0:-single+user+compile,plain_pytorch,single+user,ddp+user,fsdp+user,plain_deepspeed_zero2}
-        P1_LIST1=${SUITE1_GPU1:-deepspeed_stage_2+user,plain_deepspeed_zero3,deepspeed_stage_3+user,plain_deepspeed_zero3_tuned}
-        P1_REPEATS=$REPEATS
-        P2_LIST=${SUITE2:-ddp,fsdp,deepspeed_stage_2,deepspeed_stage_3,plain_deepspeed_zero3,plain_ddp,plain_deepspeed_zero3_tuned}
+    P4_LIST=
+    if [ "$1" = suite ] && [ "$GPUS" = 4 ]; then
+        # ~60-80 s a round on each GPU (one-GPU run walls: ~19 s eager, ~30 s ZeRO-3 and compile)
+        P1_LISTS=("${SUITE1_GPU0:-single+user+compile,plain_pytorch,single+user}"
+                  "${SUITE1_GPU1:-ddp+user,fsdp+user,plain_deepspeed_zero2}"
+                  "${SUITE1_GPU2:-plain_deepspeed_zero3,deepspeed_stage_3+user}"
+                  "${SUITE1_GPU3:-deepspeed_stage_2+user,plain_deepspeed_zero3_tuned}")
+        P2_GROUPS=("0,1" "2,3")  # ~100 s and ~130 s a round (two-GPU run walls: 22-60 s)
+        P2_LISTS=("${SUITE2_A:-ddp,fsdp,deepspeed_stage_2,plain_ddp}"
+                  "${SUITE2_B:-deepspeed_stage_3,plain_deepspeed_zero3,plain_deepspeed_zero3_tuned}")
+        P4_LIST=${SUITE4:-ddp,fsdp,deepspeed_stage_2,deepspeed_stage_3,plain_deepspeed_zero3,plain_ddp}
+        P1_SHARE=${P1_SHARE:-19} P4_SHARE=${P4_SHARE:-60}  # BUDGET_S=1380: ~250 s, then ~640 s, then ~430 s
+        P1_REPEATS=$REPEATS P2_REPEATS=$REPEATS
+    elif [ "$1" = suite ]; then
+        P1_LISTS=("${SUITE1_GPU0:-single+user+compile,plain_pytorch,single+user,ddp+user,fsdp+user,plain_deepspeed_zero2}"
+                  "${SUITE1_GPU1:-deepspeed_stage_2+user,plain_deepspeed_zero3,deepspeed_stage_3+user,plain_deepspeed_zero3_tuned}")
+        P2_GROUPS=("0,1")
+        P2_LISTS=("${SUITE2:-ddp,fsdp,deepspeed_stage_2,deepspeed_stage_3,plain_deepspeed_zero3,plain_ddp,plain_deepspeed_zero3_tuned}")
         if [ -n "${DC:-}" ]; then
-            P1_LIST0=$P1_LIST0,deepspeed_stage_3+user+dc P2_LIST=$P2_LIST,deepspeed_stage_3+dc
+            P1_LISTS[0]=${P1_LISTS[0]},deepspeed_stage_3+user+dc P2_LISTS[0]=${P2_LISTS[0]},deepspeed_stage_3+dc
         fi
-        P2_REPEATS=$REPEATS
+        P1_REPEATS=$REPEATS P2_REPEATS=$REPEATS
         # P1_SHARE: % of what is left after the prelude: est. phase 1 ~345 s, phase 2 ~480 s before plain_ddp
         # (the hand-written torch DDP loop, ddp's baseline) joined SUITE2; its runs are not timed on the H200s yet
         # (a guess: ~30 s a round, as ddp's)
         P1_SHARE=${P1_SHARE:-38}  # with plain_deepspeed_zero3_tuned in both phases: ~330 s and ~560 s
     else
-        P1_LIST0=${EXPLORE3_GPU0:-plain_pytorch,single+user}
-        P1_LIST1=${EXPLORE3_GPU1:-ddp+user,fsdp+user}
+        P1_LISTS=("${EXPLORE3_GPU0:-plain_pytorch,single+user}" "${EXPLORE3_GPU1:-ddp+user,fsdp+user}")
+        P2_GROUPS=("0,1")
+        P2_LISTS=("${EXPLORE3:-ddp,ddp+bf16,ddp+ctas8,ddp+bf16+ctas8,fsdp,fsdp+ctas8,deepspeed_stage_3,deepspeed_stage_3+prefetch1e8,deepspeed_stage_3+ctas8}")
         P1_REPEATS=$REPEATS
-        P2_LIST=${EXPLORE3:-ddp,ddp+bf16,ddp+ctas8,ddp+bf16+ctas8,fsdp,fsdp+ctas8,deepspeed_stage_3,deepspeed_stage_3+prefetch1e8,deepspeed_stage_3+ctas8}
         P2_REPEATS=${EXPLORE3_REPEATS:-1}
         P1_SHARE=${P1_SHARE:-36}  # phase 1: 6 runs per GPU; phase 2: 9 two-GPU runs
     fi
-    PHASES=${PHASES:-1,2}  # PHASES=1 or PHASES=2: one phase with the whole budget (two commands, same table code)
-    case "$PHASES" in *2*) ;; *) P1_SHARE=100 ;; esac
-    case "$PHASES" in *1*) ;; *) P1_LIST0= P1_LIST1= ;; esac
-    case "$PHASES" in *2*) ;; *) P2_LIST= ;; esac
+    PHASES=${PHASES:-1,2,4}  # PHASES=1, 2 or 4: that phase only, with the whole budget (the same table code)
+    case "$PHASES" in *[24]*) ;; *) P1_SHARE=100 ;; esac
+    case "$PHASES" in *1*) ;; *) P1_LISTS=() ;; esac
+    case "$PHASES" in *2*) ;; *) P2_LISTS=() P4_SHARE=100 ;; esac
+    case "$PHASES" in *4*) ;; *) P4_LIST= ;; esac
     P1_S=${P1_S:-$(( $(budget_left) * P1_SHARE / 100 ))}
-    echo "[h200_issue12] prelude $(( SECONDS - T0 )) s; phase 1 budget $P1_S s: GPU 0 $P1_LIST0 | GPU 1 $P1_LIST1" \
-        "x $P1_REPEATS" | tee -a "$LOG" >&3
-    start=$SECONDS
-    one_gpu_pair "$P1_S" "$P1_LIST0" "$P1_LIST1" "$P1_REPEATS" "$1_1gpu"
-    P1_WALL=$(( SECONDS - start ))
-    P2_S=$(budget_left)
-    echo "[h200_issue12] phase 1 took $P1_WALL s; phase 2 budget $P2_S s: $P2_LIST x $P2_REPEATS" | tee -a "$LOG" >&3
-    start=$SECONDS
-    if [ "$P2_S" -gt 20 ] && [ -n "$P2_LIST" ]; then
-        two_gpus "$P2_S" "$P2_LIST" "$P2_REPEATS" "$OUT/$1_2gpu.json" "$OUT/$1_2gpu.log"
-    fi
-    P2_WALL=$(( SECONDS - start ))
-    run python3 benchmarks/issue12_table.py "$OUT/$1_1gpu_a.json" "$OUT/$1_1gpu_b.json" \
-        --scaling "$OUT/$1_2gpu.json" --rows "${P2_LIST:-${SUITE2:-ddp,fsdp,deepspeed_stage_2,deepspeed_stage_3,plain_deepspeed_zero3,plain_ddp,plain_deepspeed_zero3_tuned}}" > "$OUT/table.txt" 2>&1
-    [ -n "${DRY:-}" ] || cat "$OUT/table.txt" >> "$LOG"
-    echo "[h200_issue12] $1 done: prelude + phase 1 $P1_WALL s + phase 2 $P2_WALL s, total $(( SECONDS - T0 )) s" \
+    echo "[h200_issue12] prelude $(( SECONDS - T0 )) s; phase 1 budget $P1_S s: ${P1_LISTS[*]:-(none)} x $P1_REPEATS" \
         | tee -a "$LOG" >&3
+    start=$SECONDS
+    [ "${#P1_LISTS[@]}" -gt 0 ] && one_gpu_lists "$P1_S" "$P1_REPEATS" "$1_1gpu" "${P1_LISTS[@]}"
+    P1_WALL=$(( SECONDS - start ))
+    P4_WALL=0
+    if [ -n "$P4_LIST" ]; then
+        P4_S=$(( $(budget_left) * ${P4_SHARE:-100} / 100 ))
+        echo "[h200_issue12] phase 1 took $P1_WALL s; phase 4 budget $P4_S s: $P4_LIST x $P2_REPEATS" \
+            | tee -a "$LOG" >&3
+        start=$SECONDS
+        [ "$P4_S" -gt 20 ] && n_gpus "$P4_S" "$P4_LIST" "$P2_REPEATS" "$OUT/$1_4gpu.json" "$OUT/$1_4gpu.log" 4
+        P4_WALL=$(( SECONDS - start ))
+    fi
+    P2_S=$(budget_left)
+    echo "[h200_issue12] phases 1 and 4 took $P1_WALL s and $P4_WALL s; phase 2 budget $P2_S s:" \
+        "${P2_LISTS[*]:-(none)} x $P2_REPEATS" | tee -a "$LOG" >&3
+    start=$SECONDS
+    SCALING=() ROWS=
+    for i in "${!P2_LISTS[@]}"; do
+        f="$OUT/$1_2gpu"
+        [ "${#P2_LISTS[@]}" -gt 1 ] && f="${f}_$(echo abcdefgh | cut -c $(( i + 1 )))"
+        SCALING+=("$f.json") ROWS=$ROWS${ROWS:+,}${P2_LISTS[$i]}
+        if [ "$P2_S" -gt 20 ] && [ -n "${P2_LISTS[$i]}" ]; then
+            CUDA_VISIBLE_DEVICES=${P2_GROUPS[$i]} n_gpus "$P2_S" "${P2_LISTS[$i]}" "$P2_REPEATS" "$f.json" "$f.log" 2 &
+        fi
+    done
+    wait
+    P2_WALL=$(( SECONDS - start ))
+    COUNTS=2
+    if [ -n "$P4_LIST" ]; then
+        SCALING+=("$OUT/$1_4gpu.json") COUNTS=2,4 ROWS=  # the table's own order (its default rows)
+    fi
+    run python3 benchmarks/issue12_table.py "$OUT/$1_1gpu_"?.json --scaling "${SCALING[@]}" --devices "$COUNTS" \
+        --rows "${ROWS:-ddp,fsdp,deepspeed_stage_2,deepspeed_stage_3,plain_deepspeed_zero3,plain_ddp,plain_deepspeed_zero3_tuned}" \
+        > "$OUT/table.txt" 2>&1
+    [ -n "${DRY:-}" ] || cat "$OUT/table.txt" >> "$LOG"
+    echo "[h200_issue12] $1 done: prelude + phase 1 $P1_WALL s + phase 4 $P4_WALL s + phase 2 $P2_WALL s," \
+        "total $(( SECONDS - T0 )) s" | tee -a "$LOG" >&3
     ;;
 single)
     { nvidia-smi --query-gpu=name,memory.total --format=csv; nproc; free -g; python3 -c "import torch; print(torch.__version__)"; } > "$OUT/machine.txt" 2>&1

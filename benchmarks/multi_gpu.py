@@ -78,6 +78,7 @@ class Recorder(ls.Callback):
         self.losses: list[float] = []
         self.clock = Clock()
         self.gc_pauses: list[tuple[int, int, float]] = []  # (batch, generation, ms) of each garbage collection
+        self.resting_gib = float("nan")  # GPU memory allocated when the last batch ended (see `resting_gib`)
         self._gc_start, self._batch = 0.0, 0
         gc.callbacks.append(self._on_gc)
 
@@ -95,6 +96,7 @@ class Recorder(ls.Callback):
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         self._batch += 1
         self.clock.stamp(trainer.device)
+        self.resting_gib = resting_gib(trainer.device)
         if "loss" in trainer.callback_metrics:  # the parity module logs it; the user's module does not
             self.losses.append(float(trainer.callback_metrics["loss"]))
 
@@ -113,6 +115,14 @@ class SyncedLossGPT(GPTModule):
 def model_cfg(args, layers: int | None = None, d: int | None = None):
     base = replace(SIZES["tiny"], vocab_size=256) if args.tiny else SIZES["1.3b"]
     return replace(base, n_layer=layers or base.n_layer, n_embd=d or base.n_embd)
+
+
+def resting_gib(device) -> float:
+    """GPU memory allocated on `device` between two steps (after the optimizer's step, before the next forward),
+    in GiB: the model states (parameters, gradients, optimizer states) and whatever else the strategy keeps from
+    step to step (communication buckets, persistent parameters), without activations. NaN on CPU. A counter the
+    allocator keeps on the host: no synchronization."""
+    return torch.cuda.memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
 
 
 def host_facts(times: list[float], gc_pauses: list | None = None, warmup: int = 0) -> dict:
@@ -135,6 +145,7 @@ def run_plain(args, cfg) -> dict:
     rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     device = torch.device("cpu") if args.cpu else torch.device("cuda", local)
     steps = args.warmup + args.steps
+    rest = [float("nan")]  # the ZeRO-3 loops: memory between steps, as Recorder.resting_gib
     if _base(args.strategy) == "plain_ddp":
         times = run_plain_ddp(cfg, args.micro_batch, steps, args.warmup, device, seed=rank)
     else:
@@ -142,7 +153,7 @@ def run_plain(args, cfg) -> dict:
         opts = args.strategy.split("+")[1:]  # +dc / +dceager: DeepCompile with inductor / eager (run_plain_deepspeed)
         dc = "inductor" if "dc" in opts else "eager" if "dceager" in opts else None
         times = run_plain_deepspeed(cfg, args.micro_batch, steps, args.warmup, device, zero, seed=rank,
-                                    deepcompile=dc)
+                                    deepcompile=dc, on_step=lambda engine: rest.append(resting_gib(device)))
     if rank != 0:
         return {}
     with torch.device("meta"):
@@ -153,7 +164,7 @@ def run_plain(args, cfg) -> dict:
             "tok_s_per_gpu": tokens / step_s, "step_s": step_s,
             "window_tok_s": [tokens / w for w in windows(times, args.windows)],
             "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if not args.cpu else float("nan"),
-            "host_peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+            "resting_gib": rest[-1], "host_peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
             "nccl_max_ctas": os.environ.get("NCCL_MAX_CTAS"), "nccl_proto": os.environ.get("NCCL_PROTO"),
             "zero3_fetch": FETCH or None, **host_facts(times)}
 
@@ -209,6 +220,7 @@ def run_one(args) -> dict:
             "tok_s_per_gpu": tokens / step_s, "step_s": step_s,
             "window_tok_s": [tokens / w for w in windows(times, args.windows)],
             "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if not args.cpu else float("nan"),
+            "resting_gib": rec.resting_gib,
             "host_peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
             "nccl_max_ctas": os.environ.get("NCCL_MAX_CTAS"), "nccl_proto": os.environ.get("NCCL_PROTO"),
             "zero3_fetch": FETCH or None, **host_facts(times, rec.gc_pauses, args.warmup)}
@@ -373,12 +385,13 @@ def _launch(args, strategy: str, devices: int, extra: list[str] | None, timeout:
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
-        return {"strategy": strategy, "error": f"timed out after {timeout:.0f}s"}
+        return {"strategy": strategy, "devices": devices, "error": f"timed out after {timeout:.0f}s"}
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):]) | {"warmup": warmup}
     oom = "out of memory" in proc.stderr.lower()
-    return {"strategy": strategy, "error": "OOM" if oom else " | ".join(proc.stderr.strip().splitlines()[-2:])[-300:]}
+    return {"strategy": strategy, "devices": devices,
+            "error": "OOM" if oom else " | ".join(proc.stderr.strip().splitlines()[-2:])[-300:]}
 
 
 def _table(title: str, columns: list[str], rows: list[list[str]]) -> None:

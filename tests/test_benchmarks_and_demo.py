@@ -124,6 +124,38 @@ def test_issue12_table_pairs_each_figure_with_its_baseline(tmp_path):
     assert (dc[0], dc[3], dc[5], dc[6]) == ("deepspeed_stage_3+user+dc", "1.050", "met", "2.100"), proc.stdout
 
 
+def test_issue12_table_reads_several_gpu_counts_and_zero3_memory(tmp_path):
+    """Scaling files of 2 and 4 GPUs read as one: each count has its table and its bar (0.95 at 2 GPUs, the 8-GPU
+    bar 0.90 beyond), and ZeRO-3's memory between steps is set against 16Ψ/N, split by a fit through both counts
+    into what every GPU keeps whole and what is sharded, and projected to 8 GPUs."""
+    params = 2**28  # 16Ψ = 4 GiB: 2 GiB per GPU on 2 GPUs, 1 GiB on 4, 0.5 GiB on 8
+    (tmp_path / "suite.json").write_text(json.dumps([{"name": "ddp+user", "tok_s": 90.0, "spread": 0.0},
+                                                     {"name": "deepspeed_stage_3+user", "tok_s": 50.0,
+                                                      "spread": 0.0}]))
+    runs = {"ddp 2": ("ddp", 2, 84.0, None), "ddp 4": ("ddp", 4, 85.0, None),
+            "z3 2": ("deepspeed_stage_3", 2, 45.0, 2.1), "z3 2 #2": ("deepspeed_stage_3", 2, 46.0, 2.1),
+            "z3 4": ("deepspeed_stage_3", 4, 44.0, 1.2)}
+    for name, part in (("a", ["ddp 2", "z3 2", "z3 2 #2"]), ("b", ["ddp 4", "z3 4"])):
+        (tmp_path / f"scaling_{name}.json").write_text(json.dumps({
+            k: {"strategy": runs[k][0], "devices": runs[k][1], "tok_s_per_gpu": runs[k][2], "params": params,
+                "resting_gib": runs[k][3] if runs[k][3] is not None else float("nan")} for k in part}))
+    proc = _run([str(ROOT / "benchmarks" / "issue12_table.py"), str(tmp_path / "suite.json"), "--scaling",
+                 str(tmp_path / "scaling_a.json"), str(tmp_path / "scaling_b.json"), "--devices", "2,4",
+                 "--rows", "ddp,deepspeed_stage_3"], tmp_path, timeout=60)
+    cells = [[c.strip() for c in ln.split("│")[1:-1]] for ln in proc.stdout.splitlines() if ln.count("│") > 2]
+    ddp = [c for c in cells if c[0] == "ddp"]  # strategy, 1-GPU setup, 1 GPU, N GPUs, efficiency, target, verdict
+    assert [(c[4], c[5], c[6]) for c in ddp] == [("0.933", "≥0.95", "NOT met"), ("0.944", "≥0.9", "met")], proc.stdout
+    z3 = [c for c in cells if c[0] == "deepspeed_stage_3"]
+    assert [c[4] for c in z3[:2]] == ["0.910", "0.880"], proc.stdout
+    # setup, GPUs, GiB between steps, 16Ψ/N GiB, ratio, verdict, fit: b = (2.1 - 1.2) / (1/2 - 1/4) = 3.6 GiB
+    # sharded, a = 1.2 - 3.6/4 = 0.3 GiB whole, so 0.3 + 3.6/8 = 0.75 GiB projected on 8 GPUs against 0.5
+    memory = z3[2:]
+    assert [c[1:6] for c in memory] == [["2", "2.10", "2.00", "1.050", "within 10%"],
+                                        ["4", "1.20", "1.00", "1.200", "NOT within 10%"],
+                                        ["8 (projected)", "0.75", "0.50", "1.500", "NOT within 10%"]], proc.stdout
+    assert memory[2][6] == "0.30 whole + 3.6/N sharded", proc.stdout
+
+
 def test_plain_ddp_loop_on_two_cpu_ranks_lands_in_the_issue12_table(tmp_path):
     """multi_gpu.py's hand-written torch DDP loop (torchrun, 2 gloo ranks, tiny GPT) reports its per-GPU figures,
     and issue12_table.py pairs them with the plain PyTorch loop's one-GPU figure."""
