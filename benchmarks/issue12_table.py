@@ -20,7 +20,9 @@ The issue's bar is 0.95 at 2 GPUs and 0.90 at 8; a count in between is held to 0
 scaling runs recorded the memory allocated between steps (multi_gpu.py's `resting_gib`), a last table puts each
 ZeRO-3 setup's against 16Ψ/N, the model states the ZeRO paper gives for Ψ parameters on N GPUs, at every count
 measured. With two counts it splits the figure into a sharded part (b/N) and a part every GPU keeps whole (a), and
-projects a + b/8 against 16Ψ/8, the issue's 8-GPU memory figure (within 10%).
+projects a + b/8 against 16Ψ/8, the issue's 8-GPU memory figure (within 10%). The sharded part, set against 16Ψ,
+shows whether the model states themselves are fully sharded; the whole part is what the engine keeps besides them
+(DeepSpeed's reduce bucket: `reduce_bucket_size` bf16 elements on every GPU).
 """
 
 from __future__ import annotations
@@ -159,7 +161,7 @@ def memory_rows(results: dict, counts: list[int]) -> list[list[str]]:
             ratio = (a + b / 8) / states8
             rows.append([strategy, "8 (projected)", f"{a + b / 8:.2f}", f"{states8:.2f}", f"{ratio:.3f}",
                          _within(ratio),
-                         f"{a:.2f} whole + {b:.1f}/N sharded"])
+                         f"{a:.2f} whole + {b:.2f}/N sharded ({b / (8 * states8):.3f} × 16Ψ)"])
     return rows
 
 

@@ -153,7 +153,7 @@ def test_issue12_table_reads_several_gpu_counts_and_zero3_memory(tmp_path):
     assert [c[1:6] for c in memory] == [["2", "2.10", "2.00", "1.050", "within 10%"],
                                         ["4", "1.20", "1.00", "1.200", "NOT within 10%"],
                                         ["8 (projected)", "0.75", "0.50", "1.500", "NOT within 10%"]], proc.stdout
-    assert memory[2][6] == "0.30 whole + 3.6/N sharded", proc.stdout
+    assert memory[2][6] == "0.30 whole + 3.60/N sharded (0.900 × 16Ψ)", proc.stdout
 
 
 def test_plain_ddp_loop_on_two_cpu_ranks_lands_in_the_issue12_table(tmp_path):
