@@ -220,9 +220,19 @@ class Clock:
 class StepTimer(ls.Callback):
     def __init__(self):
         self.clock = Clock()
+        self.resting_gib = float("nan")
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         self.clock.stamp(trainer.device)
+        self.resting_gib = resting_gib(trainer.device)
+
+
+def resting_gib(device) -> float:
+    """GPU memory allocated on `device` between two steps (after the optimizer's step, before the next forward),
+    in GiB: the model states (parameters, gradients, optimizer states) and whatever else the strategy keeps from
+    step to step (communication buckets, persistent parameters), without activations. NaN on CPU. A counter the
+    allocator keeps on the host: no synchronization."""
+    return torch.cuda.memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
 
 
 def windows(times: list[float], n: int) -> list[float]:
@@ -366,6 +376,7 @@ def run_lightspeed(name: str, cfg, micro_batch: int, steps: int, warmup: int, de
     else:
         trainer.fit(module, _loader(cfg, micro_batch, steps * accumulate))
     run_lightspeed.prebuilt = kept(module, built)
+    RESTING.append(timer.resting_gib)
     # Setup plus the first step: where torch.compile's compile time shows.
     run_lightspeed.first_step_s = timer.clock.first_host - started
     return timer.clock.step_times(warmup)
@@ -397,6 +408,9 @@ def kept(module, built) -> bool | None:
     return None if built is None else module.model is built
 
 
+RESTING: list[float] = []  # this process's run: GPU memory between steps after each step (resting_gib)
+
+
 def run_one(name: str, args) -> dict:
     """Runs one configuration in this process; returns its figures."""
     device = torch.device("cuda", 0) if torch.cuda.is_available() and not args.tiny else torch.device("cpu")
@@ -409,10 +423,10 @@ def run_one(name: str, args) -> dict:
         times = run_plain_pytorch(cfg, args.micro_batch, steps, args.warmup, device)
     elif name == "plain_deepspeed_zero2":
         times = run_plain_deepspeed(cfg, args.micro_batch, steps, args.warmup, device)
-    elif name == "plain_deepspeed_zero3":
-        times = run_plain_deepspeed(cfg, args.micro_batch, steps, args.warmup, device, ZERO3_DEFAULTS)
-    elif name == "plain_deepspeed_zero3_tuned":
-        times = run_plain_deepspeed(cfg, args.micro_batch, steps, args.warmup, device, zero3_tuned(cfg))
+    elif name in ("plain_deepspeed_zero3", "plain_deepspeed_zero3_tuned"):
+        zero = zero3_tuned(cfg) if name.endswith("_tuned") else ZERO3_DEFAULTS
+        times = run_plain_deepspeed(cfg, args.micro_batch, steps, args.warmup, device, zero,
+                                    on_step=lambda engine: RESTING.append(resting_gib(device)))
     else:
         times = run_lightspeed(name, cfg, args.micro_batch, steps, args.warmup, device, args.accumulate)
     with torch.device("meta"):
@@ -423,6 +437,7 @@ def run_one(name: str, args) -> dict:
         "name": name, "params": meta_model.num_params(), "step_s": step_s, "tok_s": tokens / step_s,
         "mfu": tokens / step_s * flops_per_token(meta_model) / PEAK_FLOPS,
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan"),
+        "resting_gib": RESTING[-1] if RESTING else float("nan"),  # the Trainer and the ZeRO-3 loops: resting_gib
         "timed_steps": len(times), "step_ms": [round(t * 1e3, 1) for t in times],  # each timed step: its profile
         "window_tok_s": [tokens / w for w in windows(times, args.windows)],
         "first_step_s": getattr(run_lightspeed, "first_step_s", None),

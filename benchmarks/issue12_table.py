@@ -19,8 +19,9 @@ Several scaling files are read as one, and `--devices` lists the GPU counts to t
 The issue's bar is 0.95 at 2 GPUs and 0.90 at 8; a count in between is held to 0.90, the 8-GPU bar. Where the
 scaling runs recorded the memory allocated between steps (multi_gpu.py's `resting_gib`), a last table puts each
 ZeRO-3 setup's against 16Ψ/N, the model states the ZeRO paper gives for Ψ parameters on N GPUs, at every count
-measured. With two counts it splits the figure into a sharded part (b/N) and a part every GPU keeps whole (a), and
-projects a + b/8 against 16Ψ/8, the issue's 8-GPU memory figure (within 10%). The sharded part, set against 16Ψ,
+measured (one GPU too, where the suite's run recorded it: gpu_suite.py's `resting_gib`). With two counts or more, a
+least-squares fit splits the figure into a sharded part (b/N) and a part every GPU keeps whole (a), and projects
+a + b/8 against 16Ψ/8, the issue's 8-GPU memory figure (within 10%). The sharded part, set against 16Ψ,
 shows whether the model states themselves are fully sharded; the whole part is what the engine keeps besides them
 (DeepSpeed's reduce bucket: `reduce_bucket_size` bf16 elements on every GPU).
 """
@@ -143,21 +144,26 @@ def _within(ratio: float) -> str:
     return "within 10%" if ratio <= MEMORY_TARGET else "NOT within 10%"
 
 
-def memory_rows(results: dict, counts: list[int]) -> list[list[str]]:
-    """Per ZeRO-3 setup and GPU count: GiB between steps against 16Ψ/N; with two counts or more, the fit
-    a + b/N through the smallest and the largest, and its projection to 8 GPUs against 16Ψ/8."""
+def memory_rows(results: dict, counts: list[int], suite: dict | None = None) -> list[list[str]]:
+    """Per ZeRO-3 setup and GPU count: GiB between steps against 16Ψ/N (one GPU too, where the suite's run of the
+    setup recorded it); with two counts or more, the least-squares fit a + b/N through them and its projection to
+    8 GPUs against 16Ψ/8."""
     rows = []
     for strategy in ZERO3:
         seen = {n: m for n in counts if (m := resting_sample(results, strategy, n))}
+        one = (suite or {}).get(ONE_GPU[strategy], {})
+        if isinstance(one.get("resting_gib"), (int, float)) and one["resting_gib"] == one["resting_gib"]:
+            seen = {1: (one["resting_gib"], one["params"])} | seen
         for n, (gib, params) in seen.items():
             states = 16 * params / n / 2**30
             rows.append([strategy, str(n), f"{gib:.2f}", f"{states:.2f}", f"{gib / states:.3f}",
                          _within(gib / states), ""])
         if len(seen) >= 2:
-            lo, hi = min(seen), max(seen)
-            b = (seen[lo][0] - seen[hi][0]) / (1 / lo - 1 / hi)  # GiB that divide by N
-            a = seen[hi][0] - b / hi  # GiB every GPU keeps whatever N
-            states8 = 16 * seen[hi][1] / 8 / 2**30
+            xs, ys = [1 / n for n in seen], [m[0] for m in seen.values()]
+            mx, my = statistics.fmean(xs), statistics.fmean(ys)
+            b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)  # GiB / N
+            a = my - b * mx  # GiB every GPU keeps whatever N
+            states8 = 16 * max(m[1] for m in seen.values()) / 8 / 2**30
             ratio = (a + b / 8) / states8
             rows.append([strategy, "8 (projected)", f"{a + b / 8:.2f}", f"{states8:.2f}", f"{ratio:.3f}",
                          _within(ratio),
@@ -199,7 +205,7 @@ def main() -> None:
     counts = [int(c) for c in args.devices.split(",")]
     for n in counts:
         scaling_table(console, suite, scaling, n, list(dict.fromkeys(r for r in args.rows.split(",") if r)))
-    rows = memory_rows(scaling, counts)
+    rows = memory_rows(scaling, counts, suite)
     if rows:
         table = Table(title="ZeRO-3 memory per GPU between steps (model states and what the engine keeps), "
                             "against the model states 16Ψ/N")

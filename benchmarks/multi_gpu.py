@@ -72,13 +72,14 @@ class Recorder(ls.Callback):
     """Rank 0 keeps each step's loss (averaged over ranks) and time (gpu_suite.Clock: CUDA events, no host sync)."""
 
     def __init__(self, strategy_name: str = ""):
-        from gpu_suite import Clock
+        from gpu_suite import Clock, resting_gib
 
+        self.resting = resting_gib  # gpu_suite's: GPU memory allocated between steps
         self.gc_mode = {"gcfreeze", "nogc"} & set(strategy_name.split("+")[1:])  # multi_gpu's `+` variants
         self.losses: list[float] = []
         self.clock = Clock()
         self.gc_pauses: list[tuple[int, int, float]] = []  # (batch, generation, ms) of each garbage collection
-        self.resting_gib = float("nan")  # GPU memory allocated when the last batch ended (see `resting_gib`)
+        self.resting_gib = float("nan")  # GPU memory allocated when the last batch ended
         self._gc_start, self._batch = 0.0, 0
         gc.callbacks.append(self._on_gc)
 
@@ -96,7 +97,7 @@ class Recorder(ls.Callback):
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         self._batch += 1
         self.clock.stamp(trainer.device)
-        self.resting_gib = resting_gib(trainer.device)
+        self.resting_gib = self.resting(trainer.device)
         if "loss" in trainer.callback_metrics:  # the parity module logs it; the user's module does not
             self.losses.append(float(trainer.callback_metrics["loss"]))
 
@@ -117,14 +118,6 @@ def model_cfg(args, layers: int | None = None, d: int | None = None):
     return replace(base, n_layer=layers or base.n_layer, n_embd=d or base.n_embd)
 
 
-def resting_gib(device) -> float:
-    """GPU memory allocated on `device` between two steps (after the optimizer's step, before the next forward),
-    in GiB: the model states (parameters, gradients, optimizer states) and whatever else the strategy keeps from
-    step to step (communication buckets, persistent parameters), without activations. NaN on CPU. A counter the
-    allocator keeps on the host: no synchronization."""
-    return torch.cuda.memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
-
-
 def host_facts(times: list[float], gc_pauses: list | None = None, warmup: int = 0) -> dict:
     """Each timed step (ms), this rank's CPUs and torch threads, and with a Recorder's `gc_pauses` the garbage
     collections in the timed steps: [step, generation, ms] of those over 0.5 ms, and their total."""
@@ -140,7 +133,7 @@ def host_facts(times: list[float], gc_pauses: list | None = None, warmup: int = 
 def run_plain(args, cfg) -> dict:
     """One rank of a hand-written loop (started by torchrun): DeepSpeed ZeRO-3, or torch DDP for `plain_ddp`; each
     rank trains on its own random tokens (seed = rank). Rank 0 returns the figures."""
-    from gpu_suite import ZERO3_DEFAULTS, run_plain_ddp, run_plain_deepspeed, windows, zero3_tuned
+    from gpu_suite import ZERO3_DEFAULTS, resting_gib, run_plain_ddp, run_plain_deepspeed, windows, zero3_tuned
 
     rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     device = torch.device("cpu") if args.cpu else torch.device("cuda", local)

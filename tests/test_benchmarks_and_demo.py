@@ -154,6 +154,24 @@ def test_issue12_table_reads_several_gpu_counts_and_zero3_memory(tmp_path):
                                         ["4", "1.20", "1.00", "1.200", "NOT within 10%"],
                                         ["8 (projected)", "0.75", "0.50", "1.500", "NOT within 10%"]], proc.stdout
     assert memory[2][6] == "0.30 whole + 3.60/N sharded (0.900 × 16Ψ)", proc.stdout
+    # the suite's one-GPU run joins the fit where it recorded its memory between steps: 4.25 GiB at N = 1 lies
+    # on 0.25 + 4.0/N, as do 2.25 (2 GPUs) and 1.25 (4 GPUs), so the least-squares fit finds exactly that line
+    suite = json.loads((tmp_path / "suite.json").read_text())
+    suite[1] |= {"resting_gib": 4.25, "params": params}
+    (tmp_path / "suite.json").write_text(json.dumps(suite))
+    for name, gib in (("a", 2.25), ("b", 1.25)):
+        part = json.loads((tmp_path / f"scaling_{name}.json").read_text())
+        for r in part.values():
+            r["resting_gib"] = gib if r["strategy"] == "deepspeed_stage_3" else r["resting_gib"]
+        (tmp_path / f"scaling_{name}.json").write_text(json.dumps(part))
+    proc = _run([str(ROOT / "benchmarks" / "issue12_table.py"), str(tmp_path / "suite.json"), "--scaling",
+                 str(tmp_path / "scaling_a.json"), str(tmp_path / "scaling_b.json"), "--devices", "2,4"],
+                tmp_path, timeout=60)
+    memory = [c for c in ([c.strip() for c in ln.split("│")[1:-1]] for ln in proc.stdout.splitlines())
+              if len(c) == 7 and c[0] == "deepspeed_stage_3"]  # the memory table's rows (the others have 10)
+    assert [c[1:5] for c in memory] == [["1", "4.25", "4.00", "1.062"], ["2", "2.25", "2.00", "1.125"],
+                                        ["4", "1.25", "1.00", "1.250"], ["8 (projected)", "0.75", "0.50", "1.500"]]
+    assert memory[3][6] == "0.25 whole + 4.00/N sharded (1.000 × 16Ψ)", proc.stdout
 
 
 def test_plain_ddp_loop_on_two_cpu_ranks_lands_in_the_issue12_table(tmp_path):
