@@ -12,7 +12,8 @@
 #     GPUS=4 BUDGET_S=1380 bash benchmarks/h200_issue12.sh suite   # on nvidia-h200-x4: the same figures with the
 #                                               # one-GPU setups on four GPUs at once, the two-GPU runs on two pairs
 #                                               # at once, and the four-GPU runs (scaling 1 -> 4, ZeRO-3 memory per
-#                                               # GPU against 16Ψ/N), all 3 runs per setup; ~1,330 s (estimate)
+#                                               # GPU against 16Ψ/N), all 3 runs per setup: 901 s on
+#                                               # 2026-11-30 (BUDGET_S=1000 would have held it)
 #     bash benchmarks/h200_issue12.sh explore3  # candidate scaling fixes (NCCL CTAs, bf16 gradients, prefetch) on 2
 #                                               # GPUs, against one-GPU ddp/fsdp baselines measured first, < 570 s
 #     bash benchmarks/h200_issue12.sh single    # GPU 0: plain loop vs the user's AdamW (fused by default / as
@@ -117,7 +118,8 @@ suite|explore3)
         P2_LISTS=("${SUITE2_A:-ddp,fsdp,deepspeed_stage_2,plain_ddp}"
                   "${SUITE2_B:-deepspeed_stage_3,plain_deepspeed_zero3,plain_deepspeed_zero3_tuned}")
         P4_LIST=${SUITE4:-ddp,fsdp,deepspeed_stage_2,deepspeed_stage_3,plain_deepspeed_zero3,plain_ddp}
-        P1_SHARE=${P1_SHARE:-19} P4_SHARE=${P4_SHARE:-60}  # BUDGET_S=1380: ~250 s, then ~640 s, then ~430 s
+        # of what is left: phase 1 took 165 s, phase 4 430 s, phase 2 265 s (41 s prelude) on 2026-11-30
+        P1_SHARE=${P1_SHARE:-19} P4_SHARE=${P4_SHARE:-60}
         P1_REPEATS=$REPEATS P2_REPEATS=$REPEATS
     elif [ "$1" = suite ]; then
         P1_LISTS=("${SUITE1_GPU0:-single+user+compile,plain_pytorch,single+user,ddp+user,fsdp+user,plain_deepspeed_zero2}"
