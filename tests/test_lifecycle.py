@@ -86,6 +86,7 @@ def test_protocol_calls_once_per_phase(tmp_path, name):
 
 FAIL_SCRIPT = r"""
 import sys
+import time
 from pathlib import Path
 sys.path.insert(0, {tests!r})
 import lightspeed as ls
@@ -104,6 +105,8 @@ class Boom(Regress):
     def training_step(self, batch, batch_idx):
         if self.global_step == 3 and self.global_rank == 1:
             raise RuntimeError("deliberate failure in training_step on rank 1")
+        if self.global_step == 3:  # rank 0 is busy (outside any collective) when rank 1 dies: its launcher's
+            time.sleep(1.5)  # watchdog sees the dead rank first, and must let rank 0 fail and finalize itself
         return super().training_step(batch, batch_idx)
 
 trainer = ls.Trainer(strategy="ddp", devices=2, accelerator="cpu", max_steps=50, logger=[FinalisedCSV(".")],
@@ -142,6 +145,9 @@ def test_failure_in_training_step_ends_cleanly(tmp_path):
     assert proc.returncode != 0, stderr[-3000:]
     assert stderr.count("RuntimeError: deliberate failure in training_step on rank 1") == 1, stderr[-4000:]
     assert (tmp_path / "on_exception-rank1.txt").read_text() == "RuntimeError"
+    # rank 0 failed by itself on the dead peer (its launcher's watchdog waited for that), so its callbacks and
+    # loggers saw the failure too
+    assert (tmp_path / "on_exception-rank0.txt").exists(), stderr[-3000:]
     assert (tmp_path / "finalized.txt").read_text() == "failed", stderr[-3000:]
     hide, show = "\x1b[?25l", "\x1b[?25h"  # rich hides the cursor while the bar is live, shows it when stopped
     assert hide in terminal and terminal.rfind(show) > terminal.rfind(hide), terminal[-500:]

@@ -145,6 +145,7 @@ def share_cpus(info: DistInfo) -> int | None:
 
 
 _exit_state = {"installed": False, "failed": False}
+PEER_FAILURE_GRACE_S = 5.0  # rank 0's time to fail by itself after another local rank died (start_local_ranks)
 
 
 def end_with_os_exit() -> None:
@@ -215,8 +216,10 @@ def start_local_ranks(n: int, timeout_s: float = 600.0) -> DistInfo:
     it: a port that was only probed free could be taken by another program before rank 0 listened on it (seen
     on a GPU host: EADDRINUSE, and a lost run).
 
-    A watchdog thread in rank 0 polls the children: if one exits non-zero, rank 0 kills the others and exits
-    with that code (the child's traceback is already on stderr). Children stop themselves if rank 0 dies.
+    A watchdog thread in rank 0 polls the children: if one exits non-zero, rank 0 gets PEER_FAILURE_GRACE_S to
+    fail by itself (its next collective with the dead rank raises, and the Trainer runs `on_exception` and
+    finalizes the loggers "failed"); if it has not, the watchdog kills the others and exits with that code (the
+    child's traceback is already on stderr). Children stop themselves if rank 0 dies.
     The same thread reads the ranks' heartbeats (heartbeat.py): when no rank has moved for 1.5 x `timeout_s`
     (the collective timeout; every rank stuck outside a collective, which no collective timeout ends), it says
     which rank is where and ends the job with status 1.
@@ -266,6 +269,14 @@ def start_local_ranks(n: int, timeout_s: float = 600.0) -> DistInfo:
                     where = beats.report() if code < 0 else ""
                     print(f"[lightspeed] rank {children.index(c) + 1} failed ({_status(code)}); "
                           f"stopping every rank.{where}", file=sys.__stderr__, flush=True)
+                    # Rank 0 meets the dead rank in its next collective (gloo at once, NCCL at its timeout) and
+                    # fails through the Trainer's own path: on_exception, loggers finalized "failed". Give it
+                    # that time; its exit handler then ends every rank. Past it, end the job from here.
+                    deadline = time.time() + PEER_FAILURE_GRACE_S
+                    while time.time() < deadline and not failed:
+                        time.sleep(0.05)
+                    if failed:
+                        return
                     kill_children()
                     os._exit(code if code > 0 else 1)
             if all(c.poll() is not None for c in children):
