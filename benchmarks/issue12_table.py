@@ -132,11 +132,17 @@ def scaling_sample(results: dict, strategy: str, devices: int) -> tuple[float, f
     return _samples(windows or [r["tok_s_per_gpu"] for r in runs])
 
 
+def _has_resting(result: dict) -> bool:
+    """Whether a run recorded its GPU memory between steps (a number, not the NaN of a CPU run)."""
+    gib = result.get("resting_gib")
+    return isinstance(gib, (int, float)) and gib == gib
+
+
 def resting_sample(results: dict, strategy: str, devices: int) -> tuple[float, float] | None:
     """(median GiB allocated between steps, parameters) over the runs of `strategy` on `devices` GPUs that recorded
     it, or None."""
     runs = [r for r in results.values() if r.get("strategy") == strategy and r.get("devices") == devices
-            and isinstance(r.get("resting_gib"), (int, float)) and r["resting_gib"] == r["resting_gib"]]
+            and _has_resting(r)]
     return (statistics.median(r["resting_gib"] for r in runs), runs[0]["params"]) if runs else None
 
 
@@ -152,7 +158,7 @@ def memory_rows(results: dict, counts: list[int], suite: dict | None = None) -> 
     for strategy in ZERO3:
         seen = {n: m for n in counts if (m := resting_sample(results, strategy, n))}
         one = (suite or {}).get(ONE_GPU[strategy], {})
-        if isinstance(one.get("resting_gib"), (int, float)) and one["resting_gib"] == one["resting_gib"]:
+        if _has_resting(one):
             seen = {1: (one["resting_gib"], one["params"])} | seen
         for n, (gib, params) in seen.items():
             states = 16 * params / n / 2**30
