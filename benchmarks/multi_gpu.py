@@ -75,6 +75,7 @@ class Recorder(ls.Callback):
         from gpu_suite import Clock, resting_gib
 
         self.resting = resting_gib  # gpu_suite's: GPU memory allocated between steps
+        self.name = strategy_name
         self.gc_mode = {"gcfreeze", "nogc"} & set(strategy_name.split("+")[1:])  # multi_gpu's `+` variants
         self.losses: list[float] = []
         self.clock = Clock()
@@ -90,6 +91,7 @@ class Recorder(ls.Callback):
             self.gc_pauses.append((self._batch, info["generation"], (time.perf_counter() - self._gc_start) * 1e3))
 
     def on_train_start(self, trainer, module):
+        bind_cpus(self.name, trainer.local_rank)
         if self.gc_mode:  # the objects that exist now (model, engines) are never scanned again; or no collection
             gc.collect()
             gc.freeze() if "gcfreeze" in self.gc_mode else gc.disable()
@@ -137,6 +139,7 @@ def run_plain(args, cfg) -> dict:
 
     rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     device = torch.device("cpu") if args.cpu else torch.device("cuda", local)
+    bind_cpus(args.strategy, local)
     steps = args.warmup + args.steps
     rest = [float("nan")]  # the ZeRO-3 loops: memory between steps, as Recorder.resting_gib
     if _base(args.strategy) == "plain_ddp":
@@ -159,7 +162,8 @@ def run_plain(args, cfg) -> dict:
             "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if not args.cpu else float("nan"),
             "resting_gib": rest[-1], "host_peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
             "nccl_max_ctas": os.environ.get("NCCL_MAX_CTAS"), "nccl_proto": os.environ.get("NCCL_PROTO"),
-            "zero3_fetch": FETCH or None, **host_facts(times)}
+            "zero3_fetch": FETCH or None, "cpus_bound": BOUND or None,
+            **host_facts(times)}
 
 
 def run_one(args) -> dict:
@@ -216,7 +220,8 @@ def run_one(args) -> dict:
             "resting_gib": rec.resting_gib,
             "host_peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
             "nccl_max_ctas": os.environ.get("NCCL_MAX_CTAS"), "nccl_proto": os.environ.get("NCCL_PROTO"),
-            "zero3_fetch": FETCH or None, **host_facts(times, rec.gc_pauses, args.warmup)}
+            "zero3_fetch": FETCH or None, "cpus_bound": BOUND or None,
+            **host_facts(times, rec.gc_pauses, args.warmup)}
 
 
 def _mark_leaf(module) -> None:
@@ -235,9 +240,12 @@ def _base(name: str) -> str:
 # hiprio: high-priority NCCL streams (environment only, `nccl_env`); gcfreeze/nogc: Python's garbage collector
 # frozen over the objects that exist when training starts, or off (Recorder); nobeat: no heartbeat thread (run_one);
 # protoSimple/protoLL128/protoLL: NCCL_PROTO (`nccl_env`)
-ANY_OPTIONS = ("hiprio", "gcfreeze", "nogc", "nobeat", "protoSimple", "protoLL128", "protoLL")
+# numanode/numasocket/numaexclusive: every rank bound to the CPUs near its GPU (`bind_cpus`, torch.numa's modes,
+# what `torchrun --numa-binding` applies)
+ANY_OPTIONS = ("hiprio", "gcfreeze", "nogc", "nobeat", "protoSimple", "protoLL128", "protoLL", "numanode",
+               "numasocket", "numaexclusive")
 OPTIONS = {"ddp": ("bucket", "static", "bf16"), "fsdp": ("bf16reduce",),
-           "deepspeed_stage_3": ("leaf", "prefetch", "nomeml", "dc", "events", "fastleaf"),
+           "deepspeed_stage_3": ("leaf", "prefetch", "nomeml", "dc", "events", "fastleaf", "bucket"),
            "plain_deepspeed_zero3": ("dc", "dceager"), "plain_deepspeed_zero3_tuned": ("dc", "dceager")}
 
 
@@ -278,7 +286,8 @@ def variant(name: str):
     reduce-scattered in bf16), `deepspeed_stage_3+leaf` (each Block one ZeRO-3 leaf module),
     `deepspeed_stage_3+prefetchN` (zero_optimization.stage3_prefetch_bucket_size=N, e.g. 1e8, through
     DeepSpeed(config=...)), `deepspeed_stage_3+nomeml` (memory_efficient_linear off: torch's own Linear),
-    `deepspeed_stage_3+dc` (DeepSpeed's DeepCompile: `DeepSpeed(stage=3, deepcompile=True)`), and `+ctasN` on any
+    `deepspeed_stage_3+dc` (DeepSpeed's DeepCompile: `DeepSpeed(stage=3, deepcompile=True)`),
+    `deepspeed_stage_3+bucketN` (`DeepSpeed(stage=3, reduce_bucket_size=N)`), and `+ctasN` on any
     name (NCCL_MAX_CTAS=N, set by `_launch`: see `nccl_env`). ZeRO-3's parameter fetches:
     `deepspeed_stage_3+eventsN` lets the host queue N fetch events before it waits on the oldest (DeepSpeed's
     coordinator waits after 2), `deepspeed_stage_3+fastleaf` takes DeepSpeed's fast fetch for the leaf blocks (no
@@ -293,8 +302,10 @@ def variant(name: str):
         zero["memory_efficient_linear"] = False
     if base == "deepspeed_stage_3" and "dc" in opts:  # DeepSpeed's DeepCompile (the strategy's deepcompile flag)
         return ls.DeepSpeed(stage=3, deepcompile=True, config={"zero_optimization": zero} if zero else None), False
-    if base == "deepspeed_stage_3" and zero:
-        return ls.DeepSpeed(stage=3, config={"zero_optimization": zero}), "leaf" in opts
+    buckets = [int(float(o[len("bucket"):])) for o in opts if o.startswith("bucket")]
+    if base == "deepspeed_stage_3" and (zero or buckets):  # +bucketN: reduce_bucket_size=N (elements)
+        return ls.DeepSpeed(stage=3, config={"zero_optimization": zero} if zero else None,
+                            **({"reduce_bucket_size": buckets[0]} if buckets else {})), "leaf" in opts
     if base == "ddp" and opts:
         kw = {}
         for o in opts:
@@ -314,6 +325,25 @@ def variant(name: str):
                                                                           reduce_dtype=torch.bfloat16)
         return "fsdp", False
     return base, "leaf" in opts
+
+
+BOUND: dict = {}  # bind_cpus: the mode and the CPUs this rank was bound to (a run's JSON carries rank 0's)
+
+
+def bind_cpus(name: str, local_rank: int) -> None:
+    """`+numaMODE` (node, socket, exclusive): binds every thread of this process to the CPUs torch.numa picks for
+    GPU `local_rank` in that mode, as `torchrun --numa-binding=MODE` does for its workers. Called once the ranks
+    exist (a lightspeed rank 0 binds after it has started the others, which would otherwise inherit its CPUs)."""
+    modes = [o[len("numa"):] for o in name.split("+")[1:] if o.startswith("numa")]
+    if not modes:
+        return
+    from torch.numa.binding import AffinityMode, NumaOptions, _maybe_apply_numa_binding_to_current_process
+
+    before = len(os.sched_getaffinity(0))
+    _maybe_apply_numa_binding_to_current_process(gpu_index=local_rank,
+                                                 numa_options=NumaOptions(AffinityMode(modes[0])))
+    cpus = sorted(os.sched_getaffinity(0))
+    BOUND.update(mode=modes[0], cpus=f"{len(cpus)} of {before}: {cpus[0]}..{cpus[-1]}")
 
 
 FETCH: dict = {}  # what patch_fetch set on the coordinator this run built (a run's JSON carries it)
