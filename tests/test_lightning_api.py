@@ -33,6 +33,15 @@ def test_deepspeed_strategy_stage_from_config_and_defaults():
     assert DeepSpeedStrategy().stage == 2 and DeepSpeedStrategy().offload_optimizer is None
 
 
+def test_deepspeed_reduce_bucket_default_depends_on_the_stage():
+    # Stage 3 keeps a 64M-element reduce bucket, 1 and 2 keep 200M (Lightning's); a size given explicitly stands.
+    assert [ls.DeepSpeed(stage=n).reduce_bucket_size for n in (1, 2, 3)] == [200_000_000, 200_000_000, 64_000_000]
+    assert build_strategy("deepspeed_stage_3_offload", 2).reduce_bucket_size == 64_000_000
+    assert DeepSpeedStrategy(stage=3).reduce_bucket_size == 64_000_000
+    assert DeepSpeedStrategy(stage=2).reduce_bucket_size == 200_000_000
+    assert ls.DeepSpeed(stage=3, reduce_bucket_size=10**8).reduce_bucket_size == 10**8
+
+
 def test_deepspeed_strategy_config_from_env_and_offload_false(tmp_path, monkeypatch):
     # Lightning's PL_DEEPSPEED_CONFIG_PATH names the config file when config= is not given.
     path = tmp_path / "ds.json"

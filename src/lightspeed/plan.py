@@ -46,6 +46,7 @@ from .memory import cuda_free
 from .plan_chart import gib, render_table, write_chart
 from .plan_probe import (Activations, ModelFacts, batch_of, inspect_model, plain_cuda_step, probe_activations,
                          saved_activation_bytes)
+from .strategies.deepspeed_config import REDUCE_BUCKET
 from .strategies.host_memory import offloaded_bytes_per_param
 
 __all__ = ["Candidate", "Forecast", "Choice", "MicroBatch", "Activations", "ModelFacts", "build_candidates",
@@ -71,7 +72,6 @@ AC_SPEED = 0.80
 # below every on-device one (the issue's order: no sharding > ZeRO-2 > ZeRO-3 > offload).
 OFFLOAD_SPEED = 0.22
 
-DS_REDUCE_BUCKET = 200_000_000  # DeepSpeed(reduce_bucket_size=...) default, in elements
 NAMED = {"single", "ddp", "ddp_sharded", "fsdp", "fsdp_grad_op", "deepspeed_stage_1", "deepspeed_stage_2",
          "deepspeed_stage_3", "deepspeed_stage_1_offload", "deepspeed_stage_2_offload", "deepspeed_stage_3_offload"}
 
@@ -217,7 +217,7 @@ def _deepspeed(c: Candidate, facts: ModelFacts, devices: int, precision: str, ac
     else:  # one flat buffer per parameter group, padded to 2 × world size (DeepSpeed's alignment), then split
         part = sum(_round_up(sum(math.prod(s) for s in g), 2 * devices) // devices for g in facts.groups)
         params = total * wd
-    bucket = min(DS_REDUCE_BUCKET, total) * wd
+    bucket = min(REDUCE_BUCKET[stage], total) * wd  # DeepSpeed(reduce_bucket_size=None)'s, in elements
     # Stage 1 keeps whole gradients until the boundary; stage 3 holds a gathered block and the prefetched next.
     buffers = bucket + {1: (total - part) * wd, 2: 0, 3: 2 * facts.unit_numel * wd}[stage]
     grads, optim, master = part * wd, states * part * 4 + steps * len(facts.groups), part * 4

@@ -34,7 +34,7 @@ from ..kernels import apply_compile, build_optimizers_fast, rebind_schedulers
 from ..launch import DistInfo
 from ..specs import RunSpec, StepStats
 from .common import StepRunner, apply_activation_checkpointing, configure_with_plain_twin
-from .deepspeed_config import cast_floats, check_extension_locks, engine_dtype, merge, read_config
+from .deepspeed_config import REDUCE_BUCKET, cast_floats, check_extension_locks, engine_dtype, merge, read_config
 from .deepspeed_manual import EngineOptimizer
 from .deepspeed_multi import check_group, initialize_group, leave_process_group, merge_engines
 from .host_memory import host_memory_warning, offloaded_bytes_per_param
@@ -70,7 +70,7 @@ class DeepSpeed:
             False lets the largest models fit in host memory (docs/benchmarks.md: 5.91B on one H200 that way).
         config: a DeepSpeed config dict or a JSON file; merged over the config built from the Trainer's flags.
         activation_checkpointing: block classes whose activations are recomputed in the backward.
-        allgather_bucket_size, reduce_bucket_size: ZeRO communication bucket sizes (elements).
+        allgather_bucket_size, reduce_bucket_size: ZeRO bucket sizes (elements); None: REDUCE_BUCKET's for the stage.
         leaf_modules: stage 3: classes whose parameters are gathered at once (one fetch per block, not per Linear;
             docs/benchmarks.md). Default: the repeated blocks (nn.ModuleList children); [] is DeepSpeed's default.
         deepcompile: stage 3 on CUDA: DeepSpeed's DeepCompile compiles the step (forward, backward and ZeRO-3's
@@ -90,7 +90,7 @@ class DeepSpeed:
     config: dict | str | Path | None = None
     activation_checkpointing: list[type] | None = None
     allgather_bucket_size: int = 200_000_000
-    reduce_bucket_size: int = 200_000_000
+    reduce_bucket_size: int | None = None
     leaf_modules: list[type] | None = None
     deepcompile: bool = False
     optimizers: list = field(default_factory=list)
@@ -115,6 +115,7 @@ class DeepSpeed:
             raise ConfigError(f"DeepSpeed pin_memory={self.pin_memory!r} needs offload_optimizer or offload_params: "
                               "only offloaded host buffers are pinned.")
         check_leaf_modules(self.leaf_modules)
+        self.reduce_bucket_size = self.reduce_bucket_size or REDUCE_BUCKET[self.stage]
         if importlib.util.find_spec("deepspeed") is None:
             _import_deepspeed()  # raises the install hint now, before any rank is started
         self.user_config = read_config(self.config)
@@ -186,8 +187,7 @@ class DeepSpeed:
             "train_micro_batch_size_per_gpu": self.micro_batch_size or 1,
             "gradient_accumulation_steps": spec.accumulate_grad_batches,
             "gradient_clipping": float(spec.gradient_clip_val or 0.0),
-            "zero_optimization": zero,
-            "zero_allow_untested_optimizer": True,
+            "zero_optimization": zero, "zero_allow_untested_optimizer": True,
             "steps_per_print": 2**62,  # off: lightspeed's loggers report progress
             "wall_clock_breakdown": False,
         }

@@ -12,6 +12,12 @@ import torch
 
 from ..errors import ConfigError
 
+# ZeRO's reduce bucket (elements): a half-precision buffer every GPU keeps whole, whatever the GPU count. Stage 3
+# takes 64M (0.12 GiB in bf16) instead of 200M (0.37 GiB): on a 1.28B GPT it left speed unchanged on 1 and 2
+# H200s (1.02x and 1.01x the median tok/s of 200M, 8 and 6 runs) and puts ZeRO-3's memory between steps within
+# 8% of the ZeRO paper's 16 bytes per parameter / 8 GPUs (docs/benchmarks.md, 2026-12-01).
+REDUCE_BUCKET = {1: 200_000_000, 2: 200_000_000, 3: 64_000_000}
+
 
 def read_config(config: dict | str | Path | None) -> dict:
     """The user's config as a new dict (None gives {}); a path must hold a JSON object.

@@ -114,7 +114,7 @@ def DeepSpeedStrategy(stage: int | None = None, offload_optimizer: bool = False,
         nvme_path=kwargs.get("nvme_path", "/local_nvme") if "nvme" in (opt_device, param_device) else None,
         pin_memory=bool(pin) if offloaded and pin is not None else None, config=merged,
         allgather_bucket_size=int(kwargs.get("allgather_bucket_size", 200_000_000)),
-        reduce_bucket_size=int(kwargs.get("reduce_bucket_size", 200_000_000)))
+        reduce_bucket_size=int(kwargs["reduce_bucket_size"]) if "reduce_bucket_size" in kwargs else None)
 
 
 _FSDP_KEYWORDS = {"sharding_strategy", "cpu_offload", "activation_checkpointing_policy", "activation_checkpointing",
