@@ -36,3 +36,15 @@ def _restore_environment():
     yield
     os.environ.clear()
     os.environ.update(saved)
+
+
+
+@pytest.fixture(scope="session")
+def shared_run(tmp_path_factory):
+    """`shared_run(**opts)`: `run_workload(**opts)` once per pytest session, shared by the tests (and both xdist
+    workers) that ask for the same options (helpers.SharedRuns). The runs live in this session's temporary folder:
+    under xdist the folder the workers' own folders sit in, which no other session uses."""
+    from helpers import SharedRuns
+
+    base = tmp_path_factory.getbasetemp()
+    return SharedRuns((base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared-runs")

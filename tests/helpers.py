@@ -10,6 +10,7 @@ Every rank uses gloo on 127.0.0.1 with a free port. Nothing in torch.distributed
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -130,6 +131,54 @@ def run_workload(tmp_path: Path, timeout: float = 300, launcher: str = "python",
     if run.returncode != 0:
         raise AssertionError(f"workload failed ({run.returncode}):\n{run.stdout[-3000:]}\n{run.stderr[-6000:]}")
     return json.loads(out.read_text())
+
+
+class SharedRuns:
+    """Workload runs made once and shared: `runs(**opts)` is `run_workload(root, **opts)` for a folder of its own,
+    made by the first caller with these exact options; later callers (in any process) read its result. The result
+    gains "root", the run's folder (its checkpoints); a string option may name a file there as "{root}/name".
+
+    Each run has a lock file: two processes never make the same run, and one waits only for the run it needs.
+    The folder must belong to one pytest session (conftest's `shared_run`), so that every session runs afresh.
+    """
+
+    def __init__(self, store: Path):
+        self.store = store
+        store.mkdir(parents=True, exist_ok=True)
+
+    def __call__(self, **opts) -> dict:
+        return self._get(opts, wait=True)
+
+    def all(self, many: list[dict]) -> list[dict]:
+        """The runs of `many`, making first those no other process is making: a process that goes through the
+        same runs in another order then seldom waits for this one."""
+        got: dict[int, dict] = {}
+        while len(got) < len(many):
+            pending = [i for i in range(len(many)) if i not in got]
+            for i in pending:
+                if (result := self._get(many[i], wait=False)) is not None:
+                    got[i] = result
+            if all(i not in got for i in pending):  # every one is being made elsewhere: wait for the first
+                got[pending[0]] = self._get(many[pending[0]], wait=True)
+        return [got[i] for i in range(len(many))]
+
+    def _get(self, opts: dict, wait: bool) -> dict | None:
+        from filelock import FileLock, Timeout
+
+        key = json.dumps(opts, sort_keys=True)
+        root = self.store / hashlib.sha1(key.encode()).hexdigest()[:16]
+        done = root / "shared-result.json"
+        try:
+            with FileLock(f"{root}.lock", timeout=-1 if wait else 0):
+                if not done.exists():
+                    root.mkdir(exist_ok=True)
+                    (root / "shared-options.json").write_text(key)
+                    given = {k: v.replace("{root}", str(root)) if isinstance(v, str) else v for k, v in opts.items()}
+                    (root / "shared-result.tmp").write_text(json.dumps(run_workload(root, **given)))
+                    (root / "shared-result.tmp").rename(done)
+        except Timeout:
+            return None
+        return {**json.loads(done.read_text()), "root": root}
 
 
 def free_port(slurm: bool = False) -> int:

@@ -8,11 +8,25 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 from helpers import assert_close_losses, run_workload
 
 RTOL = 1e-5
 TRAIN = dict(devices=2, accumulate=2, clip=1.0, warmup=3)  # accumulation, sharded-norm clipping, a scheduler
+STEPS = 6  # DDP's run with these options is tests/test_zero1.py's reference too (conftest's shared_run)
+
+
+@pytest.fixture(scope="module")
+def ddp(shared_run):
+    return shared_run(strategy="ddp", max_steps=STEPS, **TRAIN)
+
+
+@pytest.fixture(scope="module")
+def fsdp(shared_run):
+    """The 6-step FSDP run: parity with DDP, its initial weights (rank 0 saves them at fit start), and the
+    uninterrupted run that the resume tests replay."""
+    return shared_run(strategy="fsdp", max_steps=STEPS, init_weights="{root}/fsdp.pt", **TRAIN)
 
 
 def _plain_module():
@@ -23,12 +37,11 @@ def _plain_module():
     return module
 
 
-def test_parity_initial_weights_and_options(tmp_path):
-    single_init, fsdp_init = tmp_path / "single.pt", tmp_path / "fsdp.pt"
-    run_workload(tmp_path, strategy="single", devices=1, max_steps=1, init_weights=str(single_init))
-    ddp = run_workload(tmp_path, strategy="ddp", max_steps=5, **TRAIN)
-    fsdp = run_workload(tmp_path, strategy="fsdp", max_steps=5, init_weights=str(fsdp_init), **TRAIN)
-    grad_op = run_workload(tmp_path, strategy="fsdp_grad_op", max_steps=5, **TRAIN)
+def test_parity_initial_weights_and_options(tmp_path, ddp, fsdp):
+    single_init, fsdp_init = tmp_path / "single.pt", fsdp["root"] / "fsdp.pt"
+    run_workload(tmp_path, strategy="single", devices=1, max_steps=1, init_weights=str(single_init),
+                 launcher="in-process")
+    grad_op = run_workload(tmp_path, strategy="fsdp_grad_op", max_steps=STEPS, **TRAIN)
     assert (fsdp["strategy"], grad_op["strategy"]) == ("fsdp", "fsdp_grad_op")
     assert_close_losses(fsdp["losses"], ddp["losses"], RTOL, "fsdp vs ddp")
     assert_close_losses(grad_op["losses"], ddp["losses"], RTOL, "fsdp_grad_op vs ddp")
@@ -43,21 +56,20 @@ def test_parity_initial_weights_and_options(tmp_path):
 
     # Explicit shard units, activation checkpointing, and a model built in __init__ (already materialised).
     opts = dict(fsdp={"shard_classes": ["Block"], "activation_checkpointing": ["Block"]}, build_in_init=True)
-    options = run_workload(tmp_path, max_steps=5, **opts, **TRAIN)
+    options = run_workload(tmp_path, max_steps=STEPS, **opts, **TRAIN)
     assert_close_losses(options["losses"], ddp["losses"], RTOL, "fsdp(shard_classes, AC, built in __init__)")
 
 
-def test_cpu_offload_parity_with_ddp(tmp_path):
+def test_cpu_offload_parity_with_ddp(tmp_path, ddp):
     # CPUOffloadPolicy on CPU ranks: shards, gradients and the optimizer step already live on the CPU, so the
     # policy only changes where FSDP stages them; losses must match DDP (same tolerance, observed bit-identical).
-    ddp = run_workload(tmp_path, strategy="ddp", max_steps=5, **TRAIN)
-    offload = run_workload(tmp_path, max_steps=5, fsdp={"cpu_offload": True}, **TRAIN)
+    offload = run_workload(tmp_path, max_steps=STEPS, fsdp={"cpu_offload": True}, **TRAIN)
     assert offload["fsdp_offload_policy"] == "CPUOffloadPolicy"
     assert_close_losses(offload["losses"], ddp["losses"], RTOL, "fsdp(cpu_offload=True) vs ddp")
 
 
-def test_resume_evaluate_consolidate(tmp_path):
-    straight = run_workload(tmp_path, strategy="fsdp", max_steps=6, **TRAIN)
+def test_resume_evaluate_consolidate(tmp_path, fsdp):
+    straight = fsdp
     ckpt, out = tmp_path / "ckpt", tmp_path / "fsdp.safetensors"
     first = run_workload(tmp_path, strategy="fsdp", max_steps=3, save_to=str(ckpt), consolidate=str(out),
                          validate=True, test=True, predict=True, limit_predict_batches=2, **TRAIN)
@@ -69,7 +81,7 @@ def test_resume_evaluate_consolidate(tmp_path):
 
     # DCP reshards: the 2-rank checkpoint resumes on one process (one batch of 16 = two ranks' batches of 8).
     one = run_workload(tmp_path, strategy="fsdp", devices=1, batch_size=16, max_steps=6, resume=str(ckpt),
-                       accumulate=2, clip=1.0, warmup=3)
+                       accumulate=2, clip=1.0, warmup=3, launcher="in-process")
     assert_close_losses(one["losses"], straight["losses"][6:], 1e-5, "resumed on 1 rank vs straight")
 
     from safetensors.torch import load_file

@@ -60,16 +60,21 @@ def test_nan_on_one_rank_stops_every_rank(tmp_path, strategy):
         assert all(bool(torch.isfinite(t).all()) for t in weights.values())
 
 
+# A NaN loss on rank 0 at step 3, skipped: test_skip_skips_on_every_rank's run is the host gate's run of
+# test_fused_adamw_skips_on_the_device_like_the_host_gate (made once, conftest's shared_run).
+SKIP = dict(devices=2, max_steps=7, nan_at={"step": 3, "rank": 0}, on_nonfinite="skip")
+
+
 @pytest.mark.parametrize("strategy", ["ddp", pytest.param("deepspeed_stage_2", marks=pytest.mark.slow)])
-def test_skip_skips_on_every_rank(tmp_path, strategy):
-    res = run_workload(tmp_path, devices=2, strategy=strategy, max_steps=6, nan_at={"step": 3, "rank": 0},
-                       on_nonfinite="skip")
-    assert res["global_step"] == 6 and res["skipped_steps"] == 1 and res["finite_weights"]
+def test_skip_skips_on_every_rank(shared_run, strategy):
+    res = shared_run(strategy=strategy, **SKIP)
+    assert res["global_step"] == 7 and res["skipped_steps"] == 1 and res["finite_weights"]
     losses = res["losses"]
     assert math.isnan(losses[3]) and all(math.isfinite(v) for i, v in enumerate(losses) if i != 3)
-    # Before the fault the run is an unguarded run's twin (the guard changes nothing on finite steps).
-    ref = run_workload(tmp_path, devices=2, strategy=strategy, max_steps=3)
-    assert losses[:3] == ref["losses"]
+    # Before the fault the run is an unguarded run's twin (the guard changes nothing on finite steps); the
+    # unguarded run is the plain 6-step run other files compare against.
+    ref = shared_run(devices=2, strategy=strategy, max_steps=6)
+    assert losses[:3] == ref["losses"][:3]
 
 
 def test_stop_single_device_with_clipping(tmp_path):
@@ -111,12 +116,11 @@ def test_nan_on_one_gpu_rank_stops_both_and_skip_under_deepspeed(tmp_path):
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_fused_adamw_skips_on_the_device_like_the_host_gate(tmp_path, strategy):
+def test_fused_adamw_skips_on_the_device_like_the_host_gate(tmp_path, shared_run, strategy):
     """torch's fused AdamW gets the verdict as its `found_inf` flag (no host read before the step): the skipped
     step leaves weights and optimizer state as the host gate does, so the runs agree at every step (2 ranks)."""
-    common = dict(devices=2, strategy=strategy, max_steps=7, nan_at={"step": 3, "rank": 0}, on_nonfinite="skip")
-    device = run_workload(tmp_path, fused=True, **common)
-    host = run_workload(tmp_path, **common)
+    device = run_workload(tmp_path, fused=True, strategy=strategy, **SKIP)
+    host = shared_run(strategy=strategy, **SKIP)
     assert device["global_step"] == 7 and device["skipped_steps"] == 1 and device["finite_weights"]
     assert math.isnan(device["losses"][3])
     finite = [(a, b) for a, b in zip(device["losses"], host["losses"]) if math.isfinite(b)]

@@ -287,8 +287,8 @@ def test_trainer_compile_same_losses_and_a_step_that_recompiles_runs_as_written(
 
 
 @pytest.fixture(scope="module")
-def ddp_eager(tmp_path_factory):
-    return run_workload(tmp_path_factory.mktemp("ddp_eager"), strategy="ddp", devices=2, max_steps=6)["losses"]
+def ddp_eager(shared_run):
+    return shared_run(strategy="ddp", devices=2, max_steps=6)["losses"]  # plain DDP, shared with other files
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp", "deepspeed_stage_3"])

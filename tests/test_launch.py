@@ -7,6 +7,8 @@ Each launcher runs tests/workload.py as 2 real gloo ranks on 127.0.0.1; all must
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from helpers import ROOT, launch, run_workload
@@ -74,60 +76,13 @@ def test_failing_rank_under_torchrun(tmp_path):
     assert "deliberate failure on rank 1" in run.stderr
 
 
-TEARDOWN_SCRIPT = """
-import sys
-sys.path.insert(0, {tests!r})
-import torch.distributed as dist
-from test_trainer import Regress, make_trainer, regression_data
-import lightspeed as ls
-
-strategy = ls.DDP()
-torn_down = strategy.teardown
-
-def teardown():  # the strategy's own teardown, then a note of what it left
-    torn_down()
-    print(f"teardown: group still initialized={{dist.is_initialized()}}", flush=True)
-
-strategy.teardown = teardown
-make_trainer(".", strategy=strategy, devices=2, max_steps=2).fit(Regress(), regression_data())
-"""
-
-
-def test_trainer_tears_the_strategy_down_once_at_exit(tmp_path):
-    # The Trainer registers strategy.teardown at exit (nothing else does): each rank runs it exactly once,
-    # it leaves the process group, and the ranks still end through os._exit with status 0.
-    script = tmp_path / "teardown.py"
-    script.write_text(TEARDOWN_SCRIPT.format(tests=str(ROOT / "tests")))
-    run = launch([str(script)], tmp_path, "python", nproc=2, timeout=120)
-    assert run.returncode == 0, run.stderr[-3000:]
-    notes = [line for line in run.stdout.splitlines() if line.startswith("teardown:")]
-    assert notes == ["teardown: group still initialized=False"] * 2, run.stdout[-2000:]
-
-
-EXIT_SCRIPT = """
-import sys
-sys.path.insert(0, {tests!r})
-from test_trainer import Regress, make_trainer, regression_data
-
-trainer = make_trainer(".", strategy="ddp", devices=2, max_steps=2)
-trainer.fit(Regress(), regression_data())
-sys.exit({code} if trainer.is_global_zero else 0)
-"""
-
-
-def test_sys_exit_status_of_rank_zero_is_the_launchers(tmp_path):
-    # Ranks end through os._exit (see launch.end_with_os_exit); the status a script asks for must survive that.
-    for code, want in (("3", 3), ("'stopping: a message'", 1)):
-        script = tmp_path / "exit.py"
-        script.write_text(EXIT_SCRIPT.format(tests=str(ROOT / "tests"), code=code))
-        run = launch([str(script)], tmp_path, "python", nproc=2, timeout=120)
-        assert run.returncode == want, (code, run.returncode, run.stderr[-3000:])
-
-
-THREADS_SCRIPT = """
+# One script for the exit-time behaviour of ranks: each rank prints its thread counts when training starts and a
+# note after the strategy's own teardown; with an argument, rank 0 then calls sys.exit with it (digits: an int).
+RANKS_SCRIPT = """
 import os, sys
 sys.path.insert(0, {tests!r})
 import torch
+import torch.distributed as dist
 from test_trainer import Regress, make_trainer, regression_data
 import lightspeed as ls
 
@@ -138,30 +93,78 @@ class Threads(ls.Callback):
               f"omp={{os.environ.get('OMP_NUM_THREADS')}}", flush=True)
 
 
-make_trainer(".", strategy="ddp", devices=2, max_steps=1, callbacks=[Threads()]).fit(Regress(), regression_data())
+strategy = ls.DDP()
+torn_down = strategy.teardown
+
+def teardown():  # the strategy's own teardown, then a note of what it left
+    torn_down()
+    print(f"teardown: group still initialized={{dist.is_initialized()}}", flush=True)
+
+strategy.teardown = teardown
+trainer = make_trainer(".", strategy=strategy, devices=2, max_steps=2, callbacks=[Threads()])
+trainer.fit(Regress(), regression_data())
+if len(sys.argv) > 1:
+    code = sys.argv[1]
+    sys.exit((int(code) if code.isdigit() else code) if trainer.is_global_zero else 0)
 """
 
 
+def _thread_counts() -> tuple[int, int, int]:
+    """The CPUs this process may use, the share of each of 2 local ranks, and a count that differs from it."""
+    cpus = len(os.sched_getaffinity(0))
+    share = cpus // 2
+    return cpus, share, share + 1 if share < cpus else share - 1
+
+
+def _ranks(cwd, launcher: str, omp: str | None, *exit_with: str):
+    script = cwd / "ranks.py"
+    script.write_text(RANKS_SCRIPT.format(tests=str(ROOT / "tests")))
+    slurm = {"SLURM_CPUS_PER_TASK": str(_thread_counts()[2])} if launcher == "slurm" else {}
+    return launch([str(script), *exit_with], cwd, launcher, nproc=2, timeout=120,
+                  extra_env={"OMP_NUM_THREADS": omp, **slurm})
+
+
+@pytest.fixture(scope="module")
+def python_ranks(tmp_path_factory) -> dict:
+    """RANKS_SCRIPT under `python` (the Trainer spawns rank 1), as (OMP_NUM_THREADS, sys.exit argument) -> the
+    Launched record: three runs that the teardown, exit status and thread tests below all read."""
+    other = str(_thread_counts()[2])
+    return {(omp, code): _ranks(tmp_path_factory.mktemp("ranks"), "python", omp, *code)
+            for omp, code in ((None, ()), (other, ("3",)), (other, ("stopping: a message",)))}
+
+
+def test_trainer_tears_the_strategy_down_once_at_exit(python_ranks):
+    # The Trainer registers strategy.teardown at exit (nothing else does): each rank runs it exactly once,
+    # it leaves the process group, and the ranks still end through os._exit with status 0.
+    assert python_ranks[None, ()].returncode == 0, python_ranks[None, ()].stderr[-3000:]
+    for (omp, code), run in python_ranks.items():  # also where rank 0 ends with sys.exit
+        notes = [line for line in run.stdout.splitlines() if line.startswith("teardown:")]
+        assert notes == ["teardown: group still initialized=False"] * 2, (code, run.stdout[-2000:])
+
+
+def test_sys_exit_status_of_rank_zero_is_the_launchers(python_ranks):
+    # Ranks end through os._exit (see launch.end_with_os_exit); the status a script asks for must survive that.
+    other = str(_thread_counts()[2])
+    for code, want in (("3", 3), ("stopping: a message", 1)):
+        run = python_ranks[other, (code,)]
+        assert run.returncode == want, (code, run.returncode, run.stderr[-3000:])
+
+
 @pytest.mark.parametrize("launcher", ["python", "torchrun", "slurm"])
-def test_local_ranks_share_the_cpus_and_a_users_omp_num_threads_stands(tmp_path, launcher):
+def test_local_ranks_share_the_cpus_and_a_users_omp_num_threads_stands(tmp_path, python_ranks, launcher):
     # Two ranks on one host: each gets the CPUs it may use divided by the local ranks (Lightning's rule), in
     # torch's pool and in OMP_NUM_THREADS for what it starts; under SLURM, --cpus-per-task when it is given; a
     # user's OMP_NUM_THREADS is left as it is. (torchrun sets OMP_NUM_THREADS=1 itself when it is unset: there the
     # rank sees a value it must keep.)
-    import os
-
-    script = tmp_path / "threads.py"
-    script.write_text(THREADS_SCRIPT.format(tests=str(ROOT / "tests")))
-    cpus = len(os.sched_getaffinity(0))
+    cpus, share, other = _thread_counts()
     if cpus < 2:
         pytest.skip("one CPU: every share is 1 thread, so the share cannot be told from a user's value")
-    share = cpus // 2
-    other = share + 1 if share < cpus else share - 1  # a count that differs from the share
     unset = {"python": share, "torchrun": 1, "slurm": other}[launcher]
-    slurm = {"SLURM_CPUS_PER_TASK": str(other)} if launcher == "slurm" else {}
     for given, want in ((None, unset), (str(other), other)):
-        run = launch([str(script)], tmp_path, launcher, nproc=2, timeout=120,
-                     extra_env={"OMP_NUM_THREADS": given, **slurm})
-        assert run.returncode == 0, run.stderr[-3000:]
+        if launcher == "python":  # the runs of the fixture (one of them exits with status 3, after training)
+            run = python_ranks[given, () if given is None else ("3",)]
+        else:
+            run = _ranks(tmp_path, launcher, given)
+            assert run.returncode == 0, run.stderr[-3000:]
         lines = sorted(line for line in run.stdout.splitlines() if line.startswith("threads:"))
         assert lines == [f"threads: rank={r} torch={want} omp={want}" for r in range(2)], (given, run.stdout[-2000:])

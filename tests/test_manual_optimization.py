@@ -37,12 +37,11 @@ def test_fsdp_manual_matches_ddp_and_resumes(tmp_path, ddp):
     assert_close_losses(fsdp["losses"], ddp["losses"], 1e-5, "fsdp vs ddp, manual optimization")
 
 
-def test_fsdp_manual_two_optimizers_checkpoint_holds_both(tmp_path):
+def test_fsdp_manual_two_optimizers_checkpoint_holds_both(tmp_path, shared_run):
     # Two SGD optimizers with momentum over disjoint parameters (a GAN's shape), stepped by hand. The resume from
     # step 3 replays the straight run only if the checkpoint restored both optimizers' momentum buffers.
     two = dict(RUN, two_optimizers=True)
-    (tmp_path / "ddp").mkdir()
-    ddp = run_workload(tmp_path / "ddp", strategy="ddp", **two)
+    ddp = shared_run(strategy="ddp", **two)  # also the unclipped run of the clip_gradients test below
     fsdp = run_workload(tmp_path, strategy="fsdp", ckpt_every=3, **two)
     assert_close_losses(fsdp["losses"], ddp["losses"], 1e-5, "fsdp vs ddp, manual, two optimizers")
     step3 = sorted(tmp_path.glob("checkpoints/*step=3*"))
@@ -232,7 +231,7 @@ def test_gan_zero3_one_engine_per_submodule_matches_ddp_and_resumes(tmp_path, ga
         assert_close_losses([s[i] for s in resumed], [s[i] for s in ds[4:]], 1e-6, f"gan {name}, zero3 resumed")
 
 
-def test_deepspeed_clip_gradients_per_engine_matches_ddp(tmp_path):
+def test_deepspeed_clip_gradients_per_engine_matches_ddp(tmp_path, shared_run):
     # Lightning's self.clip_gradients(opt, gradient_clip_val=..., gradient_clip_algorithm="norm") before each
     # opt.step(), two SGD optimizers (one DeepSpeed engine each): each engine clips its own reduced gradient inside
     # its step, as clip_grad_norm_ over that optimizer's parameters does after DDP's all-reduce. A clip of 0.05 is
@@ -247,9 +246,8 @@ def test_deepspeed_clip_gradients_per_engine_matches_ddp(tmp_path):
     # The Trainer's flag would make every engine clip on its own: refused before launch, as in Lightning.
     with pytest.raises(ConfigError, match="gradient_clip_val=1.0 is not valid with automatic_optimization=False"):
         DeepSpeed(stage=2).check(RunSpec(gradient_clip_val=1.0, automatic_optimization=False))
-    clipped = dict(RUN, two_optimizers=True, manual_clip=0.05, max_steps=4)
-    for name in ("ddp", "ddp_clip"):
-        (tmp_path / name).mkdir()
+    clipped = dict(RUN, two_optimizers=True, manual_clip=0.05)
+    (tmp_path / "ddp_clip").mkdir()
     ddp = run_workload(tmp_path / "ddp_clip", strategy="ddp", **clipped)
     ds = run_workload(tmp_path, strategy="deepspeed_stage_2", **clipped)
     assert ds["deepspeed"]["optimizers"] == 2
@@ -258,7 +256,7 @@ def test_deepspeed_clip_gradients_per_engine_matches_ddp(tmp_path):
     (tmp_path / "fsdp").mkdir()
     fsdp = run_workload(tmp_path / "fsdp", strategy="fsdp", **clipped)
     assert_close_losses(fsdp["losses"], ddp["losses"], 1e-5, "fsdp vs ddp, clip_gradients per optimizer")
-    free = run_workload(tmp_path / "ddp", strategy="ddp", **dict(clipped, manual_clip=None))
+    free = shared_run(strategy="ddp", **dict(RUN, two_optimizers=True))  # manual_clip=None: no clipping
     assert max(abs(a - b) for a, b in zip(free["losses"], ddp["losses"])) > 1e-3, (free["losses"], ddp["losses"])
 
 

@@ -3,7 +3,8 @@
 The accuracy test: the forecast's model-state terms (params, grads, optim, master) for the tiny GPT on 2 ranks
 match what `lightspeed.memory.measure` reports on the busiest rank after a real fit, within 5%, for every strategy.
 The 2-rank runs happen once per module (fixture `measured`); the strategy `auto` picks under a budget is trained
-there for 3 steps.
+there for 3 steps. The fp32 fits are tests/test_strategies.py's conformance runs (30 steps, then evaluation,
+prediction and a save), made once per session for both files; the half-precision layouts are fits of 3 steps.
 """
 
 from __future__ import annotations
@@ -59,17 +60,24 @@ def _budget_ruling_out_ddp(facts) -> float:
 
 
 @pytest.fixture(scope="module")
-def measured(tmp_path_factory, facts):
+def measured(tmp_path_factory, facts, shared_run):
     """Per strategy, rank 0's result of a 2-rank fit with memory=True (busiest rank's bytes in 'bytes')."""
+    from test_strategies import conformance_run
+
     picked, _ = auto_strategy(gpt(), 2, "32-true", 1, "cpu", memory_budget=_budget_ruling_out_ddp(facts),
                               batch=sample_batch(), show=False)
     # The same budget through the Trainer: strategy="auto" plans before the ranks start, then trains.
     out = {"auto_pick": picked, "auto_run": run_workload(tmp_path_factory.mktemp("auto"), strategy="auto", devices=2,
                                                          max_steps=3, batch_size=1,  # the micro-batch planned for
                                                          memory_budget=_budget_ruling_out_ddp(facts))}
+    fp32 = [name for name, precision in RUNS if precision == "32-true"]
+    runs = dict(zip(fp32, shared_run.all([conformance_run(name) for name in fp32])))  # those not being made first
     for name, precision in RUNS:
-        result = run_workload(tmp_path_factory.mktemp(name), strategy=name, devices=2, max_steps=3, memory=True,
-                              precision=precision, timeout=600)
+        if precision == "32-true":
+            result = runs[name]
+        else:
+            result = run_workload(tmp_path_factory.mktemp(name), strategy=name, devices=2, max_steps=3, memory=True,
+                                  precision=precision, timeout=600)
         result["bytes"] = {c: max(rank[c] for rank in result["memory"]) for c in CATEGORIES}
         out[name, precision] = result
     return out

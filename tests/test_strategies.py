@@ -31,28 +31,21 @@ RESUME_RTOL = 1e-6
 WEIGHT_RTOL = 1e-4
 
 
-def _train(root, strategy: str) -> dict:
+def conformance_run(strategy: str) -> dict:
+    """The options of a strategy's run (tests/workload.py). memory=True: after everything else, one more
+    forward/backward and `lightspeed.memory.measure` on each rank; tests/test_plan.py compares those bytes with
+    the memory forecast, so the same runs serve both files (conftest's `shared_run`)."""
     devices = 1 if strategy == "single" else 2
-    out = run_workload(
-        root, strategy=strategy, devices=devices, batch_size=8 // (devices * ACCUM), accumulate=ACCUM, clip=1.0,
-        max_steps=STEPS, val=True, validate=True, test=True, predict=True, limit_predict_batches=3,
-        ckpt_every=RESUME_AT, save_to=str(root / "final"), consolidate=str(root / "final.safetensors"),
-    )
-    out["root"] = root
-    return out
+    return dict(strategy=strategy, devices=devices, batch_size=8 // (devices * ACCUM), accumulate=ACCUM, clip=1.0,
+                max_steps=STEPS, val=True, validate=True, test=True, predict=True, limit_predict_batches=3,
+                ckpt_every=RESUME_AT, save_to="{root}/final", consolidate="{root}/final.safetensors",
+                memory=devices > 1, launcher="in-process" if devices == 1 else "python")
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Trains each strategy once, on first use; the tests below share the results."""
-    cache: dict[str, dict] = {}
-
-    def get(strategy: str) -> dict:
-        if strategy not in cache:
-            cache[strategy] = _train(tmp_path_factory.mktemp(strategy), strategy)
-        return cache[strategy]
-
-    return get
+def runs(shared_run):
+    """Trains each strategy once per session, on first use; the tests below share the results."""
+    return lambda strategy: shared_run(**conformance_run(strategy))
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
@@ -92,15 +85,17 @@ def test_resume_continues_exactly(runs, strategy, tmp_path):
     ckpt = r["root"] / "checkpoints" / f"epoch=0-step={RESUME_AT}"
     devices = 1 if strategy == "single" else 2
     resumed = run_workload(tmp_path, strategy=strategy, devices=devices, batch_size=8 // (devices * ACCUM),
-                           accumulate=ACCUM, clip=1.0, max_steps=STEPS, resume=str(ckpt))
+                           accumulate=ACCUM, clip=1.0, max_steps=STEPS, resume=str(ckpt),
+                           launcher="in-process" if devices == 1 else "python")
     assert resumed["global_step"] == STEPS
     assert_close_losses(resumed["losses"], r["losses"][RESUME_AT * ACCUM:], RESUME_RTOL, f"{strategy} resumed")
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "ddp_sharded", "fsdp", "deepspeed_stage_2"])
 def test_one_process_runs_every_strategy(runs, strategy, tmp_path):
-    """devices=1 works for strategies that need a process group (a group of one), with single-device losses."""
+    """devices=1 works for strategies that need a process group (a group of one), with single-device losses.
+    In this process (no interpreter to start), but DeepSpeed in its own."""
     r = run_workload(tmp_path, strategy=strategy, devices=1, batch_size=8 // ACCUM, accumulate=ACCUM, clip=1.0,
-                     max_steps=10)
+                     max_steps=10, launcher="python" if strategy.startswith("deepspeed") else "in-process")
     assert_close_losses(r["losses"], runs("single")["losses"][: 10 * ACCUM], PARITY_RTOL[strategy],
                         f"{strategy} on one process vs single")

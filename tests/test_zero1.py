@@ -20,8 +20,8 @@ RTOL = 1e-6
 TRAIN = dict(devices=2, accumulate=2, clip=1.0, warmup=3)
 
 
-def test_parity_resume_on_one_rank_and_consolidate(tmp_path):
-    ddp = run_workload(tmp_path, strategy="ddp", max_steps=6, **TRAIN)
+def test_parity_resume_on_one_rank_and_consolidate(tmp_path, shared_run):
+    ddp = shared_run(strategy="ddp", max_steps=6, **TRAIN)  # tests/test_fsdp.py's reference too
     zero = run_workload(tmp_path, strategy="ddp_sharded", max_steps=6, **TRAIN)
     assert zero["strategy"] == "ddp_sharded"
     assert_close_losses(zero["losses"], ddp["losses"], RTOL, "ddp_sharded vs ddp")
@@ -31,7 +31,7 @@ def test_parity_resume_on_one_rank_and_consolidate(tmp_path):
     # The consolidated optimizer state loads on any world size: resume on one process with the same global batch
     # (one batch of 16 = two ranks' batches of 8, the same samples).
     single = run_workload(tmp_path, strategy="single", devices=1, batch_size=16, max_steps=6, resume=str(ckpt),
-                          **{k: v for k, v in TRAIN.items() if k != "devices"})
+                          launcher="in-process", **{k: v for k, v in TRAIN.items() if k != "devices"})
     assert_close_losses(single["losses"], ddp["losses"][6:], 1e-5, "resumed on 1 rank vs straight")
 
     from safetensors.torch import load_file
@@ -43,9 +43,9 @@ def test_parity_resume_on_one_rank_and_consolidate(tmp_path):
     plain.load_state_dict(load_file(str(out)), strict=True)
 
 
-def test_manual_optimization_matches_automatic(tmp_path):
-    auto = run_workload(tmp_path, strategy="ddp", devices=2, max_steps=4)
-    manual = run_workload(tmp_path, strategy="ddp_sharded", devices=2, max_steps=4, manual=True)
+def test_manual_optimization_matches_automatic(tmp_path, shared_run):
+    auto = shared_run(strategy="ddp", devices=2, max_steps=6)  # plain DDP, shared with other files
+    manual = run_workload(tmp_path, strategy="ddp_sharded", devices=2, max_steps=6, manual=True)
     assert_close_losses(manual["losses"], auto["losses"], RTOL, "ddp_sharded manual vs ddp automatic")
 
 

@@ -247,7 +247,7 @@ def main(opts: dict) -> None:
         result["validate"] = trainer.validate(module, val, ckpt_path=opts.get("resume"))
     if opts.get("compile"):  # kernels.CompiledStep: None while the step runs compiled, else why it stopped
         result["step_fallback"] = trainer._training_step.failed
-    result.update(losses=module.losses, global_step=trainer.global_step, epoch=trainer.current_epoch,
+    result.update(losses=list(module.losses), global_step=trainer.global_step, epoch=trainer.current_epoch,
                   strategy=trainer.strategy.name)
     if opts.get("validate"):
         result["validate"] = trainer.validate(module, val)
@@ -267,6 +267,7 @@ def main(opts: dict) -> None:
         from lightspeed.memory import measure
 
         # One more forward/backward, no step: gradients exist only between backward and the step's zero_grad.
+        # (Its training_step appends a loss to module.losses; result["losses"] is the fit's, copied above.)
         module.train()
         trainer.strategy.backward(trainer.strategy.forward(module.training_step, next(iter(train)), 0, sync_grads=True))
         per_rank = [None] * dist.get_world_size()
