@@ -8,6 +8,7 @@ whose bytes changed; a missing optimizer state is an error; an engine's failure 
 from __future__ import annotations
 
 import json
+import shutil
 import zlib
 from pathlib import Path
 
@@ -59,15 +60,20 @@ def test_missing_optimizer_state_is_an_error(saved, tmp_path):
 
 @pytest.mark.parametrize("strategy, victim", [("deepspeed_stage_2", "mp_rank_00_model_states.pt"),
                                               ("fsdp", ".metadata")])
-def test_engine_failure_names_checkpoint_and_file(tmp_path, strategy, victim):
-    run_workload(tmp_path, devices=2, strategy=strategy, max_steps=2, ckpt_every=2)
-    ckpt = (tmp_path / "checkpoints" / "last").resolve()
+def test_engine_failure_names_checkpoint_and_file(tmp_path, shared_run, strategy, victim):
+    # A copy of the step-15 checkpoint of tests/test_strategies.py's 2-rank run (made once per session).
+    from test_strategies import RESUME_AT, conformance_run
+
+    saved = shared_run(**conformance_run(strategy))["root"] / "checkpoints" / f"epoch=0-step={RESUME_AT}"
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(saved, ckpt)
     file = next(p for p in ckpt.rglob(victim))
     # Same size, damaged content: passes the cheap pre-launch check, fails inside the engine.
     data = bytearray(file.read_bytes())
     data[: len(data) // 2] = bytes(len(data) // 2)
     file.write_bytes(bytes(data))
-    run = run_workload(tmp_path, devices=2, strategy=strategy, max_steps=4, resume=str(ckpt), check=False)
+    run = run_workload(tmp_path, devices=2, strategy=strategy, batch_size=2, accumulate=2, max_steps=RESUME_AT + 2,
+                       resume=str(ckpt), check=False)
     assert run.returncode != 0
     assert f"ConfigError: checkpoint {ckpt} could not be loaded by {strategy}" in run.stderr, run.stderr[-3000:]
     assert f"{victim} is corrupt: its CRC-32 differs" in run.stderr, run.stderr[-3000:]
