@@ -49,7 +49,6 @@ def _restore_environment():
     os.environ.update(saved)
 
 
-
 @pytest.fixture(scope="session")
 def shared_run(tmp_path_factory):
     """`shared_run(**opts)`: `run_workload(**opts)` once per pytest session, shared by the tests (and both xdist

@@ -71,7 +71,8 @@ def measured(tmp_path_factory, facts, shared_run):
                                                          max_steps=3, batch_size=1,  # the micro-batch planned for
                                                          memory_budget=_budget_ruling_out_ddp(facts))}
     fp32 = [name for name, precision in RUNS if precision == "32-true"]
-    runs = dict(zip(fp32, shared_run.all([conformance_run(name) for name in fp32])))  # those not being made first
+    # Made once for both files; `all` makes first the runs the other worker is not making (test_strategies.py).
+    runs = dict(zip(fp32, shared_run.all([conformance_run(name) for name in fp32])))
     for name, precision in RUNS:
         if precision == "32-true":
             result = runs[name]
