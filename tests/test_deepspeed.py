@@ -106,8 +106,7 @@ def test_resume_is_exact_and_evaluation_only_engine(stage3, tmp_path):
 def test_configure_deepspeed_hook_changes_buckets_and_optimizer(tmp_path):
     hook = {"zero_optimization": {"reduce_bucket_size": 12345, "allgather_bucket_size": 23456},
             "optimizer": {"type": "SGD", "params": {"lr": 0.05, "momentum": 0.9}}}
-    out = run_workload(tmp_path, strategy="deepspeed_stage_2", devices=1, max_steps=2, ds_hook=hook,
-                       launcher="in-process")
+    out = run_workload(tmp_path, strategy="deepspeed_stage_2", devices=1, max_steps=2, ds_hook=hook)
     zero = out["deepspeed"]["config"]["zero_optimization"]
     assert (zero["reduce_bucket_size"], zero["allgather_bucket_size"]) == (12345, 23456)
     assert out["deepspeed"]["optimizer"] == "SGD" and out["deepspeed"]["lr"] == [0.05]

@@ -37,8 +37,8 @@ def saved(root: Path, strategy: str, devices: int = 2, **opts) -> tuple[Path, li
 
 def resume(root: Path, ckpt: Path, strategy: str, devices: int = 2, **opts) -> dict:
     root.mkdir(parents=True, exist_ok=True)
-    if devices == 1:  # in this process
-        where = dict(devices=1, launcher="in-process")
+    if devices == 1:  # in this process, but DeepSpeed in its own
+        where = dict(devices=1, launcher="python" if strategy.startswith("deepspeed") else "in-process")
     elif devices == 3:  # three one-rank "nodes": the Trainer refuses more local ranks than the 2 CPU cores
         where = dict(devices=1, num_nodes=3, nproc=3, launcher="torchrun-nodes")
     else:
