@@ -65,6 +65,13 @@ LIGHTSPEED = {
     # "+cudnn": attention on cuDNN's kernel only (sdpa_kernel around fit), instead of torch's default choice
     "single+user+cudnn": lambda: "single",
     "single+user+compile+cudnn": lambda: "single",
+    # Probes of the single-device step, for measurement only (`probe` patches lightspeed in the run's process):
+    # "+readnow": the host reads the guard's verdict right after queuing the optimizer step (a sync per step; the
+    # behaviour before the verdict was read a step later); "+nonorm": no pass over the gradients for the guard's
+    # norm (it sees a zero norm), to price that pass.
+    "single+user+readnow": lambda: "single",
+    "single+user+nonorm": lambda: "single",
+    "single+user+compile+nonorm": lambda: "single",
     "deepspeed_stage_2+user": lambda: "deepspeed_stage_2",
     "deepspeed_stage_2+user+as_written": lambda: "deepspeed_stage_2",
     "deepspeed_stage_3+user": lambda: "deepspeed_stage_3",
@@ -354,9 +361,30 @@ def run_plain_deepspeed(cfg, micro_batch: int, steps: int, warmup: int, device, 
     return clock.step_times(warmup)
 
 
+def probe(name: str) -> None:
+    """Patches lightspeed for the "+readnow" and "+nonorm" probes (LIGHTSPEED says what they measure). Each run
+    has its own process, so nothing is undone."""
+    from lightspeed.strategies import single
+
+    if "+readnow" in name:
+        queued = single.optimizer_step
+
+        def read_now(*args, should_step=None, **kwargs):
+            stats = queued(*args, should_step=should_step, **kwargs)
+            if should_step is not None:
+                should_step.settle()  # waits for the verdict's copy, behind the backward
+            return stats
+
+        single.optimizer_step = read_now
+    if "+nonorm" in name:
+        single.OverlappedNorm = lambda optimizers: None
+        torch.nn.utils.get_total_norm = lambda grads, *a, **k: torch.zeros((), device=grads[0].device)
+
+
 def run_lightspeed(name: str, cfg, micro_batch: int, steps: int, warmup: int, device, accumulate: int = 1):
     """Times optimizer steps (each of `accumulate` micro-batches) of lightspeed's Trainer."""
     torch.manual_seed(0)
+    probe(name)
     timer = StepTimer()
     kernels = "as_written" if "+as_written" in name else "fused"
     trainer = ls.Trainer(strategy=LIGHTSPEED[name](), devices=1, accelerator=device.type, precision="bf16-mixed",

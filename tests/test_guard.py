@@ -39,6 +39,31 @@ def test_guard_unit_norm_and_skip_count():
     assert warn.should_step(float("inf")) is True and "gradient norm" in said[0][0]
 
 
+def test_guard_unit_device_verdict_is_read_a_step_later_and_names_its_step():
+    """`step_flag` returns the flag the fused optimizer skips on and does not read it on the host; the verdict is
+    read at the next decision (or `settle`, before a checkpoint / at a log step) and names the flagged step."""
+    stop = NonFiniteGuard("stop")
+    stop.begin(step=4, epoch=1, batch_indices=[8, 9])
+    stop.observe(torch.tensor(1.0), 0)
+    stop.observe(torch.tensor(2.0), 1)
+    assert float(stop.step_flag(torch.tensor(float("nan")))) == 1.0  # queued with the step: no raise yet
+    stop.begin(step=5, epoch=1, batch_indices=[10, 11])
+    stop.observe(torch.tensor(1.0), 0)
+    with pytest.raises(NonFiniteError, match=r"step 4, epoch 1, batch_idx 9: the gradient norm was NaN/Inf"):
+        stop.step_flag(torch.tensor(1.0))
+    stop.settle()  # read once: nothing is left to raise
+    skip = NonFiniteGuard("skip", print0=lambda *a: None)
+    for step, norm in enumerate([1.0, float("inf"), 2.0]):
+        skip.begin(step, 0, [step])
+        skip.observe(torch.tensor(1.0), 0)
+        flag = skip.step_flag(torch.tensor(norm))
+        assert float(flag) == (1.0 if step == 1 else 0.0)
+        assert skip.skipped_steps == (1 if step == 2 else 0)  # step 1's verdict is read at step 2's decision
+    assert skip.log_values() == {"skipped_steps": 1.0}
+    skip.settle()
+    assert skip.skipped_steps == 1
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "ddp+fused", pytest.param("fsdp", marks=pytest.mark.slow),
                                       "deepspeed_stage_2"])
 def test_nan_on_one_rank_stops_every_rank(tmp_path, strategy):
@@ -83,6 +108,13 @@ def test_stop_single_device_with_clipping(tmp_path):
     assert run.returncode != 0 and "step 2, epoch 0, batch_idx 2" in run.stderr, run.stderr[-2000:]
 
 
+def test_stop_at_the_last_step_with_fused_adamw_still_raises(tmp_path):
+    """The fused optimizer's verdict is read a step later; for the last step that is the end of the epoch, so a
+    NaN there still stops the run (one device, in the test process, no checkpoint callback)."""
+    with pytest.raises(NonFiniteError, match=r"step 5, epoch 0, batch_idx 5"):
+        run_workload(tmp_path, launcher="in-process", devices=1, max_steps=6, fused=True, nan_at={"step": 5})
+
+
 @pytest.mark.gpu
 def test_guard_unit_on_cuda_reads_the_flags_published_behind_the_forward():
     """On CUDA `observe` queues the flags' copy to pinned memory; the verdict and the message are the CPU path's."""
@@ -113,6 +145,22 @@ def test_nan_on_one_gpu_rank_stops_both_and_skip_under_deepspeed(tmp_path):
     res = run_workload(tmp_path, launcher="python", nproc=1, devices=1, accelerator="gpu",
                        strategy="deepspeed_stage_2", max_steps=6, nan_at={"step": 3}, on_nonfinite="skip")
     assert res["global_step"] == 6 and res["skipped_steps"] == 1 and res["finite_weights"]
+
+
+@pytest.mark.gpu
+def test_one_gpu_reads_the_verdict_a_step_later(tmp_path):
+    """One CUDA device, torch's fused AdamW (the default there): the verdict rides on `found_inf` and is read a
+    step later, and still skips exactly the NaN step ("skip") or stops naming it, before the next checkpoint
+    ("stop", checkpoints every step)."""
+    opts = dict(launcher="python", nproc=1, devices=1, accelerator="gpu", max_steps=6, nan_at={"step": 3})
+    (tmp_path / "skip").mkdir()
+    (tmp_path / "stop").mkdir()
+    res = run_workload(tmp_path / "skip", on_nonfinite="skip", **opts)
+    assert res["global_step"] == 6 and res["skipped_steps"] == 1 and res["finite_weights"]
+    run = run_workload(tmp_path / "stop", ckpt_every=1, check=False, **opts)
+    assert run.returncode != 0 and "step 3, epoch 0, batch_idx 3" in run.stdout + run.stderr, run.stderr[-3000:]
+    ckpts = sorted(p.name for p in (tmp_path / "stop" / "checkpoints").iterdir())
+    assert not any(f"step={s}" in c for c in ckpts for s in (4, 5, 6)), ckpts
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])

@@ -16,9 +16,13 @@ right behind the forward, so `should_step` waits only for the forward, not for t
 host sync there would leave the GPU idle while the host launches the optimizer step: ZeRO-3's step is long).
 Where a norm is given, one all_reduce and one read after the norm remain (the norm is only known then); for an
 optimizer that can skip its own update on a device flag (torch's fused Adam/AdamW: the `found_inf` an AMP
-grad scaler also uses), `step_flag(norm)` keeps the verdict on the device, the optimizer step is queued with it,
-and `settle()` reads it afterwards, so the GPU runs the optimizer while the host waits (same outcome: a skipped
-or stopped step leaves the weights and the optimizer state untouched).
+grad scaler also uses), `step_flag(norm)` keeps the verdict on the device and the optimizer step is queued with
+it. The host reads that verdict one step later: `settle()` runs at the next decision (the next `step_flag` or
+`should_step`, when that step's forward and backward are queued and the copy landed long ago), before any
+checkpoint is written, at a log step and at the end of the training loop. So the host never waits for the GPU
+within a step, and the outcome is the same: a flagged step changes neither the weights nor the optimizer state,
+"stop" raises naming the flagged step (before the next optimizer step, and before any checkpoint after it), and
+"skip" has counted it by the time `skipped_steps` is logged or saved.
 """
 
 from __future__ import annotations
@@ -56,12 +60,14 @@ class NonFiniteGuard:
         self.last_skipped = False
         self._bad_loss: torch.Tensor | None = None
         self._where: dict[str, int] = {}
+        self._batches: list[int] = []
         self._first_bad_batch: torch.Tensor | None = None
         self._host: torch.Tensor | None = None  # pinned; the reduced slots of the window (CUDA only)
         self._slots: torch.Tensor | None = None  # the same on the device
         self._landed: Any = None  # a torch.cuda.Event: the copy to `_host` is done
         self._flag_host: torch.Tensor | None = None  # pinned; step_flag's copy (CUDA only)
-        self._pending: tuple[torch.Tensor, Any] | None = None  # step_flag's slots (host copy, its event) to settle
+        # step_flag's verdict, not yet read: its slots (host copy), their event, and where that step was
+        self._pending: tuple[torch.Tensor, Any, dict, list] | None = None
 
     def begin(self, step: int, epoch: int, batch_indices: list[int]) -> None:
         """Starts an accumulation window: the step and epoch it belongs to, the batch indices it holds."""
@@ -102,6 +108,7 @@ class NonFiniteGuard:
 
         `grad_norm` is the global norm (None where the strategy cannot give it before its step, or under an fp16
         loss scaler, whose overflows are routine and handled by the scaler). Raises NonFiniteError under "stop"."""
+        self.settle()
         if self._landed is not None:
             slots = self._published_slots(grad_norm)
         else:
@@ -111,26 +118,30 @@ class NonFiniteGuard:
     def step_flag(self, grad_norm: torch.Tensor) -> torch.Tensor | None:
         """Collective, no host read: the same decision as `should_step(grad_norm)`, kept on the device as the
         `found_inf` flag of optimizers that skip on it (1.0: skip the update; None under "warn": step anyway).
-        The caller queues the optimizer step with it, then calls `settle()`, which applies the policy."""
+        The caller queues the optimizer step with it; the host reads the verdict later (`settle`)."""
+        self.settle()  # the previous step's verdict: its copy landed while this step's backward ran
         slots = self._with_norm(self._slots.clone() if self._slots is not None else
                                 self._loss_slots(grad_norm.device), grad_norm)
-        self._pending = (slots, None)
+        host, landed = slots, None
         if slots.is_cuda:  # the copy lands right behind the reduction, before the optimizer's kernels
             if self._flag_host is None or self._flag_host.numel() != slots.numel():
                 self._flag_host = torch.empty(slots.numel(), dtype=torch.float64, pin_memory=True)
             self._flag_host.copy_(slots, non_blocking=True)
-            self._pending = (self._flag_host, torch.cuda.Event())
-            self._pending[1].record()
+            host, landed = self._flag_host, torch.cuda.Event()
+            landed.record()
+        self._pending = (host, landed, dict(self._where), list(self._batches))
         return None if self.policy == "warn" else (slots[:-1].amax() > 0).to(torch.float32)
 
-    def settle(self) -> bool:
-        """Applies the verdict of the last `step_flag` (raise under "stop", count under "skip", warn). True if
-        the step was applied. Call it after the optimizer step was queued."""
-        host, landed = self._pending
+    def settle(self) -> None:
+        """Applies the verdict of the last `step_flag`, if not yet read: raises under "stop", counts under
+        "skip", warns. Collective in effect: every rank calls it at the same points (guard.py's docstring)."""
+        if self._pending is None:
+            return
+        host, landed, where, batches = self._pending
         self._pending = None
         if landed is not None:
             landed.synchronize()
-        return self._verdict(host)
+        self._verdict(host.clone(), where, batches)
 
     def _loss_slots(self, device: torch.device) -> torch.Tensor:
         """This rank's loss flags as a slot vector on `device` (not yet reduced); zeros if nothing was observed."""
@@ -140,13 +151,15 @@ class NonFiniteGuard:
             slots[-1] = (self._first_bad_batch + 1).to(device, torch.float64)
         return slots
 
-    def _verdict(self, slots: torch.Tensor) -> bool:
-        """The policy applied to reduced slots (on the host): True means step."""
+    def _verdict(self, slots: torch.Tensor, where: dict | None = None, batches: list | None = None) -> bool:
+        """The policy applied to reduced slots (on the host) of the step at `where` (default: the current one):
+        True means step."""
         flags = [int(v) for v in slots[:-1].tolist()]
         self.last_skipped = False
         if not any(flags):
             return True
-        message = self._message(flags, int(slots[-1].item()) - 1)
+        message = self._message(flags, int(slots[-1].item()) - 1, where or self._where,
+                                self._batches if batches is None else batches)
         if self.policy == "stop":
             raise NonFiniteError(message + " Training stopped before the optimizer step, so the weights (and any "
                                  "checkpoint) are still finite. Pass Trainer(on_nonfinite='skip') to skip such "
@@ -189,11 +202,11 @@ class NonFiniteGuard:
             slots = reduced.cpu()
         return slots
 
-    def _message(self, flags: list[int], first_bad: int) -> str:
+    def _message(self, flags: list[int], first_bad: int, step: dict, batches: list) -> str:
         loss_ranks = [r for r, f in enumerate(flags) if f & int(_LOSS)]
         norm_ranks = [r for r, f in enumerate(flags) if f & int(_NORM)]
-        batch = self._batches[first_bad] if 0 <= first_bad < len(self._batches) else self._batches[-1]
-        where = f"step {self._where['step']}, epoch {self._where['epoch']}, batch_idx {batch}"
+        batch = batches[first_bad] if 0 <= first_bad < len(batches) else batches[-1]
+        where = f"step {step['step']}, epoch {step['epoch']}, batch_idx {batch}"
         what = []
         if loss_ranks:
             what.append(f"the loss was NaN/Inf on rank(s) {loss_ranks}")
@@ -202,5 +215,7 @@ class NonFiniteGuard:
         return f"Non-finite value at {where}: {' and '.join(what)}."
 
     def log_values(self) -> dict[str, float]:
-        """What the loop logs each log step: the count of skipped optimizer steps (under "skip" only)."""
+        """What the loop logs each log step: the count of skipped optimizer steps (under "skip" only), the last
+        step's verdict read first."""
+        self.settle()
         return {"skipped_steps": float(self.skipped_steps)} if self.policy == "skip" else {}

@@ -86,7 +86,7 @@ def optimizer_step(optimizers: list, precision: Precision, spec: RunSpec,
     present = [n for n in norms if n is not None]
     grad_norm = present[0] if len(present) == 1 else torch.stack(present).norm() if present else None
     # A gate with `step_flag` (the guard) can decide on the device when every optimizer skips on a flag: the
-    # steps are queued before the host reads the verdict (settle), so the GPU is not idle while the host waits.
+    # steps are queued with it and the host reads the verdict a step later (guard.settle), so it never waits.
     on_device = (precision.scaler is None and grad_norm is not None and hasattr(should_step, "step_flag")
                  and all(skips_on_flag(opt) for opt in optimizers))
     found_inf = should_step.step_flag(grad_norm) if on_device else None
@@ -109,8 +109,6 @@ def optimizer_step(optimizers: list, precision: Precision, spec: RunSpec,
         opt.zero_grad(set_to_none=True)
     if precision.scaler is not None:
         precision.scaler.update()
-    if on_device:
-        should_step.settle()  # raises under "stop"; the flagged step changed neither weights nor optimizer state
     return {"grad_norm": grad_norm}
 
 

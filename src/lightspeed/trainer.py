@@ -91,9 +91,7 @@ class Trainer:
         self.dist: DistInfo | None = None
         self.device = torch.device("cpu")
         self.metrics = MetricStore()
-        self.stage = "train"
-        self.current_epoch = self.global_step = 0
-        self.should_stop = False
+        self.stage, self.current_epoch, self.global_step, self.should_stop = "train", 0, 0, False
         self.fitting = False  # True inside fit, also while it validates (EarlyStopping acts only then)
         self.sanity_checking = False  # True while the validation batches before training run
         self.datamodule: Any = None  # the one given to the last entry point that took one
@@ -351,6 +349,7 @@ class Trainer:
             self.print0("Warning: compile=True, but nothing compiled ran in 3 steps (see kernels.apply_compile).")
 
     def _end_train_epoch(self, module: Module, val_loader: Any, epoch_done: bool) -> None:
+        self.guard.settle()  # the last step's non-finite verdict, if the host has not read it yet (guard.py)
         # Lightning's order: validation first, so on_train_epoch_end and epoch schedulers (ReduceLROnPlateau
         # on val_loss) see this epoch's validation metrics; then the checkpoint callbacks save the result.
         every = self.cfg.check_val_every_n_epoch
@@ -475,6 +474,7 @@ class Trainer:
             raise ConfigError(f"save_checkpoint({str(path)!r}) was called before fit, validate, test or predict: "
                               "no model is set up on the strategy yet, so there is nothing to save. Call it after "
                               "one of them.")
+        self.guard.settle()  # a non-finite verdict not yet read: under "stop" nothing is written
         loop = LoopState(self.current_epoch, self.global_step, self._batches_done,
                          self._epoch_done and self.stage == "train")
 

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One-GPU probes of the single-device step (issue 12), on nvidia-h200 with .wheels carried:
+#
+#     OUT=/tmp/S bash benchmarks/h200_single.sh tests small big   # any of the parts, in the order given
+#
+# tests    the guard's GPU tests (tests/test_guard.py -m gpu)
+# small    a host-bound step: the suite's GPT cut to 2 layers at micro-batch 1 (a few ms of GPU work per step):
+#          plain loop, single (the guard's verdict read a step later) and single+readnow (read right after the
+#          optimizer step is queued, the code before), REPEATS runs each (default 3)
+# big      the suite's 1.28B GPT at micro-batch 8: the same three, and single+nonorm (no gradient-norm pass)
+# compile  the 1.28B GPT under compile=True, with and without the norm pass (the MFU moonshot's share of it)
+#
+# Each part writes $OUT/<part>.log (the runs' JSON lines and the table) and $OUT/<part>.json.
+set -u
+source benchmarks/h200_env.sh
+REPEATS=${REPEATS:-3}
+suite() {  # part, then gpu_suite.py arguments
+    local part=$1; shift
+    timeout "${PART_S:-560}" python3 benchmarks/gpu_suite.py --json "$OUT/$part.json" "$@" > "$OUT/$part.log" 2>&1
+    echo "$part: rc $?"; tail -n 12 "$OUT/$part.log"
+}
+for part in "$@"; do
+    case $part in
+        tests) timeout 300 python3 -m pytest -q -m gpu tests/test_guard.py -p no:cacheprovider > "$OUT/tests.log" 2>&1
+               echo "tests: rc $?"; tail -n 3 "$OUT/tests.log" ;;
+        small) suite small --layers 2 --micro-batch 1 --repeats "$REPEATS" --warmup 5 --steps 60 \
+                   --only plain_pytorch,single+user,single+user+readnow ;;
+        big) suite big --repeats "$REPEATS" --warmup 3 --steps 30 \
+                 --only plain_pytorch,single+user,single+user+readnow,single+user+nonorm ;;
+        compile) suite compile --repeats "$REPEATS" --warmup 3 --steps 30 \
+                     --only single+user+compile,single+user+compile+nonorm ;;
+        *) echo "unknown part $part"; exit 2 ;;
+    esac
+done
