@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import resource
@@ -68,9 +69,15 @@ LIGHTSPEED = {
     # Probes of the single-device step, for measurement only (`probe` patches lightspeed in the run's process):
     # "+readnow": the host reads the guard's verdict right after queuing the optimizer step (a sync per step; the
     # behaviour before the verdict was read a step later); "+nonorm": no pass over the gradients for the guard's
-    # norm (it sees a zero norm), to price that pass.
+    # norm (it sees a zero norm), to price that pass; "+endnorm": the norm taken after the backward on the main
+    # stream (torch's get_total_norm) instead of beside it; "+normchunkN": OverlappedNorm launching every N
+    # elements of completed gradients (0: one launch per gradient, as before the chunks; the default is
+    # grad_norm.CHUNK).
     "single+user+readnow": lambda: "single",
     "single+user+nonorm": lambda: "single",
+    "single+user+endnorm": lambda: "single",
+    "single+user+normchunk0": lambda: "single",
+    "single+user+normchunk1e9": lambda: "single",
     "single+user+compile+nonorm": lambda: "single",
     "deepspeed_stage_2+user": lambda: "deepspeed_stage_2",
     "deepspeed_stage_2+user+as_written": lambda: "deepspeed_stage_2",
@@ -376,9 +383,13 @@ def probe(name: str) -> None:
             return stats
 
         single.optimizer_step = read_now
-    if "+nonorm" in name:
+    if "+nonorm" in name or "+endnorm" in name:
         single.OverlappedNorm = lambda optimizers: None
+    if "+nonorm" in name:
         torch.nn.utils.get_total_norm = lambda grads, *a, **k: torch.zeros((), device=grads[0].device)
+    chunk = [part.removeprefix("normchunk") for part in name.split("+") if part.startswith("normchunk")]
+    if chunk:
+        single.OverlappedNorm = functools.partial(single.OverlappedNorm, chunk=int(float(chunk[0])))
 
 
 def run_lightspeed(name: str, cfg, micro_batch: int, steps: int, warmup: int, device, accumulate: int = 1):
@@ -498,7 +509,8 @@ def _subprocess(name: str, args, extra: list[str] | None = None, timeout: float 
     warmup, timeout = for_setup(name, args.warmup, timeout)
     cmd = [sys.executable, __file__, "--run", name, "--steps", str(args.steps), "--warmup", str(warmup),
            "--micro-batch", str(args.micro_batch), "--accumulate", str(args.accumulate),
-           "--windows", str(args.windows), *(["--tiny"] if args.tiny else []), *(extra or [])]
+           "--windows", str(args.windows), *(["--tiny"] if args.tiny else []),
+           *(["--layers", str(args.layers)] if args.layers and "--layers" not in (extra or []) else []), *(extra or [])]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)

@@ -4,10 +4,13 @@
 #     OUT=/tmp/S bash benchmarks/h200_single.sh tests small big   # any of the parts, in the order given
 #
 # tests    the guard's GPU tests (tests/test_guard.py -m gpu)
-# small    a host-bound step: the suite's GPT cut to 2 layers at micro-batch 1 (a few ms of GPU work per step):
-#          plain loop, single (the guard's verdict read a step later) and single+readnow (read right after the
-#          optimizer step is queued, the code before), REPEATS runs each (default 3)
-# big      the suite's 1.28B GPT at micro-batch 8: the same three, and single+nonorm (no gradient-norm pass)
+# small    the suite's 1.28B GPT at micro-batch 1, where the host's work per step shows: the plain loop, single
+#          (the guard's verdict read a step later, the norm in chunks beside the backward), single+readnow (the
+#          verdict read right after the optimizer step is queued, the code before), +normchunk0 (a norm launch per
+#          gradient, the code before) and +endnorm (the norm after the backward); REPEATS runs each (default 3)
+# big      the same GPT at micro-batch 8 (the issue's figure): plain, single, +normchunk0, +endnorm and +nonorm
+#          (no gradient-norm pass: its price)
+# profile  profile_step.py on `single` at micro-batch 1 with cProfile: where the host's time per step goes
 # compile  the 1.28B GPT under compile=True, with and without the norm pass (the MFU moonshot's share of it)
 #
 # Each part writes $OUT/<part>.log (the runs' JSON lines and the table) and $OUT/<part>.json.
@@ -23,10 +26,12 @@ for part in "$@"; do
     case $part in
         tests) timeout 300 python3 -m pytest -q -m gpu tests/test_guard.py -p no:cacheprovider > "$OUT/tests.log" 2>&1
                echo "tests: rc $?"; tail -n 3 "$OUT/tests.log" ;;
-        small) suite small --layers 2 --micro-batch 1 --repeats "$REPEATS" --warmup 5 --steps 60 \
-                   --only plain_pytorch,single+user,single+user+readnow ;;
+        small) suite small --micro-batch 1 --repeats "$REPEATS" --warmup 5 --steps 60 \
+                   --only plain_pytorch,single+user,single+user+readnow,single+user+normchunk0,single+user+endnorm ;;
         big) suite big --repeats "$REPEATS" --warmup 3 --steps 30 \
-                 --only plain_pytorch,single+user,single+user+readnow,single+user+nonorm ;;
+                 --only plain_pytorch,single+user,single+user+normchunk0,single+user+endnorm,single+user+nonorm ;;
+        profile) timeout 200 python3 benchmarks/profile_step.py --setup single --micro-batch 1 --cprofile \
+                     > "$OUT/profile.log" 2>&1; echo "profile: rc $?" ;;
         compile) suite compile --repeats "$REPEATS" --warmup 3 --steps 30 \
                      --only single+user+compile,single+user+compile+nonorm ;;
         *) echo "unknown part $part"; exit 2 ;;
