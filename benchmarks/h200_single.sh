@@ -3,7 +3,7 @@
 #
 #     OUT=/tmp/S bash benchmarks/h200_single.sh tests small big   # any of the parts, in the order given
 #
-# tests    the guard's GPU tests (tests/test_guard.py -m gpu)
+# tests    the GPU tests of the guard and the overlapped norm (tests/test_guard.py, tests/test_gpu.py)
 # small    the suite's 1.28B GPT at micro-batch 1, where the host's work per step shows: the plain loop, single
 #          (the guard's verdict read a step later, the norm in chunks beside the backward), single+readnow (the
 #          verdict read right after the optimizer step is queued, the code before), +normchunk0 (a norm launch per
@@ -24,7 +24,8 @@ suite() {  # part, then gpu_suite.py arguments
 }
 for part in "$@"; do
     case $part in
-        tests) timeout 300 python3 -m pytest -q -m gpu tests/test_guard.py -p no:cacheprovider > "$OUT/tests.log" 2>&1
+        tests) timeout 300 python3 -m pytest -q -m gpu tests/test_guard.py tests/test_gpu.py -k "guard or norm" \
+                   -p no:cacheprovider > "$OUT/tests.log" 2>&1
                echo "tests: rc $?"; tail -n 3 "$OUT/tests.log" ;;
         small) suite small --micro-batch 1 --repeats "$REPEATS" --warmup 5 --steps 60 \
                    --only plain_pytorch,single+user,single+user+readnow,single+user+normchunk0,single+user+endnorm ;;
