@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import json
 import os
 import resource
@@ -69,15 +68,9 @@ LIGHTSPEED = {
     # Probes of the single-device step, for measurement only (`probe` patches lightspeed in the run's process):
     # "+readnow": the host reads the guard's verdict right after queuing the optimizer step (a sync per step; the
     # behaviour before the verdict was read a step later); "+nonorm": no pass over the gradients for the guard's
-    # norm (it sees a zero norm), to price that pass; "+endnorm": the norm taken after the backward on the main
-    # stream (torch's get_total_norm) instead of beside it; "+normchunkN": OverlappedNorm launching every N
-    # elements of completed gradients (0: one launch per gradient, as before the chunks; the default is
-    # grad_norm.CHUNK).
+    # norm (it sees a zero norm), to price that pass.
     "single+user+readnow": lambda: "single",
     "single+user+nonorm": lambda: "single",
-    "single+user+endnorm": lambda: "single",
-    "single+user+normchunk0": lambda: "single",
-    "single+user+normchunk1e9": lambda: "single",
     "single+user+compile+nonorm": lambda: "single",
     "deepspeed_stage_2+user": lambda: "deepspeed_stage_2",
     "deepspeed_stage_2+user+as_written": lambda: "deepspeed_stage_2",
@@ -383,13 +376,8 @@ def probe(name: str) -> None:
             return stats
 
         single.optimizer_step = read_now
-    if "+nonorm" in name or "+endnorm" in name:
-        single.OverlappedNorm = lambda optimizers: None
     if "+nonorm" in name:
         torch.nn.utils.get_total_norm = lambda grads, *a, **k: torch.zeros((), device=grads[0].device)
-    chunk = [part.removeprefix("normchunk") for part in name.split("+") if part.startswith("normchunk")]
-    if chunk:
-        single.OverlappedNorm = functools.partial(single.OverlappedNorm, chunk=int(float(chunk[0])))
 
 
 def run_lightspeed(name: str, cfg, micro_batch: int, steps: int, warmup: int, device, accumulate: int = 1):

@@ -3,13 +3,11 @@
 #
 #     OUT=/tmp/S bash benchmarks/h200_single.sh tests small big   # any of the parts, in the order given
 #
-# tests    the GPU tests of the guard and the overlapped norm (tests/test_guard.py, tests/test_gpu.py)
+# tests    the guard's GPU tests (tests/test_guard.py, tests/test_gpu.py)
 # small    the suite's 1.28B GPT at micro-batch 1, where the host's work per step shows: the plain loop, single
-#          (the guard's verdict read a step later, the norm in chunks beside the backward), single+readnow (the
-#          verdict read right after the optimizer step is queued, the code before), +normchunk0 (a norm launch per
-#          gradient, the code before) and +endnorm (the norm after the backward); REPEATS runs each (default 3)
-# big      the same GPT at micro-batch 8 (the figure): plain, single, +normchunk0, +endnorm and +nonorm
-#          (no gradient-norm pass: its price)
+#          (the guard's verdict read a step later) and single+readnow (read right after the optimizer step is
+#          queued, the code before), single+nonorm (no gradient-norm pass); REPEATS runs each (default 3)
+# big      the same GPT at micro-batch 8 (the figure): the same four
 # profile  profile_step.py on `single` at micro-batch 1 with cProfile: where the host's time per step goes
 # compile  the 1.28B GPT under compile=True, with and without the norm pass (the MFU moonshot's share of it)
 #
@@ -24,13 +22,13 @@ suite() {  # part, then gpu_suite.py arguments
 }
 for part in "$@"; do
     case $part in
-        tests) timeout 300 python3 -m pytest -q -m gpu tests/test_guard.py tests/test_gpu.py -k "guard or norm" \
+        tests) timeout 300 python3 -m pytest -q -m gpu tests/test_guard.py tests/test_gpu.py -k guard \
                    -p no:cacheprovider > "$OUT/tests.log" 2>&1
                echo "tests: rc $?"; tail -n 3 "$OUT/tests.log" ;;
         small) suite small --micro-batch 1 --repeats "$REPEATS" --warmup 5 --steps 60 \
-                   --only plain_pytorch,single+user,single+user+readnow,single+user+normchunk0,single+user+endnorm ;;
+                   --only plain_pytorch,single+user,single+user+readnow,single+user+nonorm ;;
         big) suite big --repeats "$REPEATS" --warmup 3 --steps 30 \
-                 --only plain_pytorch,single+user,single+user+normchunk0,single+user+endnorm,single+user+nonorm ;;
+                 --only plain_pytorch,single+user,single+user+readnow,single+user+nonorm ;;
         profile) timeout 200 python3 benchmarks/profile_step.py --setup single --micro-batch 1 --cprofile \
                      > "$OUT/profile.log" 2>&1; echo "profile: rc $?" ;;
         compile) suite compile --repeats "$REPEATS" --warmup 3 --steps 30 \

@@ -16,7 +16,7 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "lightspeed"
 LAYERS: dict[int, set[str]] = {
     0: {"errors", "specs", "launch", "rng", "heartbeat"},  # plain data types, the launch environment, RNG, heartbeat
     1: {"distributed", "config", "data", "metrics", "memory", "checkpoint_io", "precision", "optim", "progress",
-        "loggers", "report", "kernels", "plan_probe", "plan_chart", "utilities", "summary", "datamodule", "guard", "grad_norm",
+        "loggers", "report", "kernels", "plan_probe", "plan_chart", "utilities", "summary", "datamodule", "guard",
         "preemption"},
     # process-group helpers and small utilities; plan (below) imports strategies.host_memory
     2: {"strategies", "plan"},  # every backend (strategies.*), and the planner that chooses among them

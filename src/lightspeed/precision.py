@@ -61,17 +61,18 @@ def _total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
 
 
 def optimizer_step(optimizers: list, precision: Precision, spec: RunSpec,
-                   total_norm: NormFn = _total_norm, should_step: StepGate | None = None,
-                   measured: list[tuple[Any, int]] | None = None) -> StepStats:
+                   total_norm: NormFn = _total_norm, should_step: StepGate | None = None) -> StepStats:
     """Unscales (fp16), measures the gradient norm, asks `should_step`, clips by the Trainer's flags, steps and
     zeroes every optimizer.
 
     `total_norm(grads)` must return the global norm; a strategy with sharded gradients passes one that reduces
     across ranks. `should_step(norm)` (the non-finite guard, collective) runs once, after every norm is known and
     before any optimizer steps; on False the gradients are dropped and nothing steps. Under an fp16 scaler it gets
-    None: the scaler skips overflowing steps itself. `measured`, per optimizer (norm, number of gradients it
-    covers), are norms taken during the backward (grad_norm.py); one that does not cover every gradient present
-    is measured again here. Returns {"grad_norm": norm over all optimizers}."""
+    None: the scaler skips overflowing steps itself. Returns {"grad_norm": norm over all optimizers}.
+
+    The norm is one multi-tensor pass after the backward (torch's get_total_norm). Taking it beside the backward
+    instead, on a side stream as each gradient completed, was measured slower on an H200 (docs/benchmarks.md,
+    thirteenth session): the passes contend with the backward's kernels, and the hooks cost host time."""
     clip = float(spec.gradient_clip_val or 0.0)
     groups, norms = [], []  # per optimizer: the parameters with gradients, their norm (None if there are none)
     for i, opt in enumerate(optimizers):
@@ -79,10 +80,7 @@ def optimizer_step(optimizers: list, precision: Precision, spec: RunSpec,
             precision.scaler.unscale_(opt)
         params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
         groups.append(params)
-        if measured is not None and params and measured[i][1] == len(params):
-            norms.append(measured[i][0])
-        else:
-            norms.append(total_norm([p.grad for p in params]) if params else None)
+        norms.append(total_norm([p.grad for p in params]) if params else None)
     present = [n for n in norms if n is not None]
     grad_norm = present[0] if len(present) == 1 else torch.stack(present).norm() if present else None
     # A gate with `step_flag` (the guard) can decide on the device when every optimizer skips on a flag: the

@@ -8,7 +8,6 @@ from pathlib import Path
 import torch
 
 from ..checkpoint_io import load_replicated, save_replicated
-from ..grad_norm import OverlappedNorm
 from ..kernels import apply_compile, build_optimizers_fast
 from ..launch import DistInfo
 from ..precision import Precision, StepGate, optimizer_step
@@ -23,7 +22,6 @@ class SingleDevice:
     name: str = "single"
     optimizers: list = field(default_factory=list)
     schedulers: list = field(default_factory=list)
-    overlap: OverlappedNorm | None = None  # CUDA: the gradient norm measured beside the backward
 
     def check(self, spec: RunSpec) -> None:
         pass  # one device honours every flag
@@ -44,13 +42,8 @@ class SingleDevice:
         if build_optimizers is not None:
             self.optimizers, self.schedulers = build_optimizers_fast(build_optimizers, self.spec, backend="torch",
                                                                      device_type=self.device.type)
-            self.teardown()
-            if self.device.type == "cuda" and self.precision.scaler is None and self.spec.automatic_optimization:
-                self.overlap = OverlappedNorm(self.optimizers)
 
     def forward(self, step, *args, sync_grads: bool = True):
-        if self.overlap is not None:  # the norm is taken in the backward that completes the gradients
-            self.overlap.arm(sync_grads and torch.is_grad_enabled())
         with self.precision.autocast():  # one process: there is no gradient to synchronise
             return step(*args)
 
@@ -58,8 +51,7 @@ class SingleDevice:
         self.precision.backward(loss)
 
     def step(self, should_step: StepGate | None = None) -> StepStats:
-        measured = self.overlap.norms() if self.overlap is not None else None
-        return optimizer_step(self.optimizers, self.precision, self.spec, should_step=should_step, measured=measured)
+        return optimizer_step(self.optimizers, self.precision, self.spec, should_step=should_step)
 
     def save(self, path: Path) -> None:
         save_replicated(path, self.module, self.optimizers, {
@@ -75,6 +67,4 @@ class SingleDevice:
         self.precision.load_state_dict(state.get("precision", {}))
 
     def teardown(self) -> None:
-        if self.overlap is not None:  # the module is the user's: our hooks leave its parameters
-            self.overlap.remove()
-            self.overlap = None
+        pass  # nothing was started; the module is the user's, untouched
