@@ -14,6 +14,12 @@
 #                                               # at once, and the four-GPU runs (scaling 1 -> 4, ZeRO-3 memory per
 #                                               # GPU against 16Ψ/N), all 3 runs per setup: 901 s on
 #                                               # 2026-11-30 (BUDGET_S=1000 would have held it)
+#     GPUS=8 BUDGET_S=1500 bash benchmarks/h200_issue12.sh suite   # on an 8-GPU machine (none lent so far): the
+#                                               # one-GPU setups on four of the GPUs at once (GPU 0-3 lists as with
+#                                               # GPUS=4), the eight-GPU runs, then the two-GPU runs on four pairs at
+#                                               # once (scaling 1 -> 2 and 1 -> 8; ZeRO-3's memory per GPU measured
+#                                               # at 8 GPUs, not projected); the eight-GPU runs are the long part
+#                                               # (estimated ~50 s a run): run it in the background, as docs say
 #     bash benchmarks/h200_issue12.sh explore3  # candidate scaling fixes (NCCL CTAs, bf16 gradients, prefetch) on 2
 #                                               # GPUs, against one-GPU ddp/fsdp baselines measured first, < 570 s
 #     bash benchmarks/h200_issue12.sh single    # GPU 0: plain loop vs the user's AdamW (fused by default / as
@@ -98,28 +104,38 @@ suite|explore3)
     #            slow drift hits every setup alike). suite: the ZeRO-3 pair, whose step is CPU-bound, shares
     #            one GPU's list (never beside the compile setup on 2 GPUs, whose inductor workers take many cores)
     #            and runs while GPU 0 runs its eager setups; the lists are balanced by estimated run times.
-    #   GPUS=4 (suite only), phase 4: the four-GPU runs, round robin, before phase 2, so a budget cut falls on the
-    #            two-GPU rounds, measured in every suite since the first, not on the four-GPU ones.
+    #   GPUS=4 or 8 (suite only), phase N: the N-GPU runs on every GPU, round robin, before phase 2, so a budget
+    #            cut falls on the two-GPU rounds, measured in every suite since the first, not on the N-GPU ones.
     #   phase 2: the two-GPU runs, round robin, until the budget; GPUS=4: two pairs at once (GPUs 0,1: SUITE2_A,
-    #            GPUs 2,3: SUITE2_B, the ZeRO-3 setups together).
+    #            GPUs 2,3: SUITE2_B, the ZeRO-3 setups together); GPUS=8: four pairs (SUITE2_A to SUITE2_D).
     BUDGET_S=${BUDGET_S:-555}
     GPUS=${GPUS:-2}
     LOG="$OUT/$1.log"
     echo "[h200_issue12] $1 $(date -u +%FT%TZ) warmup $WARMUP steps $STEPS gpus $GPUS" > "$LOG"
     prelude "$LOG"
-    P4_LIST=
-    if [ "$1" = suite ] && [ "$GPUS" = 4 ]; then
-        # ~60-80 s a round on each GPU (one-GPU run walls: ~19 s eager, ~30 s ZeRO-3 and compile)
+    PN_LIST=
+    if [ "$1" = suite ] && { [ "$GPUS" = 4 ] || [ "$GPUS" = 8 ]; }; then
+        # ~60-80 s a round on each GPU (one-GPU run walls: ~19 s eager, ~30 s ZeRO-3 and compile); with 8 GPUs the
+        # same four lists (GPUs 4-7 idle in phase 1: its length is GPU 0's list, and the pairs stay comparable)
         P1_LISTS=("${SUITE1_GPU0:-single+user+compile,plain_pytorch,single+user}"
                   "${SUITE1_GPU1:-ddp+user,fsdp+user,plain_deepspeed_zero2}"
                   "${SUITE1_GPU2:-plain_deepspeed_zero3,deepspeed_stage_3+user}"
                   "${SUITE1_GPU3:-deepspeed_stage_2+user,plain_deepspeed_zero3_tuned}")
-        P2_GROUPS=("0,1" "2,3")  # ~100 s and ~130 s a round (two-GPU run walls: 22-60 s)
-        P2_LISTS=("${SUITE2_A:-ddp,fsdp,deepspeed_stage_2,plain_ddp}"
-                  "${SUITE2_B:-deepspeed_stage_3,plain_deepspeed_zero3,plain_deepspeed_zero3_tuned}")
-        P4_LIST=${SUITE4:-ddp,fsdp,deepspeed_stage_2,deepspeed_stage_3,plain_deepspeed_zero3,plain_ddp}
-        # of what is left: phase 1 took 165 s, phase 4 430 s, phase 2 265 s (41 s prelude) on 2026-11-30
-        P1_SHARE=${P1_SHARE:-19} P4_SHARE=${P4_SHARE:-60}
+        if [ "$GPUS" = 4 ]; then
+            P2_GROUPS=("0,1" "2,3")  # ~100 s and ~130 s a round (two-GPU run walls: 22-60 s)
+            P2_LISTS=("${SUITE2_A:-ddp,fsdp,deepspeed_stage_2,plain_ddp}"
+                      "${SUITE2_B:-deepspeed_stage_3,plain_deepspeed_zero3,plain_deepspeed_zero3_tuned}")
+            PN_LIST=${SUITE4:-ddp,fsdp,deepspeed_stage_2,deepspeed_stage_3,plain_deepspeed_zero3,plain_ddp}
+            # of what is left: phase 1 took 165 s, phase 4 430 s, phase 2 265 s (41 s prelude) on 2026-11-30
+            P1_SHARE=${P1_SHARE:-19} PN_SHARE=${PN_SHARE:-60}
+        else
+            P2_GROUPS=("0,1" "2,3" "4,5" "6,7")  # the ZeRO-3 setups of issue 12's ratios share a pair
+            P2_LISTS=("${SUITE2_A:-ddp,plain_ddp}" "${SUITE2_B:-fsdp,deepspeed_stage_2}"
+                      "${SUITE2_C:-deepspeed_stage_3,plain_deepspeed_zero3}" "${SUITE2_D:-plain_deepspeed_zero3_tuned}")
+            PN_LIST=${SUITE8:-ddp,fsdp,deepspeed_stage_2,deepspeed_stage_3,plain_deepspeed_zero3,plain_ddp}
+            # estimates (never run on 8 GPUs): phase 1 ~210 s, phase 8 ~18 runs of ~50 s, phase 2 ~150 s
+            P1_SHARE=${P1_SHARE:-15} PN_SHARE=${PN_SHARE:-80}
+        fi
         P1_REPEATS=$REPEATS P2_REPEATS=$REPEATS
     elif [ "$1" = suite ]; then
         P1_LISTS=("${SUITE1_GPU0:-single+user+compile,plain_pytorch,single+user,ddp+user,fsdp+user,plain_deepspeed_zero2}"
@@ -142,28 +158,29 @@ suite|explore3)
         P2_REPEATS=${EXPLORE3_REPEATS:-1}
         P1_SHARE=${P1_SHARE:-36}  # phase 1: 6 runs per GPU; phase 2: 9 two-GPU runs
     fi
-    PHASES=${PHASES:-1,2,4}  # PHASES=1, 2 or 4: that phase only, with the whole budget (the same table code)
-    case "$PHASES" in *[24]*) ;; *) P1_SHARE=100 ;; esac
+    PHASES=${PHASES:-1,2${PN_LIST:+,$GPUS}}  # PHASES=1, 2 or N: that phase only, with the whole budget (same table)
+    case "$PHASES" in *[248]*) ;; *) P1_SHARE=100 ;; esac
     case "$PHASES" in *1*) ;; *) P1_LISTS=() ;; esac
-    case "$PHASES" in *2*) ;; *) P2_LISTS=() P4_SHARE=100 ;; esac
-    case "$PHASES" in *4*) ;; *) P4_LIST= ;; esac
+    case "$PHASES" in *2*) ;; *) P2_LISTS=() PN_SHARE=100 ;; esac
+    case "$PHASES" in *[48]*) ;; *) PN_LIST= ;; esac
     P1_S=${P1_S:-$(( $(budget_left) * P1_SHARE / 100 ))}
     echo "[h200_issue12] prelude $(( SECONDS - T0 )) s; phase 1 budget $P1_S s: ${P1_LISTS[*]:-(none)} x $P1_REPEATS" \
         | tee -a "$LOG" >&3
     start=$SECONDS
     [ "${#P1_LISTS[@]}" -gt 0 ] && one_gpu_lists "$P1_S" "$P1_REPEATS" "$1_1gpu" "${P1_LISTS[@]}"
     P1_WALL=$(( SECONDS - start ))
-    P4_WALL=0
-    if [ -n "$P4_LIST" ]; then
-        P4_S=$(( $(budget_left) * ${P4_SHARE:-100} / 100 ))
-        echo "[h200_issue12] phase 1 took $P1_WALL s; phase 4 budget $P4_S s: $P4_LIST x $P2_REPEATS" \
+    PN_WALL=0
+    if [ -n "$PN_LIST" ]; then
+        PN_S=$(( $(budget_left) * ${PN_SHARE:-100} / 100 ))
+        echo "[h200_issue12] phase 1 took $P1_WALL s; phase $GPUS budget $PN_S s: $PN_LIST x $P2_REPEATS" \
             | tee -a "$LOG" >&3
         start=$SECONDS
-        [ "$P4_S" -gt 20 ] && n_gpus "$P4_S" "$P4_LIST" "$P2_REPEATS" "$OUT/$1_4gpu.json" "$OUT/$1_4gpu.log" 4
-        P4_WALL=$(( SECONDS - start ))
+        [ "$PN_S" -gt 20 ] && n_gpus "$PN_S" "$PN_LIST" "$P2_REPEATS" "$OUT/$1_${GPUS}gpu.json" \
+            "$OUT/$1_${GPUS}gpu.log" "$GPUS"
+        PN_WALL=$(( SECONDS - start ))
     fi
     P2_S=$(budget_left)
-    echo "[h200_issue12] phases 1 and 4 took $P1_WALL s and $P4_WALL s; phase 2 budget $P2_S s:" \
+    echo "[h200_issue12] phase 1 took $P1_WALL s${PN_LIST:+, phase $GPUS $PN_WALL s}; phase 2 budget $P2_S s:" \
         "${P2_LISTS[*]:-(none)} x $P2_REPEATS" | tee -a "$LOG" >&3
     start=$SECONDS
     SCALING=() ROWS=
@@ -178,14 +195,15 @@ suite|explore3)
     wait
     P2_WALL=$(( SECONDS - start ))
     COUNTS=2
-    if [ -n "$P4_LIST" ]; then
-        SCALING+=("$OUT/$1_4gpu.json") COUNTS=2,4 ROWS=  # the table's own order (its default rows)
+    if [ -n "$PN_LIST" ]; then
+        SCALING+=("$OUT/$1_${GPUS}gpu.json") COUNTS=2,$GPUS ROWS=  # the table's own order (its default rows)
     fi
     run python3 benchmarks/issue12_table.py "$OUT/$1_1gpu_"?.json --scaling "${SCALING[@]}" --devices "$COUNTS" \
         --rows "${ROWS:-ddp,fsdp,deepspeed_stage_2,deepspeed_stage_3,plain_deepspeed_zero3,plain_ddp,plain_deepspeed_zero3_tuned}" \
         > "$OUT/table.txt" 2>&1
     [ -n "${DRY:-}" ] || cat "$OUT/table.txt" >> "$LOG"
-    echo "[h200_issue12] $1 done: prelude + phase 1 $P1_WALL s + phase 4 $P4_WALL s + phase 2 $P2_WALL s," \
+    echo "[h200_issue12] $1 done: prelude + phase 1 $P1_WALL s${PN_LIST:+ + phase $GPUS $PN_WALL s}" \
+        "+ phase 2 $P2_WALL s," \
         "total $(( SECONDS - T0 )) s" | tee -a "$LOG" >&3
     ;;
 single)

@@ -152,8 +152,8 @@ def _within(ratio: float) -> str:
 
 def memory_rows(results: dict, counts: list[int], suite: dict | None = None) -> list[list[str]]:
     """Per ZeRO-3 setup and GPU count: GiB between steps against 16Ψ/N (one GPU too, where the suite's run of the
-    setup recorded it); with two counts or more, the least-squares fit a + b/N through them and its projection to
-    8 GPUs against 16Ψ/8."""
+    setup recorded it); with two counts or more, the least-squares fit a + b/N through them and its value at 8 GPUs
+    against 16Ψ/8 (a projection, or the fit beside the measured row when 8 GPUs ran)."""
     rows = []
     for strategy in ZERO3:
         seen = {n: m for n in counts if (m := resting_sample(results, strategy, n))}
@@ -171,8 +171,8 @@ def memory_rows(results: dict, counts: list[int], suite: dict | None = None) -> 
             a = my - b * mx  # GiB every GPU keeps whatever N
             states8 = 16 * max(m[1] for m in seen.values()) / 8 / 2**30
             ratio = (a + b / 8) / states8
-            rows.append([strategy, "8 (projected)", f"{a + b / 8:.2f}", f"{states8:.2f}", f"{ratio:.3f}",
-                         _within(ratio),
+            label = "8 (fit)" if 8 in seen else "8 (projected)"
+            rows.append([strategy, label, f"{a + b / 8:.2f}", f"{states8:.2f}", f"{ratio:.3f}", _within(ratio),
                          f"{a:.2f} whole + {b:.2f}/N sharded ({b / (8 * states8):.3f} × 16Ψ)"])
     return rows
 

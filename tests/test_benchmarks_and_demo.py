@@ -172,6 +172,19 @@ def test_issue12_table_reads_several_gpu_counts_and_zero3_memory(tmp_path):
     assert [c[1:5] for c in memory] == [["1", "4.25", "4.00", "1.062"], ["2", "2.25", "2.00", "1.125"],
                                         ["4", "1.25", "1.00", "1.250"], ["8 (projected)", "0.75", "0.50", "1.500"]]
     assert memory[3][6] == "0.25 whole + 4.00/N sharded (1.000 × 16Ψ)", proc.stdout
+    # an 8-GPU file (h200_issue12.sh's GPUS=8 layout) joins: 8 GPUs measured, on the same line, and the fit's
+    # value at 8 GPUs is labelled as a fit, not a projection; ddp's 8-GPU efficiency against the 0.90 bar
+    (tmp_path / "scaling_c.json").write_text(json.dumps({
+        "ddp 8": {"strategy": "ddp", "devices": 8, "tok_s_per_gpu": 80.0, "params": params,
+                  "resting_gib": float("nan")},
+        "z3 8": {"strategy": "deepspeed_stage_3", "devices": 8, "tok_s_per_gpu": 40.0, "params": params,
+                 "resting_gib": 0.75}}))
+    proc = _run([str(ROOT / "benchmarks" / "issue12_table.py"), str(tmp_path / "suite.json"), "--scaling",
+                 *(str(tmp_path / f"scaling_{n}.json") for n in "abc"), "--devices", "2,4,8"], tmp_path, timeout=60)
+    cells = [[c.strip() for c in ln.split("│")[1:-1]] for ln in proc.stdout.splitlines() if ln.count("│") > 2]
+    assert [(c[4], c[5], c[6]) for c in cells if c[0] == "ddp"][-1] == ("0.889", "≥0.9", "NOT met"), proc.stdout
+    memory = [c for c in cells if len(c) == 7 and c[0] == "deepspeed_stage_3"]
+    assert [c[1:5] for c in memory][-2:] == [["8", "0.75", "0.50", "1.500"], ["8 (fit)", "0.75", "0.50", "1.500"]]
 
 
 def test_plain_ddp_loop_on_two_cpu_ranks_lands_in_the_issue12_table(tmp_path):
