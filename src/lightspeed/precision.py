@@ -72,7 +72,7 @@ def optimizer_step(optimizers: list, precision: Precision, spec: RunSpec,
 
     The norm is one multi-tensor pass after the backward (torch's get_total_norm). Taking it beside the backward
     instead, on a side stream as each gradient completed, was measured slower on an H200 (docs/benchmarks.md,
-    thirteenth session): the passes contend with the backward's kernels, and the hooks cost host time."""
+    thirteenth session): the side stream hid none of the pass, and its per-parameter hooks cost host time."""
     clip = float(spec.gradient_clip_val or 0.0)
     groups, norms = [], []  # per optimizer: the parameters with gradients, their norm (None if there are none)
     for i, opt in enumerate(optimizers):
