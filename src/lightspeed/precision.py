@@ -75,7 +75,7 @@ def optimizer_step(optimizers: list, precision: Precision, spec: RunSpec,
     thirteenth session): the side stream hid none of the pass, and its per-parameter hooks cost host time."""
     clip = float(spec.gradient_clip_val or 0.0)
     groups, norms = [], []  # per optimizer: the parameters with gradients, their norm (None if there are none)
-    for i, opt in enumerate(optimizers):
+    for opt in optimizers:
         if precision.scaler is not None:
             precision.scaler.unscale_(opt)
         params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
