@@ -57,7 +57,6 @@ class NonFiniteGuard:
         check_policy(policy)
         self.policy, self.rank, self.world_size, self.print0 = policy, rank, world_size, print0
         self.skipped_steps = 0
-        self.last_skipped = False
         self._bad_loss: torch.Tensor | None = None
         self._where: dict[str, int] = {}
         self._batches: list[int] = []
@@ -141,7 +140,7 @@ class NonFiniteGuard:
         self._pending = None
         if landed is not None:
             landed.synchronize()
-        self._verdict(host.clone(), where, batches)
+        self._verdict(host, where, batches)  # read at once: the pinned buffer is free again after
 
     def _loss_slots(self, device: torch.device) -> torch.Tensor:
         """This rank's loss flags as a slot vector on `device` (not yet reduced); zeros if nothing was observed."""
@@ -155,7 +154,6 @@ class NonFiniteGuard:
         """The policy applied to reduced slots (on the host) of the step at `where` (default: the current one):
         True means step."""
         flags = [int(v) for v in slots[:-1].tolist()]
-        self.last_skipped = False
         if not any(flags):
             return True
         message = self._message(flags, int(slots[-1].item()) - 1, where or self._where,
@@ -166,7 +164,6 @@ class NonFiniteGuard:
                                  "steps instead.")
         if self.policy == "skip":
             self.skipped_steps += 1
-            self.last_skipped = True
             self.print0(f"{message} Skipped this optimizer step on every rank ({self.skipped_steps} skipped so far).")
             return False
         self.print0(f"{message} on_nonfinite='warn': stepping anyway.")
