@@ -72,6 +72,7 @@ LIGHTSPEED = {
     "single+user+readnow": lambda: "single",
     "single+user+nonorm": lambda: "single",
     "single+user+compile+nonorm": lambda: "single",
+    "single+user+compile+whole": lambda: "single",  # the GPT compiled whole, not block by block (`probe`)
     "deepspeed_stage_2+user": lambda: "deepspeed_stage_2",
     "deepspeed_stage_2+user+as_written": lambda: "deepspeed_stage_2",
     "deepspeed_stage_3+user": lambda: "deepspeed_stage_3",
@@ -118,6 +119,8 @@ OFFLOAD_VARIANTS = [
     ("deepspeed_stage_3_offload_full+ac", 8, 1),   # one micro-batch of 8: the CPU optimizer and transfers amortised
     ("deepspeed_stage_3_offload_opt+ac", 8, 1),    # parameters stay on the GPU when they fit: offload only Adam
 ]
+# The plain loop, eager and under torch.compile (run_plain_pytorch says how), the reference for compile=True
+PLAIN_COMPILE = {"plain_pytorch": "", "plain_pytorch+compile": "model", "plain_pytorch+compile+loss": "loss"}
 BASELINES = ["plain_pytorch", "plain_deepspeed_zero2", "plain_deepspeed_zero3", "plain_deepspeed_zero3_tuned"]
 # DeepSpeed 0.19's own stage-3 defaults, written out (deepspeed/runtime/zero/config.py): what a hand-written loop
 # with {"stage": 3} gets. Lightspeed's build_config differs (overlap_comm false, persistence threshold 0).
@@ -265,16 +268,19 @@ def build_plain(cfg, device) -> tuple[GPT, torch.optim.Optimizer]:
     return model, opt
 
 
-def train_plain(model: torch.nn.Module, opt, batches, device, warmup: int) -> list[float]:
+def train_plain(model: torch.nn.Module, opt, batches, device, warmup: int, loss_inside: bool = False) -> list[float]:
     """The hand-written torch loop: forward under bf16 autocast, cross-entropy of the fp32 logits, backward,
-    optimizer step. `model` is the GPT or a DistributedDataParallel around it. Returns the step times (`Clock`),
-    the first `warmup` steps left out."""
+    optimizer step. `model` is the GPT or a DistributedDataParallel around it, or with `loss_inside` a function
+    of the batch that returns the loss. Returns the step times (`Clock`), the first `warmup` steps left out."""
     clock = Clock()
     for x, y in batches:
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            logits = model(x)
-        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1))
+        if loss_inside:
+            loss = model(x, y)
+        else:
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                logits = model(x)
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1))
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -282,9 +288,24 @@ def train_plain(model: torch.nn.Module, opt, batches, device, warmup: int) -> li
     return clock.step_times(warmup)
 
 
-def run_plain_pytorch(cfg, micro_batch: int, steps: int, warmup: int, device) -> list[float]:
+def run_plain_pytorch(cfg, micro_batch: int, steps: int, warmup: int, device, compile: str = "") -> list[float]:
+    """The hand-written torch loop on one device. `compile` "model": the whole GPT under `torch.compile(model)`,
+    the cross-entropy eager (what a user adds to the loop first); "loss": the forward and the cross-entropy in one
+    compiled function (nanoGPT's way). Both are the reference for `compile=True`: what torch.compile makes of the
+    whole model, with no strategy around it."""
     model, opt = build_plain(cfg, device)
-    return train_plain(model, opt, _loader(cfg, micro_batch, steps), device, warmup)
+    if compile == "model":
+        model = torch.compile(model)
+    elif compile == "loss":
+        gpt = model
+
+        @torch.compile
+        def model(x, y):
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                logits = gpt(x)
+            return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1))
+
+    return train_plain(model, opt, _loader(cfg, micro_batch, steps), device, warmup, loss_inside=compile == "loss")
 
 
 def run_plain_ddp(cfg, micro_batch: int, steps: int, warmup: int, device, seed: int = 0) -> list[float]:
@@ -362,7 +383,7 @@ def run_plain_deepspeed(cfg, micro_batch: int, steps: int, warmup: int, device, 
 
 
 def probe(name: str) -> None:
-    """Patches lightspeed for the "+readnow" and "+nonorm" probes (LIGHTSPEED says what they measure). Each run
+    """Patches lightspeed for the "+readnow", "+nonorm" and "+whole" probes (LIGHTSPEED says what they measure). Each run
     has its own process, so nothing is undone."""
     from lightspeed.strategies import single
 
@@ -376,6 +397,12 @@ def probe(name: str) -> None:
             return stats
 
         single.optimizer_step = read_now
+    if "+whole" in name:  # compile=True with the whole model compiled as one unit instead of block by block
+        def whole(module, **kwargs):
+            module.model.compile(**(kwargs["options"] if isinstance(kwargs.get("options"), dict) else {}))
+            return ["model"]
+
+        single.apply_compile = whole
     if "+nonorm" in name:
         torch.nn.utils.get_total_norm = lambda grads, *a, **k: torch.zeros((), device=grads[0].device)
 
@@ -446,8 +473,8 @@ def run_one(name: str, args) -> dict:
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gib * 2**30 / total), device)
     steps = args.warmup + args.steps
-    if name == "plain_pytorch":
-        times = run_plain_pytorch(cfg, args.micro_batch, steps, args.warmup, device)
+    if name in PLAIN_COMPILE:
+        times = run_plain_pytorch(cfg, args.micro_batch, steps, args.warmup, device, PLAIN_COMPILE[name])
     elif name == "plain_deepspeed_zero2":
         times = run_plain_deepspeed(cfg, args.micro_batch, steps, args.warmup, device)
     elif name in ("plain_deepspeed_zero3", "plain_deepspeed_zero3_tuned"):
@@ -527,15 +554,15 @@ def speed_table(args) -> list[dict]:
             if args.json:  # every run as it arrives, so a session cut short keeps what it measured
                 write_json(args.json, [summarize(n, rs) for n, rs in runs.items() if rs])
     results = [summarize(name, rs) for name, rs in runs.items()]
-    base = {r["name"]: r["tok_s"] for r in results if r["name"] in BASELINES and "tok_s" in r}
+    base = {r["name"]: r["tok_s"] for r in results if r["name"] in BASELINES + list(PLAIN_COMPILE) and "tok_s" in r}
     params = next((r["params"] for r in results if "params" in r), 0)
     table = Table(title=f"GPT {params / 1e9:.2f}B, micro-batch {args.micro_batch}, seq {_model_cfg(args).block_size}, "
                         f"bf16; median step of {args.steps // args.windows}, median of {args.repeats} runs × "
                         f"{args.windows} windows")
-    columns = ("setup", "tok/s", "spread", "× plain PyTorch", "× DS Z2 loop", "× DS Z3 loop", "× DS Z3 tuned",
+    columns = ("setup", "tok/s", "spread", "× plain PyTorch", "× plain compiled", "× DS Z2 loop", "× DS Z3 loop", "× DS Z3 tuned",
                "MFU", "peak GiB", "first step s")
     for col in columns:
-        table.add_column(col, justify="right")
+        table.add_column(col, justify="right", no_wrap=col == "setup")
     for r in results:
         if "tok_s" not in r:
             table.add_row(r["name"], r["error"], *[""] * (len(columns) - 2))
@@ -543,7 +570,7 @@ def speed_table(args) -> list[dict]:
         ratio = lambda b: f"{r['tok_s'] / base[b]:.3f}" if b in base else "-"  # noqa: E731
         first = f"{r['first_step_s']:.1f}" if r.get("first_step_s") else "-"
         table.add_row(r["name"], f"{r['tok_s']:,.0f}", f"{r['spread']:.1%} ({r['samples']})", ratio("plain_pytorch"),
-                      ratio("plain_deepspeed_zero2"), ratio("plain_deepspeed_zero3"),
+                      ratio("plain_pytorch+compile+loss"), ratio("plain_deepspeed_zero2"), ratio("plain_deepspeed_zero3"),
                       ratio("plain_deepspeed_zero3_tuned"), f"{r['mfu']:.3f}", f"{r['peak_gib']:.1f}", first)
     Console(width=160).print(table)
     return results

@@ -10,6 +10,8 @@
 # big      the same GPT at micro-batch 8 (the issue's figure): the same four
 # profile  profile_step.py on `single` at micro-batch 1 with cProfile: where the host's time per step goes
 # compile  the 1.28B GPT under compile=True, with and without the norm pass (the MFU moonshot's share of it)
+# ceiling  compile=True against what torch.compile makes of the plain loop: the GPT under torch.compile(model),
+#          the forward and loss in one compiled function, and compile=True with the GPT compiled whole (+whole)
 #
 # Each part writes $OUT/<part>.log (the runs' JSON lines and the table) and $OUT/<part>.json.
 set -u
@@ -33,6 +35,8 @@ for part in "$@"; do
                      > "$OUT/profile.log" 2>&1; echo "profile: rc $?" ;;
         compile) suite compile --repeats "$REPEATS" --warmup 3 --steps 30 \
                      --only single+user+compile,single+user+compile+nonorm ;;
+        ceiling) suite ceiling --repeats "$REPEATS" --warmup 3 --steps 30 --only \
+                     plain_pytorch,plain_pytorch+compile,plain_pytorch+compile+loss,single+user+compile,single+user+compile+whole ;;
         *) echo "unknown part $part"; exit 2 ;;
     esac
 done
