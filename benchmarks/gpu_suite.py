@@ -45,7 +45,8 @@ import lightspeed as ls  # noqa: E402
 from lightspeed.examples.gpt import GPT, SIZES, Block, GPTModule, RandomTokens  # noqa: E402
 
 PEAK_FLOPS = 989e12
-COMPILE = {"autotune": {"mode": "max-autotune-no-cudagraphs"}}  # Trainer(compile=...) of the "+autotune" setups
+# Trainer(compile=...) of the "+autotune" and "+cdt" setups (inductor's coordinate-descent tuning of its kernels)
+COMPILE = {"autotune": {"mode": "max-autotune-no-cudagraphs"}, "cdt": {"options": {"coordinate_descent_tuning": True}}}
 
 
 def _stage3_torch_linear():
@@ -72,7 +73,8 @@ LIGHTSPEED = {
     "single+user+readnow": lambda: "single",
     "single+user+nonorm": lambda: "single",
     "single+user+compile+nonorm": lambda: "single",
-    "single+user+compile+whole": lambda: "single",  # the GPT compiled whole, not block by block (`probe`)
+    "single+user+compile+regional": lambda: "single",  # block by block, not the GPT whole (`probe`)
+    "single+user+compile+cdt": lambda: "single",  # compile={"options": {"coordinate_descent_tuning": True}}
     "deepspeed_stage_2+user": lambda: "deepspeed_stage_2",
     "deepspeed_stage_2+user+as_written": lambda: "deepspeed_stage_2",
     "deepspeed_stage_3+user": lambda: "deepspeed_stage_3",
@@ -383,8 +385,8 @@ def run_plain_deepspeed(cfg, micro_batch: int, steps: int, warmup: int, device, 
 
 
 def probe(name: str) -> None:
-    """Patches lightspeed for the "+readnow", "+nonorm" and "+whole" probes (LIGHTSPEED says what they measure). Each run
-    has its own process, so nothing is undone."""
+    """Patches lightspeed for the "+readnow", "+nonorm" and "+regional" probes (LIGHTSPEED says what they measure).
+    Each run has its own process, so nothing is undone."""
     from lightspeed.strategies import single
 
     if "+readnow" in name:
@@ -397,12 +399,9 @@ def probe(name: str) -> None:
             return stats
 
         single.optimizer_step = read_now
-    if "+whole" in name:  # compile=True with the whole model compiled as one unit instead of block by block
-        def whole(module, **kwargs):
-            module.model.compile(**(kwargs["options"] if isinstance(kwargs.get("options"), dict) else {}))
-            return ["model"]
-
-        single.apply_compile = whole
+    if "+regional" in name:  # compile=True block by block on one device too, as before the GPT was compiled whole
+        whole = single.apply_compile
+        single.apply_compile = lambda module, **kwargs: whole(module, **(kwargs | {"whole": False}))
     if "+nonorm" in name:
         torch.nn.utils.get_total_norm = lambda grads, *a, **k: torch.zeros((), device=grads[0].device)
 
@@ -413,10 +412,10 @@ def run_lightspeed(name: str, cfg, micro_batch: int, steps: int, warmup: int, de
     probe(name)
     timer = StepTimer()
     kernels = "as_written" if "+as_written" in name else "fused"
+    compile = next((v for k, v in COMPILE.items() if f"+{k}" in name), "+compile" in name)
     trainer = ls.Trainer(strategy=LIGHTSPEED[name](), devices=1, accelerator=device.type, precision="bf16-mixed",
                          max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         callbacks=[timer], compile=COMPILE["autotune"] if "+autotune" in name else "+compile" in name,
-                         accumulate_grad_batches=accumulate,
+                         callbacks=[timer], compile=compile, accumulate_grad_batches=accumulate,
                          optimizer_kernels=kernels)
     module = (LossInForwardGPT(cfg) if name.endswith("+loss") else UserGPT(cfg) if "+user" in name
               else FusedAdamGPT(cfg))
@@ -559,8 +558,8 @@ def speed_table(args) -> list[dict]:
     table = Table(title=f"GPT {params / 1e9:.2f}B, micro-batch {args.micro_batch}, seq {_model_cfg(args).block_size}, "
                         f"bf16; median step of {args.steps // args.windows}, median of {args.repeats} runs × "
                         f"{args.windows} windows")
-    columns = ("setup", "tok/s", "spread", "× plain PyTorch", "× plain compiled", "× DS Z2 loop", "× DS Z3 loop", "× DS Z3 tuned",
-               "MFU", "peak GiB", "first step s")
+    columns = ("setup", "tok/s", "spread", "× plain PyTorch", "× plain compiled", "× DS Z2 loop", "× DS Z3 loop",
+               "× DS Z3 tuned", "MFU", "peak GiB", "first step s")
     for col in columns:
         table.add_column(col, justify="right", no_wrap=col == "setup")
     for r in results:
@@ -570,8 +569,9 @@ def speed_table(args) -> list[dict]:
         ratio = lambda b: f"{r['tok_s'] / base[b]:.3f}" if b in base else "-"  # noqa: E731
         first = f"{r['first_step_s']:.1f}" if r.get("first_step_s") else "-"
         table.add_row(r["name"], f"{r['tok_s']:,.0f}", f"{r['spread']:.1%} ({r['samples']})", ratio("plain_pytorch"),
-                      ratio("plain_pytorch+compile+loss"), ratio("plain_deepspeed_zero2"), ratio("plain_deepspeed_zero3"),
-                      ratio("plain_deepspeed_zero3_tuned"), f"{r['mfu']:.3f}", f"{r['peak_gib']:.1f}", first)
+                      ratio("plain_pytorch+compile+loss"), ratio("plain_deepspeed_zero2"),
+                      ratio("plain_deepspeed_zero3"), ratio("plain_deepspeed_zero3_tuned"), f"{r['mfu']:.3f}",
+                      f"{r['peak_gib']:.1f}", first)
     Console(width=160).print(table)
     return results
 

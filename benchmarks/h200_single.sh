@@ -10,13 +10,16 @@
 # big      the same GPT at micro-batch 8 (the issue's figure): the same four
 # profile  profile_step.py on `single` at micro-batch 1 with cProfile: where the host's time per step goes
 # compile  the 1.28B GPT under compile=True, with and without the norm pass (the MFU moonshot's share of it)
-# ceiling  compile=True against what torch.compile makes of the plain loop: the GPT under torch.compile(model),
-#          the forward and loss in one compiled function, and compile=True with the GPT compiled whole (+whole)
+# ceiling  the MFU moonshot: the eager plain loop and single, compile=True (the GPT compiled whole on one device),
+#          the plain loop's forward and loss in one torch.compile'd function (torch.compile's own best), and
+#          compile=True block by block (+regional); CEILING_EXTRA replaces the last (",a,b": more setups)
 #
 # Each part writes $OUT/<part>.log (the runs' JSON lines and the table) and $OUT/<part>.json.
 set -u
 source benchmarks/h200_env.sh
 REPEATS=${REPEATS:-3}
+CEILING=${CEILING:-plain_pytorch,plain_pytorch+compile+loss,single+user,single+user+compile}
+CEILING+=${CEILING_EXTRA:-,single+user+compile+regional}
 suite() {  # part, then gpu_suite.py arguments
     local part=$1; shift
     timeout "${PART_S:-560}" python3 benchmarks/gpu_suite.py --json "$OUT/$part.json" "$@" > "$OUT/$part.log" 2>&1
@@ -35,8 +38,7 @@ for part in "$@"; do
                      > "$OUT/profile.log" 2>&1; echo "profile: rc $?" ;;
         compile) suite compile --repeats "$REPEATS" --warmup 3 --steps 30 \
                      --only single+user+compile,single+user+compile+nonorm ;;
-        ceiling) suite ceiling --repeats "$REPEATS" --warmup 3 --steps 30 --only \
-                     plain_pytorch,plain_pytorch+compile,plain_pytorch+compile+loss,single+user+compile,single+user+compile+whole ;;
+        ceiling) suite ceiling --repeats "$REPEATS" --warmup 3 --steps 30 --only "$CEILING" ;;
         *) echo "unknown part $part"; exit 2 ;;
     esac
 done

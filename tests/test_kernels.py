@@ -263,6 +263,30 @@ def test_compiled_step_fuses_the_loss_and_leaves_the_modules_as_they_were():
     copy.deepcopy(module)(_batches(1)[0][0])  # a deep copy runs as written
 
 
+def test_whole_compile_on_one_device_traces_the_model_inside_the_step():
+    """`apply_compile(whole=True)`, the single strategy's: the modules the step calls are compiled as units (a
+    ModuleList in their place gives its items; a plain Sequential its children with parameters), and the compiled
+    step traces the model inside its own graph: the cross-entropy and the blocks' parameters in one graph."""
+    assert apply_compile(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1)),
+                         whole=True) == ["0", "2"]
+    stack = torch.nn.Module()
+    stack.layers, stack.scale = torch.nn.ModuleList([torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)]), torch.nn.ReLU()
+    assert apply_compile(stack, whole=True) == ["layers.0", "layers.1"]
+    recording = GraphRecorder()
+    torch.manual_seed(0)
+    module = StepModule(log=False)
+    module.configure_model()
+    assert apply_compile(module, whole=True, options={"backend": recording}) == ["model"]
+    step = CompiledStep(module, backend=recording)
+    for batch_idx, batch in enumerate(_batches(2)):
+        step(batch, batch_idx).backward()
+    assert step.failed is None
+    weight = "model_modules_blocks_modules_0_modules_attn_modules_qkv_parameters_weight"
+    assert any(any("cross_entropy" in t for t in targets) and any(weight in n for n in names)
+               for targets, names in recording.graphs), recording.graphs
+    assert [n for n, m in module.named_modules() if m._compiled_call_impl is not None] == ["model"]
+
+
 def _fit_step_module(tmp_path, compile: bool, appending: bool = False) -> tuple[list[float], object]:
     module = AppendingStepModule() if appending else StepModule()
     module.appended = []
@@ -273,9 +297,9 @@ def _fit_step_module(tmp_path, compile: bool, appending: bool = False) -> tuple[
 
 
 def test_trainer_compile_same_losses_and_a_step_that_recompiles_runs_as_written(tmp_path):
-    """compile=True on one device: the regional blocks and the compiled step give the eager losses (fp32, 8 steps,
-    rtol 1e-5). A step that changes Python state of its own (a list it appends to) would recompile at every
-    call: after RECOMPILE_CALLS calls in a row it runs as written, with a warning, and the losses stay."""
+    """compile=True on one device: the model compiled whole, inside the compiled step, gives the eager losses
+    (fp32, 8 steps, rtol 1e-5). A step that changes Python state of its own (a list it appends to) would recompile
+    at every call: after RECOMPILE_CALLS calls in a row it runs as written, with a warning, and the losses stay."""
     eager, _ = _fit_step_module(tmp_path, compile=False)
     compiled, trainer = _fit_step_module(tmp_path, compile=True)
     assert trainer._training_step.failed is None and trainer._training_step.calls == 8

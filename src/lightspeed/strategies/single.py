@@ -38,7 +38,7 @@ class SingleDevice:
     def setup(self, module, build_optimizers, micro_batch_size=None) -> None:
         self.module = self.precision.convert_module(module.to(self.device))
         if self.spec.compile:
-            apply_compile(module, options=self.spec.compile)
+            apply_compile(module, options=self.spec.compile, whole=True)  # no hook between blocks to keep
         if build_optimizers is not None:
             self.optimizers, self.schedulers = build_optimizers_fast(build_optimizers, self.spec, backend="torch",
                                                                      device_type=self.device.type)
