@@ -30,7 +30,12 @@ def pytest_collection_modifyitems(config, items):
 
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its own order
-    if torch.cuda.is_available():
+    if torch.cuda.is_available():  # a GPU test parametrized with more `devices` than there are GPUs is skipped
+        have = torch.cuda.device_count()
+        for item in items:
+            wanted = getattr(item, "callspec", None) and item.callspec.params.get("devices")
+            if "gpu" in item.keywords and isinstance(wanted, int) and wanted > have:
+                item.add_marker(pytest.mark.skip(reason=f"needs {wanted} GPUs; this machine has {have}"))
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU; this machine has none (run on the GPU machine)")
     for item in items:
