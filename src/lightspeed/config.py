@@ -64,7 +64,8 @@ class TrainerConfig:
     deterministic: bool = False
     enable_progress_bar: bool = True
     enable_checkpointing: bool = True
-    # True: regional torch.compile of the repeated blocks, then of training_step around them (lightspeed.kernels);
+    # True: torch.compile of the repeated blocks (on one device: of the model whole), then of training_step around
+    # them (lightspeed.kernels);
     # a dict: the same with these torch.compile options (mode, backend, dynamic, fullgraph, options).
     compile: bool | dict = False
     # "fused": a plain torch Adam/AdamW/SGD without fused/foreach runs its fused kernel (lightspeed.kernels);
