@@ -181,8 +181,8 @@ def apply_compile(module: nn.Module, *, block_classes: list[type] | None = None,
     `whole` is for one device (the single strategy), where no hook has to run between blocks: inductor then fuses
     across the blocks' boundaries (a block's residual add with the next block's layer norm, the embeddings, the
     final norm) and `CompiledStep` traces the step with the model inside one graph, loss included. On one H200 the
-    suite's GPT ran 0.3-1.1% faster than block by block, for a longer compile with inductor's cache empty (24
-    blocks: 32 s against 13; 48 blocks: 74 s against 14; warm, a few seconds more; docs/benchmarks.md).
+    suite's GPT ran 0.3-1.1% faster than block by block, for a longer first compile (24 blocks: 32 s against 13;
+    48 blocks: 74 s against 14; from inductor's warm cache, a few seconds more; docs/benchmarks.md).
     The strategies that hook between blocks (DDP's bucketed all-reduce during the backward, FSDP2's and ZeRO-3's
     gathers, ZeRO-2's gradient reduction) compile block by block, so their hooks still fire block by block.
 
