@@ -400,8 +400,8 @@ def probe(name: str) -> None:
 
         single.optimizer_step = read_now
     if "+regional" in name:  # compile=True block by block on one device too, as before the GPT was compiled whole
-        whole = single.apply_compile
-        single.apply_compile = lambda module, **kwargs: whole(module, **(kwargs | {"whole": False}))
+        apply_compile = single.apply_compile
+        single.apply_compile = lambda module, **kwargs: apply_compile(module, **(kwargs | {"whole": False}))
     if "+nonorm" in name:
         torch.nn.utils.get_total_norm = lambda grads, *a, **k: torch.zeros((), device=grads[0].device)
 

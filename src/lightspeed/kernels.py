@@ -197,7 +197,7 @@ def apply_compile(module: nn.Module, *, block_classes: list[type] | None = None,
     """
     skip_alignment_asserts()
     if whole:
-        found = []
+        found = []  # no blocks: the modules the step calls, below
     elif block_classes:
         classes = tuple(block_classes)
         found = [(n, m) for n, m in module.named_modules() if isinstance(_unwrapped(m), classes)]
