@@ -14,6 +14,8 @@ and how it reaches the GPU is part of the step. The setups:
     single          lightspeed, the same user's DataLoader (pin_memory left at its default, False)
     single+pin      lightspeed, the user's DataLoader with pin_memory=True
     single+as_given lightspeed with Trainer(pin_memory=False): the batches moved as the loader gives them
+    single+fp32     lightspeed at precision="32-true", torch's fp32 matmuls at their default ("highest")
+    single+fp32+tf32  the same after torch.set_float32_matmul_precision("high"): TF32 tensor cores
 
 Every loop: bf16 autocast, torch's AdamW (fused on CUDA, what lightspeed runs for the user's AdamW), cross-entropy.
 The model is a ViT written with torch's own layers (a strided Conv2d for the patches, nn.TransformerEncoder,
@@ -45,7 +47,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import lightspeed as ls  # noqa: E402
 from gpu_suite import Clock, StepTimer, summarize, write_json  # noqa: E402
 
-SETUPS = ("plain", "plain+pin", "plain+pin+stream", "single", "single+pin", "single+as_given")
+SETUPS = ("plain", "plain+pin", "plain+pin+stream", "single", "single+pin", "single+as_given", "single+fp32",
+          "single+fp32+tf32")
 SIZES = {  # image, patch, width, depth, heads, classes
     "vit_b16": (224, 16, 768, 12, 12, 1000),
     "tiny": (32, 8, 32, 2, 2, 10),
@@ -132,7 +135,10 @@ def run_single(name: str, args, steps: int, device) -> list[float]:
     torch.manual_seed(0)
     timer = StepTimer()
     extra = {"pin_memory": False} if name.endswith("+as_given") else {}
-    trainer = ls.Trainer(devices=1, accelerator=device.type, precision="bf16-mixed", max_steps=steps, logger=False,
+    if name.endswith("+tf32"):
+        torch.set_float32_matmul_precision("high")
+    precision = "32-true" if "+fp32" in name else "bf16-mixed"
+    trainer = ls.Trainer(devices=1, accelerator=device.type, precision=precision, max_steps=steps, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                          callbacks=[timer], **extra)
     trainer.fit(VisionModule(args.size), loader(args, steps, pin=name.endswith("+pin")))

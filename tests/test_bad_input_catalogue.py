@@ -88,6 +88,7 @@ CASES = [
     ("log_every", _trainer(log_every_n_steps=0), "log_every_n_steps=0"),
     ("seed", _trainer(seed="42"), "seed='42'"),
     ("on_nonfinite", _trainer(on_nonfinite="ignore"), "on_nonfinite='ignore'"),
+    ("pin_memory", _trainer(pin_memory="yes"), "pin_memory='yes'"),
     ("preemption_signals-str", _trainer(preemption_signals="SIGTERM"), "preemption_signals='SIGTERM'"),
     ("preemption_signals-name", _trainer(preemption_signals=("SIGFOO",)), "preemption_signals contains 'SIGFOO'"),
     ("preemption_signals-kill", _trainer(preemption_signals=("SIGKILL",)), "preemption_signals contains 'SIGKILL'"),

@@ -376,3 +376,31 @@ def test_compiling_turns_inductors_alignment_asserts_off_unless_the_user_chose(m
     monkeypatch.setattr(inductor, "alignment_asserts", True)
     CompiledStep(StepModule(log=False))
     assert inductor.alignment_asserts is False
+
+
+def test_matmul_precision_hint_only_where_fp32_matmuls_could_use_tensor_cores():
+    """Off CUDA, and under mixed precision, there is nothing to say (Lightning prints its hint in every precision)."""
+    from lightspeed.kernels import matmul_precision_hint
+    from lightspeed.specs import RunSpec
+
+    assert matmul_precision_hint(RunSpec(device_type="cpu", precision="32-true")) is None
+    assert matmul_precision_hint(RunSpec(device_type="cuda", precision="bf16-mixed")) is None
+
+
+@pytest.mark.gpu
+def test_matmul_precision_hint_on_a_gpu_in_fp32():
+    """On an Ampere-or-later GPU in 32-true, the hint names the call that turns TF32 on; once called, no hint."""
+    from lightspeed.kernels import matmul_precision_hint
+    from lightspeed.specs import RunSpec
+
+    spec = RunSpec(device_type="cuda", precision="32-true")
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        hint = matmul_precision_hint(spec)
+        if torch.cuda.get_device_capability()[0] >= 8:
+            assert "torch.set_float32_matmul_precision('high')" in hint and "precision='bf16-mixed'" in hint
+        torch.set_float32_matmul_precision("high")
+        assert matmul_precision_hint(spec) is None
+    finally:
+        torch.set_float32_matmul_precision(before)

@@ -71,6 +71,9 @@ class TrainerConfig:
     # "fused": a plain torch Adam/AdamW/SGD without fused/foreach runs its fused kernel (lightspeed.kernels);
     # "as_written": the optimizer exactly as configure_optimizers built it.
     optimizer_kernels: Literal["fused", "as_written"] = "fused"
+    # True: on CUDA, batches are copied from page-locked memory on a side stream (data.BatchMover);
+    # False: moved as the loader gives them.
+    pin_memory: bool = True
     fast_dev_run: bool | int = False  # n batches of train/val/test/predict, 1 epoch, no checkpoints or loggers
     overfit_batches: int | float = 0.0  # the same first batches (unshuffled) for training and validation
     num_sanity_val_steps: int = 2  # validation batches run before training (-1: all), nothing logged
@@ -116,6 +119,9 @@ class TrainerConfig:
             raise ConfigError(f"optimizer_kernels={self.optimizer_kernels!r} is not valid: use 'fused' (torch's fused "
                               "Adam/AdamW/SGD, DeepSpeed's FusedAdam) or 'as_written'.")
         _compile_options(self.compile)
+        if not isinstance(self.pin_memory, bool):
+            raise ConfigError(f"pin_memory={self.pin_memory!r} is not valid: use True (on CUDA, copy batches from "
+                              "page-locked memory on a side stream) or False (move them as the loader gives them).")
         if self.memory_budget is not None and (isinstance(self.memory_budget, bool) or
                                                not isinstance(self.memory_budget, (int, float)) or
                                                self.memory_budget <= 0):

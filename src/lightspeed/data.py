@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from typing import Any, Callable, Iterator
@@ -13,21 +14,74 @@ from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Sequ
 from .errors import ConfigError
 
 
-def move_to_device(batch: Any, device: torch.device) -> Any:
-    """Moves every tensor in a nest of tuples, lists, dicts, namedtuples and dataclasses to `device`."""
+def map_tensors(batch: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """`fn` applied to every tensor in a nest of tuples, lists, dicts, namedtuples and dataclasses."""
     if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
+        return fn(batch)
     if isinstance(batch, dict):
-        return type(batch)((k, move_to_device(v, device)) for k, v in batch.items())
+        return type(batch)((k, map_tensors(v, fn)) for k, v in batch.items())
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
-        return type(batch)(*(move_to_device(v, device) for v in batch))
+        return type(batch)(*(map_tensors(v, fn) for v in batch))
     if isinstance(batch, (list, tuple)):
-        return type(batch)(move_to_device(v, device) for v in batch)
+        return type(batch)(map_tensors(v, fn) for v in batch)
     if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
         return dataclasses.replace(
-            batch, **{f.name: move_to_device(getattr(batch, f.name), device) for f in dataclasses.fields(batch) if f.init}
+            batch, **{f.name: map_tensors(getattr(batch, f.name), fn) for f in dataclasses.fields(batch) if f.init}
         )
     return batch
+
+
+def move_to_device(batch: Any, device: torch.device) -> Any:
+    """Moves every tensor in a nest of tuples, lists, dicts, namedtuples and dataclasses to `device`."""
+    return map_tensors(batch, lambda t: t.to(device, non_blocking=True))
+
+
+class BatchMover:
+    """How batches reach the device: `mover(batch)` moves one, `mover.loader(loader)` prepares a loader.
+
+    On CUDA with `pinned` (`Trainer(pin_memory=True)`, the default), batches are copied from page-locked host
+    memory on a side stream that the step waits for. A torch DataLoader left at `pin_memory=False` is iterated as a
+    shallow copy with `pin_memory=True` (its worker processes' batches are then pinned in the loader's own thread;
+    the user's object is left as it was); any other CPU tensor is pinned here before its copy. A copy from pageable
+    memory waits behind the kernels already queued and blocks the host meanwhile: on an H200, a ViT-B/16 step at
+    batch 256 (154 MB of images) ran 1.42× faster pinned (docs/benchmarks.md). Elsewhere, or with
+    `pinned=False`, batches move as the loader gives them (`.to(device, non_blocking=True)`)."""
+
+    def __init__(self, device: torch.device, pinned: bool, print0: Callable[[str], None] = print):
+        self.device, self.print0 = device, print0
+        self.stream = torch.cuda.Stream(device) if pinned and device.type == "cuda" else None
+        self._said = False
+
+    def loader(self, loader: Any) -> Any:
+        """`loader`, or under pinning a shallow copy of a DataLoader that does not pin, with pin_memory=True."""
+        if self.stream is None or not isinstance(loader, DataLoader) or loader.pin_memory:
+            return loader
+        pinned = copy.copy(loader)  # DataLoader refuses few attributes after construction; pin_memory is not one
+        pinned.pin_memory = True
+        if not self._said:
+            self._said = True
+            self.print0(f"pin_memory: the DataLoader's batches are pinned and copied to {self.device} on a side "
+                        "stream; Trainer(pin_memory=False) moves them as the loader gives them.")
+        return pinned
+
+    def __call__(self, batch: Any) -> Any:
+        if self.stream is None:
+            return move_to_device(batch, self.device)
+        moved: list[torch.Tensor] = []
+
+        def copy_one(t: torch.Tensor) -> torch.Tensor:
+            if t.device.type == "cpu" and not t.is_pinned():
+                t = t.pin_memory()
+            moved.append(t := t.to(self.device, non_blocking=True))
+            return t
+
+        with torch.cuda.stream(self.stream):
+            batch = map_tensors(batch, copy_one)
+        compute = torch.cuda.current_stream(self.device)
+        compute.wait_stream(self.stream)
+        for t in moved:  # allocated on the side stream, used on the compute stream: freed only after that use
+            t.record_stream(compute)
+        return batch
 
 
 def with_distributed_sampler(loader: DataLoader, rank: int, world_size: int, seed: int) -> DataLoader:

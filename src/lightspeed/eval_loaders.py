@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import DataLoader, SequentialSampler
 
 from . import hooks
-from .data import move_to_device, num_batches
+from .data import num_batches
 from .errors import ConfigError
 from .metrics import infer_batch_size
 from .module import Module
@@ -99,7 +99,7 @@ def run_batches(trainer: Any, module: Module, loaders: list, limit: Any, stage: 
         for batch_idx, batch in enumerate(loader):
             if batch_idx >= n:
                 break
-            batch = move_to_device(batch, trainer.device)
+            batch = trainer.move(batch)
             trainer.metrics.batch_size = infer_batch_size(batch)
             hooks.on_eval_batch_start(trainer, module, stage, batch, batch_idx, *several)
             args = (batch, batch_idx)[:2 if takes_batch_idx else 1] + ((dl_idx,) if takes_idx else ())

@@ -82,7 +82,23 @@ def build_optimizers_fast(build: Any, spec: Any, *, backend: Literal["torch", "d
                                                   offload=offload)
         if note and is_global_zero:
             print(note, flush=True)
+    if is_global_zero and (hint := matmul_precision_hint(spec)):
+        print(hint, flush=True)
     return optimizers, schedulers
+
+
+def matmul_precision_hint(spec: Any) -> str | None:
+    """One line for a run in full fp32 on a CUDA GPU with TF32 tensor cores (compute capability 8.0 and up) whose
+    fp32 matmuls torch keeps at "highest" (its default): there they skip the tensor cores. None otherwise: under
+    mixed precision the matmuls run in bf16/fp16 already, and before Ampere there is no TF32 to turn on."""
+    if spec.precision != "32-true" or spec.device_type != "cuda" or torch.get_float32_matmul_precision() != "highest":
+        return None
+    if torch.cuda.get_device_capability()[0] < 8:
+        return None
+    return (f"precision='32-true' on {torch.cuda.get_device_name()}: fp32 matmuls skip its TF32 tensor cores "
+            "(torch.get_float32_matmul_precision() is 'highest'). A ViT-B/16 step ran MEASUREDx faster with "
+            "torch.set_float32_matmul_precision('high') on an H200 (docs/benchmarks.md); call it before fit, or "
+            "train with precision='bf16-mixed'.")
 
 
 def _is_unfused(opt: Any) -> bool:

@@ -27,7 +27,7 @@ from . import hooks
 from .callbacks import Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint
 from .checkpoint import Checkpointer, resolve
 from .config import TrainerConfig
-from .data import (accumulation_windows, check_batch_counts, estimated_stepping_batches, move_to_device, num_batches,
+from .data import (BatchMover, accumulation_windows, check_batch_counts, estimated_stepping_batches, num_batches,
                    resumed_iterator, set_epoch, with_distributed_sampler)
 from .distributed import broadcast_from_rank0
 from .errors import ConfigError
@@ -224,10 +224,9 @@ class Trainer:
                 watch_parent()
         export_env(self.dist)  # the rank variables, and this rank's share of the host's CPUs
         self.device = torch.device("cuda", self.dist.local_rank) if spec.device_type == "cuda" else torch.device("cpu")
-        self.metrics.device = self.device
+        self.metrics.device, self.move = self.device, BatchMover(self.device, self.cfg.pin_memory, self.print0)
         self.strategy.connect(spec, self.dist, self.device)
-        # Torn down at exit after a successful run (an exception tears it down at once, in `_entry`): after any
-        # handler registered later, before the launcher's wait for the other ranks and the final os._exit.
+        # Torn down at exit after success (an exception: at once, in `_entry`); after handlers registered later.
         atexit.register(self.strategy.teardown)
         self._checkpointer = Checkpointer(self.strategy, self.callbacks, self.global_rank, self.world_size)
         self.guard = NonFiniteGuard(self.cfg.on_nonfinite, self.global_rank, self.world_size, self.print0)
@@ -239,7 +238,8 @@ class Trainer:
     def _distribute(self, loaders: Any) -> Any:
         if isinstance(loaders, list):
             return [self._distribute(loader) for loader in loaders]
-        return with_distributed_sampler(loaders, self.dist.rank, self.dist.world_size, self.cfg.seed or 0)
+        return self.move.loader(with_distributed_sampler(loaders, self.dist.rank, self.dist.world_size,
+                                                         self.cfg.seed or 0))
 
     # ------------------------------------------------------------------ fit
     def fit(self, model: Module, train_dataloaders: Any = None, val_dataloaders: Any = None, datamodule: Any = None,
@@ -317,7 +317,7 @@ class Trainer:
         out = None
         self.guard.begin(self.global_step, self.current_epoch, [i for i, _ in window])
         for i, (batch_idx, batch) in enumerate(window):
-            batch = move_to_device(batch, self.device)
+            batch = self.move(batch)
             self.metrics.batch_size = infer_batch_size(batch)
             hooks.on_train_batch_start(self, module, batch, batch_idx)
             out = self.strategy.forward(self._training_step, *self._train_args(batch, batch_idx),
