@@ -120,3 +120,123 @@ def test_pinned_and_unpinned_runs_have_the_same_losses(tmp_path):
         assert not loader.pin_memory  # the user's loader as it was
     assert len(runs[True]) == 12
     assert all(abs(a - b) <= 1e-6 * abs(b) for a, b in zip(runs[True], runs[False])), runs
+
+
+# ---------------------------------------------------------------- Lightning's batch-transfer hooks
+class Tagged:
+    """A batch type of the user's own: `transfer_batch_to_device` is how Lightning moves it."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+
+class TransferHooks(ls.Module):
+    """Records each transfer hook (with the trainer's state flags) and what the steps then see. The `on_after`
+    hook scales x by 10 on the device, so a step that did not get its batch would train on other numbers."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+        self.calls: list[tuple] = []
+
+    def _state(self):
+        t = self.trainer
+        return "".join(k for k, v in (("T", t.training), ("V", t.validating), ("S", t.testing),
+                                      ("P", t.predicting)) if v)
+
+    def on_before_batch_transfer(self, batch, dataloader_idx):
+        x, y = batch
+        self.calls.append(("before", dataloader_idx, self._state(), x.device.type))
+        return Tagged(x, y)
+
+    def transfer_batch_to_device(self, batch, device, dataloader_idx):
+        self.calls.append(("transfer", dataloader_idx, self._state(), str(device)))
+        return Tagged(batch.x.to(device), batch.y.to(device))
+
+    def on_after_batch_transfer(self, batch, dataloader_idx):
+        self.calls.append(("after", dataloader_idx, self._state(), type(batch).__name__))
+        return Tagged(batch.x * 10, batch.y)
+
+    def _loss(self, batch):
+        assert isinstance(batch, Tagged)
+        self.seen.append(batch.x.abs().max().item())
+        return torch.nn.functional.mse_loss(self.layer(batch.x), batch.y)
+
+    seen: list = []
+
+    def training_step(self, batch, batch_idx):
+        self.calls.append(("training_step",))
+        return self._loss(batch)
+
+    def validation_step(self, batch, batch_idx, dataloader_idx=0):
+        self.calls.append(("validation_step", dataloader_idx))
+        self.log("val_loss", self._loss(batch))
+
+    def predict_step(self, batch, batch_idx):
+        return batch.x.sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def _small(n=8):
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(n, 4, generator=g)  # in [0, 1): after the hook's ×10 the step sees up to 10
+    return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4)
+
+
+def test_transfer_hooks_run_in_lightning_order_for_every_loop(tmp_path):
+    """Each batch of fit (sanity check, training, validation with two loaders), validate and predict passes
+    before → transfer → after, with its dataloader_idx and the trainer's state flags, before the step sees it."""
+    module = TransferHooks()
+    module.seen = []
+    trainer = make_trainer(tmp_path, max_epochs=1, num_sanity_val_steps=1)
+    trainer.fit(module, _small(), [_small(4), _small(4)])
+    calls = module.calls
+    first_train = calls.index(("training_step",))
+    assert calls[first_train - 3:first_train] == [("before", 0, "T", "cpu"), ("transfer", 0, "T", "cpu"),
+                                                  ("after", 0, "T", "Tagged")]
+    assert ("before", 1, "V", "cpu") in calls and ("validation_step", 1) in calls  # the second val loader
+    assert sum(c == ("training_step",) for c in calls) == 2
+    assert max(module.seen) > 1.0  # the steps got the batches the hook scaled on the device
+    module.calls = []
+    trainer.validate(module, _small())
+    assert module.calls[:3] == [("before", 0, "V", "cpu"), ("transfer", 0, "V", "cpu"), ("after", 0, "V", "Tagged")]
+    module.calls = []
+    out = trainer.predict(module, _small())
+    assert module.calls[0] == ("before", 0, "P", "cpu") and len(out) == 2
+    assert float(out[0]) == pytest.approx(float(_small().dataset.tensors[0][:4].sum() * 10), rel=1e-6)
+
+
+class TransferData(ls.LightningDataModule):
+    def train_dataloader(self):
+        return _small()
+
+    def on_after_batch_transfer(self, batch, dataloader_idx):
+        return Tagged(batch.x * 0, batch.y)  # the DataModule's hook wins: the steps see zeros
+
+
+def test_a_datamodule_transfer_hook_is_used_instead_of_the_modules_and_warned(tmp_path):
+    """As in Lightning: where both override a transfer hook, the DataModule's runs; fit start says so."""
+    module = TransferHooks()
+    module.seen = []
+    with pytest.warns(UserWarning, match="on_after_batch_transfer is overridden in both TransferHooks and "
+                                         "TransferData: the DataModule's runs"):
+        make_trainer(tmp_path, max_steps=2).fit(module, datamodule=TransferData())
+    assert module.seen == [0.0, 0.0]
+    assert ("before", 0, "T", "cpu") in module.calls  # the Module's own hooks still run where it alone has them
+    assert not any(c[0] == "after" for c in module.calls)
+
+
+def test_super_transfer_moves_any_nesting_through_the_trainer(tmp_path):
+    """A hook that handles its own type and leaves the rest to `super()` (the pattern Lightning documents)."""
+    class Partly(TransferHooks):
+        def transfer_batch_to_device(self, batch, device, dataloader_idx):
+            moved = super(TransferHooks, self).transfer_batch_to_device({"x": batch.x, "y": [batch.y]}, device,
+                                                                        dataloader_idx)
+            return Tagged(moved["x"], moved["y"][0])
+
+    module = Partly()
+    module.seen = []
+    make_trainer(tmp_path, max_steps=1).fit(module, _small())
+    assert len(module.seen) == 1

@@ -58,5 +58,17 @@ class LightningDataModule:
     def load_state_dict(self, state_dict: dict) -> None:
         """Restores what `state_dict` returned, when fit resumes from a checkpoint."""
 
+    # Lightning's batch-transfer hooks: one overridden here is used instead of the Module's (hooks.batch_to_device).
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        return batch
+
+    def transfer_batch_to_device(self, batch: Any, device: Any, dataloader_idx: int) -> Any:
+        from .data import move_to_device
+
+        return move_to_device(batch, device)
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        return batch
+
 
 DataModule = LightningDataModule

@@ -99,7 +99,7 @@ def run_batches(trainer: Any, module: Module, loaders: list, limit: Any, stage: 
         for batch_idx, batch in enumerate(loader):
             if batch_idx >= n:
                 break
-            batch = trainer.move(batch)
+            batch = hooks.batch_to_device(trainer, module, batch, dl_idx)
             trainer.metrics.batch_size = infer_batch_size(batch)
             hooks.on_eval_batch_start(trainer, module, stage, batch, batch_idx, *several)
             args = (batch, batch_idx)[:2 if takes_batch_idx else 1] + ((dl_idx,) if takes_idx else ())

@@ -17,7 +17,7 @@ import torch
 
 from . import heartbeat
 from .callbacks import Callback
-from .datamodule import prepare_data_once
+from .datamodule import LightningDataModule, prepare_data_once
 from .errors import ConfigError
 from .module import Module
 from .progress import print_table
@@ -39,8 +39,7 @@ def accepts(fn: Callable, n: int, name: str) -> bool:
 
 # Lightning methods a LightningModule overrides to change the loop itself; lightspeed's strategies own these steps
 # (DeepSpeed runs backward and step itself), so an override here would be silently skipped.
-LIGHTNING_OVERRIDES = ("backward", "optimizer_step", "optimizer_zero_grad", "lr_scheduler_step",
-                       "transfer_batch_to_device")
+LIGHTNING_OVERRIDES = ("backward", "optimizer_step", "optimizer_zero_grad", "lr_scheduler_step")
 
 
 def warn_unknown_hooks(module: Module, callbacks: list[Callback]) -> None:
@@ -63,6 +62,7 @@ def fit_start(trainer: Any, module: Module) -> Callable[[Any, int], tuple]:
     `enable_model_summary`), sends `module.hparams` to the loggers (rank 0). Returns how to build
     `training_step`'s arguments from (batch, batch_idx): Lightning accepts `training_step(self, batch)`."""
     warn_unknown_hooks(module, trainer.callbacks)
+    check_transfer_hooks(module, trainer.datamodule)
     if trainer.is_global_zero and trainer.cfg.enable_model_summary:
         print_table(summary_table(module))
     send = module.hparams and module.__dict__.get("_log_hyperparams", True)  # save_hyperparameters(logger=)
@@ -86,6 +86,34 @@ def loss_of(out: Any) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------ training
+TRANSFER_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
+
+
+def transfer_owners(module: Module, datamodule: Any) -> dict[str, Any]:
+    """Whose batch-transfer hook runs, per hook: the DataModule's where it overrides it, else the Module's (as in
+    Lightning, which also takes the DataModule's when both override one; `check_transfer_hooks` says so)."""
+    return {name: datamodule if datamodule is not None and getattr(type(datamodule), name, None) is not getattr(
+        LightningDataModule, name) else module for name in TRANSFER_HOOKS}
+
+
+def check_transfer_hooks(module: Module, datamodule: Any) -> None:
+    """Warns once per fit for each batch-transfer hook that both the Module and the DataModule override."""
+    owners = transfer_owners(module, datamodule)
+    for name in TRANSFER_HOOKS:
+        if owners[name] is datamodule and datamodule is not None and is_overridden(module, name):
+            warnings.warn(f"{name} is overridden in both {type(module).__name__} and {type(datamodule).__name__}: "
+                          f"the DataModule's runs (as in Lightning).", stacklevel=3)
+
+
+def batch_to_device(trainer: Any, module: Module, batch: Any, dataloader_idx: int = 0) -> Any:
+    """The batch through `on_before_batch_transfer`, `transfer_batch_to_device` (to `trainer.device`) and
+    `on_after_batch_transfer`, each the DataModule's or the Module's (`transfer_owners`)."""
+    owners = transfer_owners(module, trainer.datamodule)
+    batch = owners["on_before_batch_transfer"].on_before_batch_transfer(batch, dataloader_idx)
+    batch = owners["transfer_batch_to_device"].transfer_batch_to_device(batch, trainer.device, dataloader_idx)
+    return owners["on_after_batch_transfer"].on_after_batch_transfer(batch, dataloader_idx)
+
+
 def on_train_batch_start(trainer: Any, module: Module, batch: Any, batch_idx: int) -> None:
     heartbeat.note_step(trainer.global_step)  # no I/O: the heartbeat thread publishes it (heartbeat.py)
     module.on_train_batch_start(batch, batch_idx)

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from . import hparams as _hparams
+from .data import move_to_device
 from .errors import ConfigError
 from .specs import TrainerView
 
@@ -94,6 +95,24 @@ class Module(torch.nn.Module):
     def on_save_checkpoint(self, checkpoint: dict) -> None: ...
     def on_load_checkpoint(self, checkpoint: dict) -> None: ...
     def on_exception(self, exception: BaseException) -> None: ...
+
+    # Batch transfer, as in Lightning: each batch (train, validate, test, predict) passes through all three; a
+    # DataModule that overrides one of them is used for it instead (hooks.batch_to_device).
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Alter the batch on the host, before it moves. Returns the batch."""
+        return batch
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        """Moves every tensor of the batch to `device`: on CUDA from page-locked memory over a side stream (the
+        Trainer's `pin_memory`). Override for a batch type of your own; `super()` for the rest."""
+        trainer = self._trainer
+        if trainer is not None and getattr(trainer, "device", None) == device and hasattr(trainer, "move"):
+            return trainer.move(batch)
+        return move_to_device(batch, device)
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Alter the batch on the device (augmentations on the GPU, say). Returns the batch."""
+        return batch
 
     # ----------------------------------------------------------------- conveniences
     @property

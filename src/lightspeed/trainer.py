@@ -4,12 +4,10 @@
     trainer.fit(model, train_loader)
 
 Follow one batch: `_train_epoch` groups batches into accumulation windows; `_train_window` moves each micro-batch
-to the device, runs `training_step` through `strategy.forward` (gradients synchronised on the window's last one
-only), `strategy.backward(loss)`, then one `strategy.step()`; `_after_step` logs once. Everything
-backend-specific lives behind those calls (strategies/base.py); checkpoint files behind `Checkpointer`.
-
-Every public entry point runs inside `_entry`: on any exception the progress bar is stopped, `on_exception` hooks
-run, loggers are finalised with the status and the strategy is torn down.
+(hooks.batch_to_device), runs `training_step` through `strategy.forward` (gradients synchronised on the window's
+last one only), `strategy.backward(loss)`, then one `strategy.step()`; `_after_step` logs once. Backend-specific
+code lives behind those calls (strategies/base.py); checkpoint files behind `Checkpointer`. Every entry point runs
+in `_entry`: on an exception it stops the progress bar, runs `on_exception`, finalises loggers, tears down.
 """
 
 from __future__ import annotations
@@ -121,6 +119,8 @@ class Trainer:
 
     # Lightning's names for what the trainer holds (read-only)
     local_rank = property(lambda self: self.dist.local_rank if self.dist else 0)
+    training, validating, testing, predicting = (property(lambda self, s=s: self.stage == s)  # what runs now
+                                                 for s in ("train", "validate", "test", "predict"))
     logged_metrics = property(lambda self: self.metrics.logged)  # the last values sent to the loggers
     progress_bar_metrics = property(lambda self: self.metrics.prog_bar_values())
     optimizers = property(lambda self: self.strategy.optimizers)
@@ -317,7 +317,7 @@ class Trainer:
         out = None
         self.guard.begin(self.global_step, self.current_epoch, [i for i, _ in window])
         for i, (batch_idx, batch) in enumerate(window):
-            batch = self.move(batch)
+            batch = hooks.batch_to_device(self, module, batch)  # the three transfer hooks around self.move
             self.metrics.batch_size = infer_batch_size(batch)
             hooks.on_train_batch_start(self, module, batch, batch_idx)
             out = self.strategy.forward(self._training_step, *self._train_args(batch, batch_idx),
