@@ -17,6 +17,10 @@ and how it reaches the GPU is part of the step. The setups:
     single+fp32     lightspeed at precision="32-true", torch's fp32 matmuls at their default ("highest")
     single+fp32+tf32  the same after torch.set_float32_matmul_precision("high"): TF32 tensor cores
 
+`--size vit_s16` (22M parameters) makes the step short enough for the loader to matter. The "data wait" column
+is lightspeed's own measure of the share of each step the GPU waited for its batch (data.DataWait, steps 11-50;
+a run needs 51 steps or more: `--warmup` + `--steps`).
+
 Every loop: bf16 autocast, torch's AdamW (fused on CUDA, what lightspeed runs for the user's AdamW), cross-entropy.
 The model is a ViT written with torch's own layers (a strided Conv2d for the patches, nn.TransformerEncoder,
 pre-norm, GELU), as users write one. The dataset holds `--distinct` random images in host memory and returns one
@@ -51,6 +55,7 @@ SETUPS = ("plain", "plain+pin", "plain+pin+stream", "single", "single+pin", "sin
           "single+fp32+tf32")
 SIZES = {  # image, patch, width, depth, heads, classes
     "vit_b16": (224, 16, 768, 12, 12, 1000),
+    "vit_s16": (224, 16, 384, 12, 6, 1000),
     "tiny": (32, 8, 32, 2, 2, 10),
 }
 
@@ -142,6 +147,8 @@ def run_single(name: str, args, steps: int, device) -> list[float]:
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                          callbacks=[timer], **extra)
     trainer.fit(VisionModule(args.size), loader(args, steps, pin=name.endswith("+pin")))
+    wait = trainer.move.wait  # lightspeed's own measure of the GPU's wait for data (data.DataWait), if it ran
+    run_single.data_wait = statistics.median(wait.shares()[0]) if wait is not None and wait.done else None
     return timer.clock.step_times(args.warmup)
 
 
@@ -157,7 +164,8 @@ def run_one(name: str, args) -> dict:
     return {"name": name, "step_s": step_s, "tok_s": args.batch / step_s, "timed_steps": len(times),
             "step_ms": [round(t * 1e3, 2) for t in times], "wall_s": time.perf_counter() - started,
             "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan"),
-            "workers": args.workers, "batch": args.batch, "size": args.size}
+            "workers": args.workers, "batch": args.batch, "size": args.size,
+            "data_wait": getattr(run_single, "data_wait", None)}
 
 
 def _subprocess(name: str, args) -> dict:
@@ -196,15 +204,16 @@ def speed_table(args) -> list[dict]:
     image = SIZES[args.size][0]
     table = Table(title=f"{args.size} at {image}², batch {args.batch}, {args.workers} loader workers, bf16; median "
                         f"step of {args.steps}, median of {args.repeats} runs")
-    for col in ("setup", "images/s", "spread", "× plain", "× plain+pin", "ms/step", "peak GiB"):
+    for col in ("setup", "images/s", "spread", "× plain", "× plain+pin", "ms/step", "data wait", "peak GiB"):
         table.add_column(col, justify="right", no_wrap=col == "setup")
     for r in results:
         if "tok_s" not in r:
-            table.add_row(r["name"], r["error"], *[""] * 5)
+            table.add_row(r["name"], r["error"], *[""] * 6)
             continue
         ratio = lambda b: f"{r['tok_s'] / base[b]:.3f}" if b in base else "-"  # noqa: E731
         table.add_row(r["name"], f"{r['tok_s']:,.0f}", f"{r['spread']:.1%} ({r['samples']})", ratio("plain"),
-                      ratio("plain+pin"), f"{r['step_s'] * 1e3:.1f}", f"{r['peak_gib']:.1f}")
+                      ratio("plain+pin"), f"{r['step_s'] * 1e3:.1f}",
+                      "-" if r.get("data_wait") is None else f"{r['data_wait']:.0%}", f"{r['peak_gib']:.1f}")
     Console(width=140).print(table)
     return results
 

@@ -9,6 +9,8 @@
 #         the plain loop as users write it, pinned, pinned + side stream; lightspeed by default and as_given
 # fp32    gpu_inputs.py in precision="32-true", torch's matmul precision "highest" against "high" (TF32)
 # gpt     gpu_suite.py: the 1.28B GPT (token ids), plain loop against lightspeed single, the user's AdamW
+# wait    gpu_inputs.py on a ViT-S/16 (a step short enough for the loader to matter), 0 and 8 loader workers:
+#         lightspeed's data_wait figure and line against the speed more workers actually give
 #
 # Each part writes $OUT/<part>.log (and .json); "parts done" is the last line of $OUT/progress.txt.
 set -u
@@ -26,6 +28,10 @@ matches_single_gpu_in_bf16" > "$OUT/tests.log" 2>&1 ;;
                   --only single,single+fp32,single+fp32+tf32 > "$OUT/fp32.log" 2>&1 ;;
         gpt) timeout 150 python3 benchmarks/gpu_suite.py --repeats 2 --warmup 3 --steps 20 --json "$OUT/gpt.json" \
                  --only plain_pytorch,single+user > "$OUT/gpt.log" 2>&1 ;;
+        wait) for w in 0 8; do
+                  timeout 120 python3 benchmarks/gpu_inputs.py --size vit_s16 --repeats 1 --workers $w --warmup 5 \
+                      --steps 60 --json "$OUT/wait$w.json" --only plain+pin,single > "$OUT/wait$w.log" 2>&1
+              done ;;
         *) echo "unknown part $part"; exit 2 ;;
     esac
     echo "$part: rc $?" >> "$OUT/progress.txt"

@@ -240,3 +240,60 @@ def test_super_transfer_moves_any_nesting_through_the_trainer(tmp_path):
     module.seen = []
     make_trainer(tmp_path, max_steps=1).fit(module, _small())
     assert len(module.seen) == 1
+
+
+class _Slow(torch.utils.data.Dataset):
+    """Each item costs the host `delay` seconds, as a heavy decode or augmentation would."""
+
+    def __init__(self, n: int, delay: float):
+        self.n, self.delay = n, delay
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        import time
+
+        time.sleep(self.delay)
+        return torch.full((64,), float(i % 7)), torch.tensor(float(i % 3))
+
+
+class _Heavy(ls.Module):
+    """A step of `rounds` large matmuls: the GPU is busy for milliseconds whatever the batch."""
+
+    def __init__(self, rounds: int):
+        super().__init__()
+        self.rounds = rounds
+        self.layer = torch.nn.Linear(64, 1)
+        self.big = torch.nn.Parameter(torch.randn(2048, 2048) / 64)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        h = self.big
+        for _ in range(self.rounds):
+            h = torch.tanh(h @ self.big)
+        return torch.nn.functional.mse_loss(self.layer(x).squeeze(-1), y) + h.mean() * 0
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("delay,rounds,said", [(0.02, 0, True), (0.0, 40, False)])
+def test_data_wait_is_told_only_when_the_gpu_waits(tmp_path, capsys, delay, rounds, said):
+    """A loader that takes 20 ms per batch in front of a tiny step: the GPU waits most of each step, and one line
+    says so with the share and the loader's time per batch. A fast loader in front of 40 large matmuls per step:
+    the GPU never waits, and nothing is said (Lightning would warn about num_workers=0 in both)."""
+    loader = DataLoader(_Slow(70, delay), batch_size=1)
+    trainer = ls.Trainer(devices=1, accelerator="gpu", max_steps=60, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path))
+    trainer.fit(_Heavy(rounds), loader)
+    out = capsys.readouterr().out
+    waits, hosts = trainer.move.wait.shares()
+    assert len(waits) == 40 and trainer.move.wait.done
+    if said:
+        assert "data_wait: the GPU sat idle" in out and "DataLoader(num_workers=0) took" in out, out
+        assert min(hosts) >= 0.02 and sorted(waits)[20] > 0.5
+    else:
+        assert "data_wait" not in out, out
+        assert sorted(waits)[20] < 0.1

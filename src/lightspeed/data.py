@@ -5,6 +5,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import os
+import statistics
+import time
 from typing import Any, Callable, Iterator
 
 import torch
@@ -12,6 +15,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
 
 from .errors import ConfigError
+from .rng import set_rng_state
 
 
 def map_tensors(batch: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
@@ -43,14 +47,23 @@ class BatchMover:
     memory on a side stream that the step waits for. A torch DataLoader left at `pin_memory=False` is iterated as a
     shallow copy with `pin_memory=True` (its worker processes' batches are then pinned in the loader's own thread;
     the user's object is left as it was); any other CPU tensor is pinned here before its copy. A copy from pageable
-    memory waits behind the kernels already queued and blocks the host meanwhile: on an H200, a ViT-B/16 step at
-    batch 256 (154 MB of images) ran 1.42× faster pinned (docs/benchmarks.md). Elsewhere, or with
-    `pinned=False`, batches move as the loader gives them (`.to(device, non_blocking=True)`)."""
+    memory waits behind the kernels already queued and blocks the host meanwhile: on an H200, a ViT-B/16 at batch
+    256 (154 MB of images per step) trained 1.20× faster than with its batches moved as given, 1.34× the plain loop
+    users write (docs/benchmarks.md). Elsewhere, or with `pinned=False`, batches move as the loader gives them
+    (`.to(device, non_blocking=True)`).
 
-    def __init__(self, device: torch.device, pinned: bool, print0: Callable[[str], None] = print):
+    On CUDA, `timed(batches, loader)` also measures how long the GPU waits for the training batches (`DataWait`)."""
+
+    def __init__(self, device: torch.device, pinned: bool, print0: Callable[[str], None] = print,
+                 training: Callable[[], bool] = lambda: True):
         self.device, self.print0 = device, print0
         self.stream = torch.cuda.Stream(device) if pinned and device.type == "cuda" else None
+        self.wait = DataWait(device, print0, training) if device.type == "cuda" else None
         self._said = False
+
+    def timed(self, batches: Iterator, loader: Any) -> Iterator:
+        """`batches` (the training loader's iterator), measured by `self.wait` on CUDA."""
+        return batches if self.wait is None else self.wait.watch(batches, loader)
 
     def loader(self, loader: Any) -> Any:
         """`loader`, or under pinning a shallow copy of a DataLoader that does not pin, with pin_memory=True."""
@@ -65,6 +78,12 @@ class BatchMover:
         return pinned
 
     def __call__(self, batch: Any) -> Any:
+        batch = self._move(batch)
+        if self.wait is not None:
+            self.wait.arrived()
+        return batch
+
+    def _move(self, batch: Any) -> Any:
         if self.stream is None:
             return move_to_device(batch, self.device)
         moved: list[torch.Tensor] = []
@@ -84,12 +103,87 @@ class BatchMover:
         return batch
 
 
-def with_distributed_sampler(loader: DataLoader, rank: int, world_size: int, seed: int) -> DataLoader:
+class DataWait:
+    """How long the GPU waits for training data, measured once per fit, told in one line if it is long.
+
+    For each optimizer step, an event on the compute stream marks when the host starts fetching the step's first
+    batch (`watch`: the GPU reaches it when the previous step's kernels are done) and another when that batch has
+    been copied and the forward may start (`arrived`). The time between the two is time the GPU had nothing to do
+    because the batch was not there yet; the time between two fetch marks is the step. Steps FIRST to LAST are
+    measured (the first ones compile, allocate, warm up); the median share is taken, so a step that waited for
+    another reason (a log step's host read) does not decide. Above SAY_ABOVE, rank 0 prints the figure, the
+    loader's time per batch on the host and what would help. Lightning instead warns whenever a DataLoader has few
+    workers, whether or not the GPU waits (docs/porting.md)."""
+
+    FIRST, LAST, SAY_ABOVE = 10, 50, 0.10
+
+    def __init__(self, device: torch.device, print0: Callable[[str], None], training: Callable[[], bool]):
+        self.device, self.print0, self.training = device, print0, training  # training(): a training batch moves
+        self.marks: list[tuple[Any, Any, float]] = []  # per step: fetch event, arrival event, host fetch seconds
+        self._fetch: tuple[Any, float] | None = None  # this step's fetch mark, until its batch arrives
+        self._loader: Any = None
+        self.done = False
+
+    def _event(self) -> Any:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(self.device))
+        return event
+
+    def watch(self, batches: Iterator, loader: Any) -> Iterator:
+        self._loader = loader
+        try:
+            while True:
+                mark = None
+                if not self.done and self._fetch is None:
+                    if len(self.marks) > self.LAST:
+                        self._report()
+                    else:
+                        mark = self._fetch = [self._event(), time.perf_counter()]
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    return
+                if mark is not None:
+                    mark[1] = time.perf_counter() - mark[1]  # the host's time in the loader for this batch
+                yield batch
+        finally:
+            self._fetch = None  # the epoch is over: a batch fetched and never trained on is not a step
+
+    def arrived(self) -> None:
+        """The batch just moved may start its forward: the end of the wait, if it is a step's first batch."""
+        if self._fetch is not None and not self.done and self.training():
+            self.marks.append((self._fetch[0], self._event(), self._fetch[1]))
+            self._fetch = None
+
+    def shares(self) -> tuple[list[float], list[float]]:
+        """Per measured step: the share of it the GPU waited for its batch, and the host's fetch seconds."""
+        self.marks[-1][1].synchronize()
+        steps = self.marks[self.FIRST:self.LAST + 1]
+        waits = [a.elapsed_time(b) / max(a.elapsed_time(nxt[0]), 1e-6) for (a, b, _), nxt in zip(steps, steps[1:])]
+        return waits, [host for _, _, host in steps[:-1]]
+
+    def _report(self) -> None:
+        self.done = True
+        waits, hosts = self.shares()
+        wait, host = statistics.median(waits), statistics.median(hosts)
+        if wait <= self.SAY_ABOVE:
+            return
+        workers = getattr(self._loader, "num_workers", None)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        loader = (f"DataLoader(num_workers={workers}) took {host * 1e3:.0f} ms per batch on the host, which has "
+                  f"{cores} CPU cores" if workers is not None else f"the loader took {host * 1e3:.0f} ms per batch")
+        self.print0(f"data_wait: the GPU sat idle {wait:.0%} of each step waiting for its batch (median of steps "
+                    f"{self.FIRST + 1}-{self.LAST}, rank 0); the {loader}. More DataLoader workers, or augmentations "
+                    f"moved to the GPU (on_after_batch_transfer), would give that time back.")
+
+
+def with_distributed_sampler(loader: DataLoader, dist_info: Any, seed: int) -> DataLoader:
     """Returns `loader` with a DistributedSampler, keeping its own shuffle setting and other arguments.
 
     Applied when world_size > 1, and also on one process when the loader shuffles, so the order of each epoch
     is a function of (seed, epoch): that is what makes resuming mid-epoch exact. A custom sampler is kept.
     """
+    rank, world_size = dist_info.rank, dist_info.world_size  # launch.DistInfo
     if not isinstance(loader, DataLoader) or isinstance(loader.sampler, DistributedSampler):
         return loader
     shuffle = isinstance(loader.sampler, RandomSampler)
@@ -167,18 +261,19 @@ def check_batch_counts(n: int | float, limit: Any) -> None:
                           "iterable dataset give each rank the same count.")
 
 
-def resumed_iterator(loader: Any, skip: int, restore_rng: Callable[[], None] | None) -> Iterator:
+def resumed_iterator(loader: Any, skip: int, rng: dict | None) -> Iterator:
     """An iterator over `loader` positioned after `skip` batches, for resuming an epoch.
 
-    `restore_rng` (the saved RNG state) runs where the save happened: at an epoch boundary (skip 0) that is before
-    the iterator draws its seed from the global RNG; mid-epoch it is after, once the sampler has been replayed."""
-    if restore_rng is not None and skip == 0:
-        restore_rng()
+    `rng` (the saved RNG state, rng.set_rng_state) is restored where the save happened: at an epoch boundary (skip
+    0) that is before the iterator draws its seed from the global RNG; mid-epoch it is after, once the sampler has
+    been replayed."""
+    if rng is not None and skip == 0:
+        set_rng_state(rng)
     iterator = iter(loader)
     for _ in range(skip):
         next(iterator)
-    if restore_rng is not None and skip > 0:
-        restore_rng()
+    if rng is not None and skip > 0:
+        set_rng_state(rng)
     return iterator
 
 

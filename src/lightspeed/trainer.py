@@ -224,7 +224,8 @@ class Trainer:
                 watch_parent()
         export_env(self.dist)  # the rank variables, and this rank's share of the host's CPUs
         self.device = torch.device("cuda", self.dist.local_rank) if spec.device_type == "cuda" else torch.device("cpu")
-        self.metrics.device, self.move = self.device, BatchMover(self.device, self.cfg.pin_memory, self.print0)
+        self.metrics.device = self.device  # batches reach it through self.move; its wait is timed while training
+        self.move = BatchMover(self.device, self.cfg.pin_memory, self.print0, training=lambda: self.stage == "train")
         self.strategy.connect(spec, self.dist, self.device)
         # Torn down at exit after success (an exception: at once, in `_entry`); after handlers registered later.
         atexit.register(self.strategy.teardown)
@@ -238,8 +239,7 @@ class Trainer:
     def _distribute(self, loaders: Any) -> Any:
         if isinstance(loaders, list):
             return [self._distribute(loader) for loader in loaders]
-        return self.move.loader(with_distributed_sampler(loaders, self.dist.rank, self.dist.world_size,
-                                                         self.cfg.seed or 0))
+        return self.move.loader(with_distributed_sampler(loaders, self.dist, self.cfg.seed or 0))
 
     # ------------------------------------------------------------------ fit
     def fit(self, model: Module, train_dataloaders: Any = None, val_dataloaders: Any = None, datamodule: Any = None,
@@ -294,7 +294,7 @@ class Trainer:
         module.on_train_epoch_start()
         for cb in self.callbacks:
             cb.on_train_epoch_start(self, module)
-        batches = resumed_iterator(loader, skip, (lambda: set_rng_state(rng)) if rng is not None else None)
+        batches = self.move.timed(resumed_iterator(loader, skip, rng), loader)  # rng: restored where it was saved
         # Manual optimization steps per batch, however the user accumulates.
         size = self.cfg.accumulate_grad_batches if module.automatic_optimization else 1
         for window in accumulation_windows(batches, skip, n, size):
