@@ -34,6 +34,7 @@ def data(n: int, seed: int) -> TensorDataset:
 class Data(LightningDataModule):
     def __init__(self):
         self.stages: list[str] = []
+        self.transfers: list[str] = []
 
     def prepare_data(self):
         with open(OUT / "prepared.txt", "a") as f:
@@ -41,6 +42,13 @@ class Data(LightningDataModule):
 
     def setup(self, stage):
         self.stages.append(stage)
+
+    def on_before_batch_transfer(self, batch, dataloader_idx):  # every batch of every loop, on each rank
+        t = self.trainer
+        state = "train" if t.training else "sanity" if t.sanity_checking else "validate" if t.validating else \
+            "predict" if t.predicting else "?"
+        self.transfers.append(f"{state}/{dataloader_idx}")
+        return batch
 
     def train_dataloader(self):
         return DataLoader(data(32, 0), batch_size=4)
@@ -113,5 +121,6 @@ if __name__ == "__main__":
     preds = trainer.predict(datamodule=dm)
     result = dict(rank=trainer.global_rank, zero_only=on_rank_zero(), stages=dm.stages, summary=summary,
                   metrics=sorted(trainer.callback_metrics), preds=preds, step=trainer.global_step,
-                  hooks=steps.counts, strategy=trainer.strategy.name)
+                  hooks=steps.counts, strategy=trainer.strategy.name,
+                  transfers={k: dm.transfers.count(k) for k in sorted(set(dm.transfers))})
     (OUT / f"rank{trainer.global_rank}.json").write_text(json.dumps(result))

@@ -33,6 +33,10 @@ def test_lightning_surface_on_two_ranks(tmp_path, strategy):
     assert r0["step"] == 4  # 32 samples, batch 4, 2 ranks
     assert r0["strategy"] == strategy  # built by DDPStrategy / DeepSpeedStrategy / FSDPStrategy
     assert r0["hooks"] == r1["hooks"] == {"before_optimizer_step": 4, "before_zero_grad": 4, "after_backward": 4}
+    # The DataModule's on_before_batch_transfer saw each rank's own batches of every loop: 4 training batches,
+    # the sanity check's first batch of each validation loader, 2 per loader in validation, 1 to predict.
+    assert r0["transfers"] == r1["transfers"] == {"predict/0": 1, "sanity/0": 1, "sanity/1": 1, "train/0": 4,
+                                                  "validate/0": 2, "validate/1": 2}
     # The trained weights, read from the strategy's own checkpoint layout: the same predictions as the ranks'.
     model = Net.load_from_checkpoint(tmp_path / "checkpoints")
     x = predict_inputs()

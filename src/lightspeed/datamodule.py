@@ -30,6 +30,8 @@ class LightningDataModule:
 
     `save_hyperparameters` is not provided here; keep the DataModule's arguments as attributes."""
 
+    trainer: Any = None  # the Trainer it was last given to (set when that run starts)
+
     def prepare_data(self) -> None:
         """Download or write to disk: once per node, on local rank 0, before `setup`."""
 

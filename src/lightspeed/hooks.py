@@ -191,6 +191,7 @@ def setup(trainer: Any, module: Module, datamodule: Any, stage: str) -> None:
     """Lightning's order once the ranks run: `prepare_data` (once per node), callbacks' `setup`, the
     DataModule's `setup`, the Module's `setup`. The caller then configures the model."""
     if datamodule is not None:
+        datamodule.trainer = trainer  # as in Lightning: its hooks may read trainer.training, trainer.current_epoch...
         prepare_data_once(datamodule.prepare_data, trainer.local_rank)
     prepare_data_once(module.prepare_data, trainer.local_rank)
     for cb in trainer.callbacks:
