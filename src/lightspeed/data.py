@@ -90,7 +90,10 @@ class BatchMover:
 
         def copy_one(t: torch.Tensor) -> torch.Tensor:
             if t.device.type == "cpu" and not t.is_pinned():
-                t = t.pin_memory()
+                try:
+                    t = t.pin_memory()
+                except RuntimeError:  # a layout torch cannot pin: copied as it is
+                    pass
             moved.append(t := t.to(self.device, non_blocking=True))
             return t
 
