@@ -150,3 +150,11 @@ def _where(page, image) -> tuple[int, int] | None:
             if (np.abs(big[y:y + h, x:x + w] - small) <= 2).mean() > 0.99:
                 return x, int(y)
     return None
+
+
+def test_summary_shows_the_measured_data_wait():
+    """`data_wait` (logged at fit end on CUDA, data.DataWait) appears in the report's summary as a share."""
+    from lightspeed.report import _summary
+
+    rows = _summary({"data_wait": [(60, 0.34)], "fit_time_s": [(60, 12.5)]}, {})
+    assert rows["GPU waiting for data"] == "34%" and rows["fit time"] == "12.5 s"

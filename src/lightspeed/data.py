@@ -126,6 +126,7 @@ class DataWait:
         self._fetch: tuple[Any, float] | None = None  # this step's fetch mark, until its batch arrives
         self._loader: Any = None
         self.done = False
+        self.share: float | None = None  # the measured median share, once steps FIRST to LAST have run
 
     def _event(self) -> Any:
         event = torch.cuda.Event(enable_timing=True)
@@ -169,6 +170,7 @@ class DataWait:
         self.done = True
         waits, hosts = self.shares()
         wait, host = statistics.median(waits), statistics.median(hosts)
+        self.share = wait
         if wait <= self.SAY_ABOVE:
             return
         workers = getattr(self._loader, "num_workers", None)

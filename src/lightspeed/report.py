@@ -112,7 +112,7 @@ def _summary(series: Series, status: dict[str, Any]) -> dict[str, Any]:
     if steps:
         out["last step"] = int(max(steps))
     for key, label, fmt in (("fit_time_s", "fit time", "{:.1f} s"), ("samples_per_s", "samples/s", "{:,.1f}"),
-                            ("tokens_per_s", "tokens/s", "{:,.0f}")):
+                            ("tokens_per_s", "tokens/s", "{:,.0f}"), ("data_wait", "GPU waiting for data", "{:.0%}")):
         if key in last:
             out[label] = fmt.format(last[key])
     for key in _loss_lines(series):

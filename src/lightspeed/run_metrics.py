@@ -9,7 +9,8 @@ precision, the Trainer's flags, parameter count). At every log step, rank 0 logs
     peak_memory_gib/rank<r>    every rank's peak memory, gathered: CUDA max_memory_allocated, on CPU the peak RSS
     epoch
 
-At fit end it logs `fit_time_s` and, when a CSVLogger is present, writes the run report next to its metrics.csv.
+At fit end it logs `fit_time_s`, `data_wait` (on CUDA, the median share of a step the GPU waited for its batch over
+steps 11-50, data.DataWait) and, when a CSVLogger is present, writes the run report next to its metrics.csv.
 """
 
 from __future__ import annotations
@@ -187,7 +188,9 @@ class RunMetrics(Callback):
     def on_fit_end(self, trainer: Trainer, module: Module) -> None:
         if not trainer.is_global_zero:
             return
-        trainer.log_metrics({"fit_time_s": time.perf_counter() - self._fit_start})
+        wait = getattr(getattr(trainer, "move", None), "wait", None)  # data.DataWait: CUDA runs of 51+ steps
+        measured = {"data_wait": wait.share} if wait is not None and wait.share is not None else {}
+        trainer.log_metrics({"fit_time_s": time.perf_counter() - self._fit_start, **measured})
         from .loggers import CSVLogger
 
         csv_logger = next((lg for lg in trainer.loggers if isinstance(lg, CSVLogger)), None)
