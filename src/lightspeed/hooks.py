@@ -92,8 +92,10 @@ TRANSFER_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device", "on_af
 def transfer_owners(module: Module, datamodule: Any) -> dict[str, Any]:
     """Whose batch-transfer hook runs, per hook: the DataModule's where it overrides it, else the Module's (as in
     Lightning, which also takes the DataModule's when both override one; `check_transfer_hooks` says so)."""
-    return {name: datamodule if datamodule is not None and getattr(type(datamodule), name, None) is not getattr(
-        LightningDataModule, name) else module for name in TRANSFER_HOOKS}
+    def overrides(name: str) -> bool:  # a DataModule of another type (duck-typed) may lack the hook: the Module's
+        return getattr(type(datamodule), name, None) not in (None, getattr(LightningDataModule, name))
+
+    return {name: datamodule if datamodule is not None and overrides(name) else module for name in TRANSFER_HOOKS}
 
 
 def check_transfer_hooks(module: Module, datamodule: Any) -> None:
