@@ -123,7 +123,7 @@ class DataWait:
     def __init__(self, device: torch.device, print0: Callable[[str], None], training: Callable[[], bool]):
         self.device, self.print0, self.training = device, print0, training  # training(): a training batch moves
         self.marks: list[tuple[Any, Any, float]] = []  # per step: fetch event, arrival event, host fetch seconds
-        self._fetch: tuple[Any, float] | None = None  # this step's fetch mark, until its batch arrives
+        self._fetch: list | None = None  # this step's fetch mark [event, host seconds], until its batch arrives
         self._loader: Any = None
         self.done = False
         self.share: float | None = None  # the measured median share, once steps FIRST to LAST have run
