@@ -13,6 +13,7 @@ when fit resumes.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable
 
 from .distributed import barrier
@@ -30,7 +31,16 @@ class LightningDataModule:
 
     `save_hyperparameters` is not provided here; keep the DataModule's arguments as attributes."""
 
-    trainer: Any = None  # the Trainer it was last given to (set when that run starts)
+    @property
+    def trainer(self) -> Any:
+        """The Trainer it was last given to (set when that run starts; None before). A weak reference, as the
+        Module's: a DataModule kept by the user does not keep a finished Trainer and its model alive."""
+        ref = self.__dict__.get("_trainer_ref")
+        return ref() if ref is not None else None
+
+    @trainer.setter
+    def trainer(self, trainer: Any) -> None:
+        self.__dict__["_trainer_ref"] = weakref.ref(trainer) if trainer is not None else None
 
     def prepare_data(self) -> None:
         """Download or write to disk: once per node, on local rank 0, before `setup`."""
