@@ -59,15 +59,33 @@ def test_on_cpu_the_mover_passes_loaders_and_batches_through(tmp_path):
     assert trainer._train_data is data and not data.pin_memory
 
 
+def test_which_loaders_are_iterated_as_a_pinned_copy():
+    """Under pinning (a mover with a copy stream; none is made on CPU, so a stand-in marks it here): only a
+    DataLoader with workers that does not pin gets a pinned copy. Without workers the loader is kept (it would
+    pin in the main thread as the mover does, and a dataset of CUDA tensors cannot be pinned)."""
+    said: list[str] = []
+    mover = BatchMover(torch.device("cpu"), pinned=True, print0=said.append)
+    mover.stream = object()  # what a CUDA device would give: only `loader`'s choice is exercised here
+    data = TensorDataset(torch.randn(8, 4))
+    with_workers, without = DataLoader(data, batch_size=4, num_workers=2), DataLoader(data, batch_size=4)
+    already = DataLoader(data, batch_size=4, num_workers=2, pin_memory=True)
+    copied = mover.loader(with_workers)
+    assert copied is not with_workers and copied.pin_memory and not with_workers.pin_memory
+    assert copied.dataset is data and copied.num_workers == 2 and copied.batch_size == 4
+    assert mover.loader(without) is without and mover.loader(already) is already
+    assert mover.loader([1, 2]) == [1, 2] and len(said) == 1
+
+
 @pytest.mark.gpu
 def test_on_cuda_batches_arrive_pinned_and_intact_and_the_user_loader_is_untouched():
-    """The DataLoader is iterated as a pinned copy; many batches through the side stream, each checked on the
-    compute stream right away (a batch freed or overwritten too early would show as a wrong sum)."""
+    """A DataLoader with workers is iterated as a pinned copy; many batches through the side stream, each checked
+    on the compute stream right away (a batch freed or overwritten too early would show as a wrong sum). A dataset
+    already on the GPU passes untouched."""
     device = torch.device("cuda", 0)
     said: list[str] = []
     mover = BatchMover(device, pinned=True, print0=said.append)
     data = TensorDataset(torch.randn(64, 3, 32, 32, generator=torch.Generator().manual_seed(0)), torch.arange(64))
-    user = DataLoader(data, batch_size=4, shuffle=False)
+    user = DataLoader(data, batch_size=4, shuffle=False, num_workers=2)
     pinned = mover.loader(user)
     assert pinned is not user and pinned.pin_memory and not user.pin_memory
     assert mover.loader(pinned) is pinned and len(said) == 1 and "Trainer(pin_memory=False)" in said[0]
@@ -78,6 +96,11 @@ def test_on_cuda_batches_arrive_pinned_and_intact_and_the_user_loader_is_untouch
             assert x_dev.device == device and i_dev.device == device
             assert torch.equal(i_dev.cpu(), i_ref)
             assert torch.allclose(x_dev.sum(dim=(1, 2, 3)).cpu(), x_ref.sum(dim=(1, 2, 3)), rtol=1e-5, atol=1e-4)
+    # A dataset already on the GPU (no workers): the loader is kept as it is, and its tensors are not copied.
+    on_gpu = DataLoader(TensorDataset(torch.arange(8.0, device=device)), batch_size=4)
+    assert mover.loader(on_gpu) is on_gpu
+    (x,) = next(iter(on_gpu))
+    assert mover([x])[0] is x
     # Not from a DataLoader: pageable tensors are pinned on the way; the nesting comes back as it went in.
     batch = _nested()
     moved = mover(batch)

@@ -44,9 +44,10 @@ class BatchMover:
     """How batches reach the device: `mover(batch)` moves one, `mover.loader(loader)` prepares a loader.
 
     On CUDA with `pinned` (`Trainer(pin_memory=True)`, the default), batches are copied from page-locked host
-    memory on a side stream that the step waits for. A torch DataLoader left at `pin_memory=False` is iterated as a
-    shallow copy with `pin_memory=True` (its worker processes' batches are then pinned in the loader's own thread;
-    the user's object is left as it was); any other CPU tensor is pinned here before its copy. A copy from pageable
+    memory on a side stream that the step waits for. A torch DataLoader with workers left at `pin_memory=False` is
+    iterated as a shallow copy with `pin_memory=True` (its workers' batches are then pinned in the loader's own
+    thread; the user's object is left as it was); any other CPU tensor is pinned here before its copy, and a tensor
+    already on a GPU is left where it is. A copy from pageable
     memory waits behind the kernels already queued and blocks the host meanwhile: on an H200, a ViT-B/16 at batch
     256 (154 MB of images per step) trained 1.20× faster than with its batches moved as given, 1.34× the plain loop
     users write (docs/benchmarks.md). Elsewhere, or with `pinned=False`, batches move as the loader gives them
@@ -66,15 +67,20 @@ class BatchMover:
         return batches if self.wait is None else self.wait.watch(batches, loader)
 
     def loader(self, loader: Any) -> Any:
-        """`loader`, or under pinning a shallow copy of a DataLoader that does not pin, with pin_memory=True."""
+        """`loader`, or under pinning a shallow copy of a DataLoader with workers that does not pin, with
+        pin_memory=True. Without workers the copy would gain nothing (the loader pins in the main thread too, as
+        `_move` does) and could fail: a dataset that returns CUDA tensors cannot be pinned, and `_move` leaves
+        those as they are. Workers cannot hand CUDA tensors back under torch's default fork."""
         if self.stream is None or not isinstance(loader, DataLoader) or loader.pin_memory:
+            return loader
+        if not self._said:
+            self._said = True
+            self.print0(f"pin_memory: batches are pinned and copied to {self.device} on a side stream; "
+                        "Trainer(pin_memory=False) moves them as the loader gives them.")
+        if loader.num_workers == 0:
             return loader
         pinned = copy.copy(loader)  # DataLoader refuses few attributes after construction; pin_memory is not one
         pinned.pin_memory = True
-        if not self._said:
-            self._said = True
-            self.print0(f"pin_memory: the DataLoader's batches are pinned and copied to {self.device} on a side "
-                        "stream; Trainer(pin_memory=False) moves them as the loader gives them.")
         return pinned
 
     def __call__(self, batch: Any) -> Any:
