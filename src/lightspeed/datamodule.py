@@ -16,6 +16,7 @@ from __future__ import annotations
 import weakref
 from typing import Any, Callable
 
+from .data import move_to_device
 from .distributed import barrier
 
 
@@ -75,8 +76,6 @@ class LightningDataModule:
         return batch
 
     def transfer_batch_to_device(self, batch: Any, device: Any, dataloader_idx: int) -> Any:
-        from .data import move_to_device
-
         return move_to_device(batch, device)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:

@@ -225,7 +225,7 @@ class Trainer:
         export_env(self.dist)  # the rank variables, and this rank's share of the host's CPUs
         self.device = torch.device("cuda", self.dist.local_rank) if spec.device_type == "cuda" else torch.device("cpu")
         self.metrics.device = self.device  # batches reach it through self.move; its wait is timed while training
-        self.move = BatchMover(self.device, self.cfg.pin_memory, self.print0, training=lambda: self.stage == "train")
+        self.move = BatchMover(self.device, self.cfg.pin_memory, self.print0, training=lambda: self.training)
         self.strategy.connect(spec, self.dist, self.device)
         # Torn down at exit after success (an exception: at once, in `_entry`); after handlers registered later.
         atexit.register(self.strategy.teardown)
