@@ -16,6 +16,10 @@ and how it reaches the GPU is part of the step. The setups:
     single+as_given lightspeed with Trainer(pin_memory=False): the batches moved as the loader gives them
     single+fp32     lightspeed at precision="32-true", torch's fp32 matmuls at their default ("highest")
     single+fp32+tf32  the same after torch.set_float32_matmul_precision("high"): TF32 tensor cores
+    plain_deepspeed the DeepSpeed loop as users write it: ZeRO-2, bf16, DeepSpeed's AdamW from the config, the same
+                    DataLoader, `x.to(engine.device, dtype=torch.bfloat16)` (the engine's weights are bf16)
+    deepspeed_stage_2, deepspeed_stage_3, fsdp
+                    lightspeed with that strategy on one GPU, the same user's module and DataLoader
 
 `--size vit_s16` (22M parameters) makes the step short enough for the loader to matter. The "data wait" column
 is lightspeed's own measure of the share of each step the GPU waited for its batch (data.DataWait, steps 11-50;
@@ -51,8 +55,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import lightspeed as ls  # noqa: E402
 from gpu_suite import Clock, StepTimer, summarize, write_json  # noqa: E402
 
+STRATEGIES = ("deepspeed_stage_2", "deepspeed_stage_3", "fsdp")
 SETUPS = ("plain", "plain+pin", "plain+pin+stream", "single", "single+pin", "single+as_given", "single+fp32",
-          "single+fp32+tf32")
+          "single+fp32+tf32", "plain_deepspeed", *STRATEGIES)
 SIZES = {  # image, patch, width, depth, heads, classes
     "vit_b16": (224, 16, 768, 12, 12, 1000),
     "vit_s16": (224, 16, 384, 12, 6, 1000),
@@ -136,10 +141,37 @@ def run_plain(args, steps: int, device, pin: bool, stream: bool) -> list[float]:
     return clock.step_times(args.warmup)
 
 
+def run_plain_deepspeed(args, steps: int, device) -> list[float]:
+    import deepspeed
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(ls.launch.find_free_port()), RANK="0",
+                      LOCAL_RANK="0", WORLD_SIZE="1")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
+    config = {"train_micro_batch_size_per_gpu": args.batch, "gradient_accumulation_steps": 1,
+              "bf16": {"enabled": True}, "zero_optimization": {"stage": 2}, "steps_per_print": 10**9,
+              "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.05}}}
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = ViT(*SIZES[args.size])
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    clock = Clock()
+    for x, y in loader(args, steps, pin=False):
+        x, y = x.to(engine.device, dtype=torch.bfloat16), y.to(engine.device)
+        loss = F.cross_entropy(engine(x).float(), y)
+        engine.backward(loss)
+        engine.step()
+        clock.stamp(device)
+    return clock.step_times(args.warmup)
+
+
 def run_single(name: str, args, steps: int, device) -> list[float]:
     torch.manual_seed(0)
     timer = StepTimer()
     extra = {"pin_memory": False} if name.endswith("+as_given") else {}
+    if name in STRATEGIES:
+        extra["strategy"] = name
     if name.endswith("+tf32"):
         torch.set_float32_matmul_precision("high")
     precision = "32-true" if "+fp32" in name else "bf16-mixed"
@@ -156,7 +188,9 @@ def run_one(name: str, args) -> dict:
     device = torch.device("cuda", 0) if torch.cuda.is_available() and not args.tiny else torch.device("cpu")
     steps = args.warmup + args.steps
     started = time.perf_counter()
-    if name.startswith("plain"):
+    if name == "plain_deepspeed":
+        times = run_plain_deepspeed(args, steps, device)
+    elif name.startswith("plain"):
         times = run_plain(args, steps, device, pin="+pin" in name, stream=name.endswith("+stream"))
     else:
         times = run_single(name, args, steps, device)
@@ -201,18 +235,21 @@ def speed_table(args) -> list[dict]:
                 write_json(args.json, [summarize(n, rs) for n, rs in runs.items() if rs])
     results = [summarize(name, rs) for name, rs in runs.items()]
     base = {r["name"]: r["tok_s"] for r in results if r["name"].startswith("plain") and "tok_s" in r}
+    deepspeed_col = "plain_deepspeed" in base
     image = SIZES[args.size][0]
     table = Table(title=f"{args.size} at {image}², batch {args.batch}, {args.workers} loader workers, bf16; median "
                         f"step of {args.steps}, median of {args.repeats} runs")
-    for col in ("setup", "images/s", "spread", "× plain", "× plain+pin", "ms/step", "data wait", "peak GiB"):
+    columns = ("setup", "images/s", "spread", "× plain", "× plain+pin", *(["× plain_deepspeed"] * deepspeed_col),
+               "ms/step", "data wait", "peak GiB")
+    for col in columns:
         table.add_column(col, justify="right", no_wrap=col == "setup")
     for r in results:
         if "tok_s" not in r:
-            table.add_row(r["name"], r["error"], *[""] * 6)
+            table.add_row(r["name"], r["error"], *[""] * (len(columns) - 2))
             continue
         ratio = lambda b: f"{r['tok_s'] / base[b]:.3f}" if b in base else "-"  # noqa: E731
         table.add_row(r["name"], f"{r['tok_s']:,.0f}", f"{r['spread']:.1%} ({r['samples']})", ratio("plain"),
-                      ratio("plain+pin"), f"{r['step_s'] * 1e3:.1f}",
+                      ratio("plain+pin"), *([ratio("plain_deepspeed")] * deepspeed_col), f"{r['step_s'] * 1e3:.1f}",
                       "-" if r.get("data_wait") is None else f"{r['data_wait']:.0%}", f"{r['peak_gib']:.1f}")
     Console(width=140).print(table)
     return results

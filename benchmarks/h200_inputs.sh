@@ -9,6 +9,8 @@
 #         the plain loop as users write it, pinned, pinned + side stream; lightspeed by default and as_given
 # fp32    gpu_inputs.py in precision="32-true", torch's matmul precision "highest" against "high" (TF32)
 # gpt     gpu_suite.py: the 1.28B GPT (token ids), plain loop against lightspeed single, the user's AdamW
+# strategies  gpu_inputs.py, ViT-B/16 as in inputs: DeepSpeed's own ZeRO-2 loop as users write it, against
+#         lightspeed's deepspeed_stage_2, deepspeed_stage_3 and fsdp on one GPU (and the plain loops)
 # wait    gpu_inputs.py on a ViT-S/16 (a step short enough for the loader to matter), 0 and 8 loader workers:
 #         lightspeed's data_wait figure and line against the speed more workers actually give
 #
@@ -24,6 +26,9 @@ for part in "$@"; do
 matches_single_gpu_in_bf16" > "$OUT/tests.log" 2>&1 ;;
         inputs) timeout 330 python3 benchmarks/gpu_inputs.py --repeats "$REPEATS" --workers 8 --json "$OUT/inputs.json" \
                     --only plain,plain+pin,plain+pin+stream,single,single+as_given > "$OUT/inputs.log" 2>&1 ;;
+        strategies) timeout 420 python3 benchmarks/gpu_inputs.py --repeats "$REPEATS" --workers 8 --steps 20 \
+                        --json "$OUT/strategies.json" --only plain,plain+pin,single,plain_deepspeed,deepspeed_stage_2,\
+deepspeed_stage_3,fsdp > "$OUT/strategies.log" 2>&1 ;;
         fp32) timeout 150 python3 benchmarks/gpu_inputs.py --repeats 1 --workers 8 --steps 20 --json "$OUT/fp32.json" \
                   --only single,single+fp32,single+fp32+tf32 > "$OUT/fp32.log" 2>&1 ;;
         gpt) timeout 150 python3 benchmarks/gpu_suite.py --repeats 2 --warmup 3 --steps 20 --json "$OUT/gpt.json" \
