@@ -20,6 +20,11 @@ and how it reaches the GPU is part of the step. The setups:
                     DataLoader, `x.to(engine.device, dtype=torch.bfloat16)` (the engine's weights are bf16)
     deepspeed_stage_2, deepspeed_stage_3, fsdp
                     lightspeed with that strategy on one GPU, the same user's module and DataLoader
+    plain+pin+aug_cpu, single+aug_cpu
+                    images stored as uint8 (as an image folder decodes them), a random flip, the conversion to
+                    float and the normalisation in the dataset's __getitem__, on the loader's CPU workers
+    single+aug_gpu  the same uint8 images copied as they are, flipped, converted and normalised on the GPU in the
+                    module's `on_after_batch_transfer` (Lightning's hook for GPU augmentations)
 
 `--size vit_s16` (22M parameters) makes the step short enough for the loader to matter. The "data wait" column
 is lightspeed's own measure of the share of each step the GPU waited for its batch (data.DataWait, steps 11-50;
@@ -57,7 +62,8 @@ from gpu_suite import Clock, StepTimer, summarize, write_json  # noqa: E402
 
 STRATEGIES = ("deepspeed_stage_2", "deepspeed_stage_3", "fsdp")
 SETUPS = ("plain", "plain+pin", "plain+pin+stream", "single", "single+pin", "single+as_given", "single+fp32",
-          "single+fp32+tf32", "plain_deepspeed", *STRATEGIES)
+          "single+fp32+tf32", "plain_deepspeed", *STRATEGIES, "plain+pin+aug_cpu", "single+aug_cpu", "single+aug_gpu")
+MEAN, STD = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1), torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
 SIZES = {  # image, patch, width, depth, heads, classes
     "vit_b16": (224, 16, 768, 12, 12, 1000),
     "vit_s16": (224, 16, 384, 12, 6, 1000),
@@ -84,15 +90,28 @@ class ViT(nn.Module):
 class Images(torch.utils.data.Dataset):
     """`n` labelled images (3 × size × size floats), drawn from `distinct` random ones held in memory."""
 
-    def __init__(self, n: int, size: int, classes: int, distinct: int):
-        self.n, self.classes = n, classes
-        self.pool = torch.randn(distinct, 3, size, size, generator=torch.Generator().manual_seed(0))
+    def __init__(self, n: int, size: int, classes: int, distinct: int, augment: str = ""):
+        self.n, self.classes, self.augment = n, classes, augment
+        g = torch.Generator().manual_seed(0)
+        self.pool = (torch.randint(0, 256, (distinct, 3, size, size), generator=g, dtype=torch.uint8) if augment
+                     else torch.randn(distinct, 3, size, size, generator=g))
 
     def __len__(self):
         return self.n
 
     def __getitem__(self, i):
-        return self.pool[i % len(self.pool)].clone(), i % self.classes  # a fresh tensor, as a transform returns
+        image = self.pool[i % len(self.pool)]
+        if self.augment == "cpu":  # what torchvision's RandomHorizontalFlip, ToTensor and Normalize compute
+            image = image.flip(-1) if torch.rand(()) < 0.5 else image
+            return (image.float().div(255) - MEAN) / STD, i % self.classes
+        return image.clone(), i % self.classes  # a fresh tensor, as a transform returns
+
+
+def augment_on_device(images: torch.Tensor) -> torch.Tensor:
+    """The CPU transform's flip, conversion and normalisation, for a uint8 batch already on the device."""
+    flip = torch.rand(images.size(0), 1, 1, 1, device=images.device) < 0.5
+    images = torch.where(flip, images.flip(-1), images).float().div_(255)
+    return (images - MEAN.to(images.device)) / STD.to(images.device)
 
 
 class VisionModule(ls.Module):
@@ -110,20 +129,28 @@ class VisionModule(ls.Module):
         return torch.optim.AdamW(self.parameters(), lr=1e-3, weight_decay=0.05)
 
 
-def loader(args, steps: int, pin: bool) -> torch.utils.data.DataLoader:
+class VisionModuleGpuAugment(VisionModule):
+    """The same module with its augmentations moved to the GPU, where Lightning's docs put them."""
+
+    def on_after_batch_transfer(self, batch, dataloader_idx):
+        x, y = batch
+        return augment_on_device(x), y
+
+
+def loader(args, steps: int, pin: bool, augment: str = "") -> torch.utils.data.DataLoader:
     image, classes = SIZES[args.size][0], SIZES[args.size][-1]
-    data = Images(args.batch * steps, image, classes, args.distinct)
+    data = Images(args.batch * steps, image, classes, args.distinct, augment)
     return torch.utils.data.DataLoader(data, batch_size=args.batch, shuffle=True, num_workers=args.workers,
                                        pin_memory=pin, persistent_workers=args.workers > 0)
 
 
-def run_plain(args, steps: int, device, pin: bool, stream: bool) -> list[float]:
+def run_plain(args, steps: int, device, pin: bool, stream: bool, augment: str = "") -> list[float]:
     torch.manual_seed(0)
     model = ViT(*SIZES[args.size]).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05, fused=device.type == "cuda")
     copies = torch.cuda.Stream() if stream and device.type == "cuda" else None
     clock = Clock()
-    for x, y in loader(args, steps, pin):
+    for x, y in loader(args, steps, pin, augment):
         if copies is None:
             x, y = x.to(device, non_blocking=pin), y.to(device, non_blocking=pin)
         else:
@@ -178,7 +205,9 @@ def run_single(name: str, args, steps: int, device) -> list[float]:
     trainer = ls.Trainer(devices=1, accelerator=device.type, precision=precision, max_steps=steps, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                          callbacks=[timer], **extra)
-    trainer.fit(VisionModule(args.size), loader(args, steps, pin=name.endswith("+pin")))
+    augment = name.split("+aug_")[1] if "+aug_" in name else ""
+    module = (VisionModuleGpuAugment if augment == "gpu" else VisionModule)(args.size)
+    trainer.fit(module, loader(args, steps, pin=name.endswith("+pin"), augment=augment))
     wait = trainer.move.wait  # lightspeed's own measure of the GPU's wait for data (data.DataWait), if it ran
     run_single.data_wait = statistics.median(wait.shares()[0]) if wait is not None and wait.done else None
     return timer.clock.step_times(args.warmup)
@@ -191,7 +220,8 @@ def run_one(name: str, args) -> dict:
     if name == "plain_deepspeed":
         times = run_plain_deepspeed(args, steps, device)
     elif name.startswith("plain"):
-        times = run_plain(args, steps, device, pin="+pin" in name, stream=name.endswith("+stream"))
+        times = run_plain(args, steps, device, pin="+pin" in name, stream=name.endswith("+stream"),
+                          augment="cpu" if name.endswith("+aug_cpu") else "")
     else:
         times = run_single(name, args, steps, device)
     step_s = statistics.median(times)
@@ -235,11 +265,11 @@ def speed_table(args) -> list[dict]:
                 write_json(args.json, [summarize(n, rs) for n, rs in runs.items() if rs])
     results = [summarize(name, rs) for name, rs in runs.items()]
     base = {r["name"]: r["tok_s"] for r in results if r["name"].startswith("plain") and "tok_s" in r}
-    deepspeed_col = "plain_deepspeed" in base
+    extra = [b for b in ("plain_deepspeed", "plain+pin+aug_cpu") if b in base]  # more baselines, when run
     image = SIZES[args.size][0]
     table = Table(title=f"{args.size} at {image}², batch {args.batch}, {args.workers} loader workers, bf16; median "
                         f"step of {args.steps}, median of {args.repeats} runs")
-    columns = ("setup", "images/s", "spread", "× plain", "× plain+pin", *(["× plain_deepspeed"] * deepspeed_col),
+    columns = ("setup", "images/s", "spread", "× plain", "× plain+pin", *(f"× {b}" for b in extra),
                "ms/step", "data wait", "peak GiB")
     for col in columns:
         table.add_column(col, justify="right", no_wrap=col == "setup")
@@ -249,9 +279,9 @@ def speed_table(args) -> list[dict]:
             continue
         ratio = lambda b: f"{r['tok_s'] / base[b]:.3f}" if b in base else "-"  # noqa: E731
         table.add_row(r["name"], f"{r['tok_s']:,.0f}", f"{r['spread']:.1%} ({r['samples']})", ratio("plain"),
-                      ratio("plain+pin"), *([ratio("plain_deepspeed")] * deepspeed_col), f"{r['step_s'] * 1e3:.1f}",
+                      ratio("plain+pin"), *(ratio(b) for b in extra), f"{r['step_s'] * 1e3:.1f}",
                       "-" if r.get("data_wait") is None else f"{r['data_wait']:.0%}", f"{r['peak_gib']:.1f}")
-    Console(width=140).print(table)
+    Console(width=180).print(table)
     return results
 
 

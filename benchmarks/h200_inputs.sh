@@ -13,6 +13,8 @@
 #         lightspeed's deepspeed_stage_2, deepspeed_stage_3 and fsdp on one GPU (and the plain loops)
 # wait    gpu_inputs.py on a ViT-S/16 (a step short enough for the loader to matter), 0 and 8 loader workers:
 #         lightspeed's data_wait figure and line against the speed more workers actually give
+# augment gpu_inputs.py on a ViT-S/16 with uint8 images, 0 and 8 loader workers: the flip, conversion and
+#         normalisation in the dataset (CPU), against the same in the module's on_after_batch_transfer (GPU)
 #
 # Each part writes $OUT/<part>.log (and .json); "parts done" is the last line of $OUT/progress.txt.
 set -u
@@ -37,6 +39,11 @@ deepspeed_stage_3,fsdp > "$OUT/strategies.log" 2>&1 ;;
                   timeout 120 python3 benchmarks/gpu_inputs.py --size vit_s16 --repeats 1 --workers $w --warmup 5 \
                       --steps 60 --json "$OUT/wait$w.json" --only plain+pin,single > "$OUT/wait$w.log" 2>&1
               done ;;
+        augment) for w in 0 8; do
+                     timeout 240 python3 benchmarks/gpu_inputs.py --size vit_s16 --repeats "$REPEATS" --workers $w \
+                         --warmup 5 --steps 60 --json "$OUT/augment$w.json" \
+                         --only plain+pin+aug_cpu,single+aug_cpu,single+aug_gpu > "$OUT/augment$w.log" 2>&1
+                 done ;;
         *) echo "unknown part $part"; exit 2 ;;
     esac
     echo "$part: rc $?" >> "$OUT/progress.txt"

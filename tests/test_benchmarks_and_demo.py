@@ -35,7 +35,8 @@ def test_gpu_suite_tiny_runs_every_kind_of_setup(tmp_path):
 
 def test_gpu_inputs_tiny_runs_the_plain_loops_and_lightspeed(tmp_path):
     """benchmarks/gpu_inputs.py (float inputs from a DataLoader) at a tiny ViT on CPU: every kind of setup runs."""
-    names = "plain,plain+pin+stream,single,single+as_given,plain_deepspeed,deepspeed_stage_2"
+    names = ("plain,plain+pin+stream,single,single+as_given,plain_deepspeed,deepspeed_stage_2,plain+pin+aug_cpu,"
+             "single+aug_gpu")
     out = tmp_path / "i.json"
     proc = _run([str(ROOT / "benchmarks" / "gpu_inputs.py"), "--tiny", "--only", names, "--steps", "3",
                  "--warmup", "1", "--repeats", "1", "--workers", "0", "--json", str(out)], tmp_path)
@@ -45,6 +46,7 @@ def test_gpu_inputs_tiny_runs_the_plain_loops_and_lightspeed(tmp_path):
         assert "error" not in r, f"{name}: {r.get('error')}"
         assert r["tok_s"] > 0 and r["timed_steps"] == 3 and r["data_wait"] is None  # no CUDA, no wait measured
     assert "× plain+pin" in proc.stdout and "single+as_given" in proc.stdout and "× plain_deepspeed" in proc.stdout
+    assert "× plain+pin+aug_cpu" in proc.stdout
 
 
 def test_overhead_benchmark_prints_ratio(tmp_path):
