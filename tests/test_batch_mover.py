@@ -232,6 +232,18 @@ def test_transfer_hooks_run_in_lightning_order_for_every_loop(tmp_path):
     assert float(out[0]) == pytest.approx(float(_small().dataset.tensors[0][:4].sum() * 10), rel=1e-6)
 
 
+def test_planning_probes_the_step_with_the_batch_the_transfer_hooks_make(tmp_path):
+    """strategy="auto" plans before any rank starts (always on CUDA; here, on CPU, because memory_budget is set) by
+    running training_step on a copy of the model with one drawn batch. That batch must go through the transfer
+    hooks first, as every training batch does: a step written for what `on_after_batch_transfer` returns (here a
+    Tagged batch; on a GPU, say, uint8 images turned into floats) would otherwise fail before training starts."""
+    module = TransferHooks()
+    module.seen = []
+    make_trainer(tmp_path, max_steps=2, memory_budget=2**30).fit(module, _small())
+    assert sum(c == ("training_step",) for c in module.calls) == 2  # the probe ran on a copy, not on the module
+    assert max(module.seen) > 1.0
+
+
 class TransferData(ls.LightningDataModule):
     def train_dataloader(self):
         return _small()

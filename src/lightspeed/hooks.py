@@ -17,6 +17,7 @@ import torch
 
 from . import heartbeat
 from .callbacks import Callback
+from .data import move_to_device
 from .datamodule import LightningDataModule, prepare_data_once
 from .errors import ConfigError
 from .module import Module
@@ -107,13 +108,32 @@ def check_transfer_hooks(module: Module, datamodule: Any) -> None:
                           f"the DataModule's runs (as in Lightning).", stacklevel=3)
 
 
-def batch_to_device(trainer: Any, module: Module, batch: Any, dataloader_idx: int = 0) -> Any:
-    """The batch through `on_before_batch_transfer`, `transfer_batch_to_device` (to `trainer.device`) and
-    `on_after_batch_transfer`, each the DataModule's or the Module's (`transfer_owners`)."""
+def batch_to_device(trainer: Any, module: Module, batch: Any, dataloader_idx: int = 0,
+                    device: torch.device | None = None) -> Any:
+    """The batch through `on_before_batch_transfer`, `transfer_batch_to_device` (to `device`, by default
+    `trainer.device`) and `on_after_batch_transfer`, each the DataModule's or the Module's (`transfer_owners`)."""
     owners = transfer_owners(module, trainer.datamodule)
     batch = owners["on_before_batch_transfer"].on_before_batch_transfer(batch, dataloader_idx)
-    batch = owners["transfer_batch_to_device"].transfer_batch_to_device(batch, trainer.device, dataloader_idx)
+    batch = owners["transfer_batch_to_device"].transfer_batch_to_device(batch, device or trainer.device,
+                                                                        dataloader_idx)
     return owners["on_after_batch_transfer"].on_after_batch_transfer(batch, dataloader_idx)
+
+
+def probe_batch(trainer: Any, module: Module, datamodule: Any, batch: Any) -> Any:
+    """A drawn training batch as `training_step` will see it, on the CPU, for the planner's probes of the step
+    before any rank starts (micro_batch.plan_fit): through the three transfer hooks as every training batch is, so
+    a step written for what `on_after_batch_transfer` returns (uint8 images made floats, say) runs in the probe
+    too. The hooks see their `trainer` and `trainer.training` as in training; what they return is brought back to
+    the CPU, where the probe's copy of the model lives."""
+    module.trainer = trainer
+    if datamodule is not None:
+        datamodule.trainer = trainer
+    stage, trainer.stage = trainer.stage, "train"
+    try:
+        cpu = torch.device("cpu")
+        return move_to_device(batch_to_device(trainer, module, batch, 0, cpu), cpu)
+    finally:
+        trainer.stage = stage
 
 
 def on_train_batch_start(trainer: Any, module: Module, batch: Any, batch_idx: int) -> None:

@@ -41,6 +41,7 @@ from rich.table import Table
 from .data import move_to_device
 from .distributed import broadcast_from_rank0
 from .errors import ConfigError
+from .hooks import probe_batch
 from .memory import measure
 from .optim import parse_optimizers
 from .plan import Candidate, auto_strategy, build_candidates, device_memory, forecast_candidate, largest_micro_batch
@@ -100,7 +101,7 @@ class MicroBatchPlan:
 
 # ---------------------------------------------------------------------------------------------------- before launch
 
-def plan_fit(module: Any, loader: Any, datamodule: Any, strategy: Any, plans: bool, world_size: int, cfg: Any,
+def plan_fit(module: Any, loader: Any, datamodule: Any, strategy: Any, plans: bool, trainer: Any,
              data: Callable[[], Any], show: bool) -> tuple[Any, Callable[[], Any]]:
     """Before any rank starts (every process runs it with the same inputs): the strategy for `strategy="auto"`
     when `plans`, and the micro-batch forecast when `cfg.micro_batch` is set. One activation probe serves both.
@@ -113,6 +114,7 @@ def plan_fit(module: Any, loader: Any, datamodule: Any, strategy: Any, plans: bo
         ConfigError: micro_batch="auto" with loaders passed to fit, or with no batch-size attribute to write;
         nothing fits (see `plan.choose`).
     """
+    world_size, cfg = trainer.world_size, trainer.cfg
     if cfg.micro_batch is None and (loader is None or not plans):
         return strategy, data  # strategy="auto" plans from loaders passed to fit
     if cfg.micro_batch is not None:
@@ -121,7 +123,7 @@ def plan_fit(module: Any, loader: Any, datamodule: Any, strategy: Any, plans: bo
     loader = loader if loader is not None else source.train_dataloader()
     if loader is None:
         return strategy, data  # fit reports the missing data
-    sample = next(iter(loader))
+    sample = probe_batch(trainer, module, datamodule, next(iter(loader)))  # as the step will see it
     facts = inspect_model(module, sample, cfg.precision)
     if plans:
         name, _ = auto_strategy(module, world_size, cfg.precision, getattr(loader, "batch_size", None) or 1,

@@ -255,7 +255,7 @@ class Trainer:
                                        bool(self.cfg.overfit_batches))
             if self.dist is None and (self._plans or self.cfg.micro_batch):  # before any rank starts (micro_batch.py)
                 self.strategy, data = plan_fit(model, train_dataloaders, datamodule, self.strategy, self._plans,
-                                               self.world_size, self.cfg, data, show=self._env.rank == 0)
+                                               self, data, show=self._env.rank == 0)
             resume, (train, val) = self._prepare("fit", model, ckpt_path, data)
             self._preemption.install()  # a signal only sets a flag; `_train_epoch` acts on it at a step boundary
             train, val = self._train_data, self._distribute(val)  # _prepare distributed the training loader
