@@ -354,17 +354,6 @@ def auto_strategy(module: torch.nn.Module, world_size: int, precision: str = "32
     return choice.name, choice.table
 
 
-def plan_auto(module: torch.nn.Module, loader: Any, world_size: int, cfg: Any, show: bool) -> str:
-    """What the Trainer calls for strategy="auto" before any rank starts (`cfg` its TrainerConfig): the planned
-    strategy's name for the train `loader`'s micro-batch (one batch is drawn from it for the activation probe). Every process plans the
-    same inputs; the Trainer checks after launch that the ranks agree."""
-    batch = next(iter(loader))
-    micro_batch = getattr(loader, "batch_size", None) or 1
-    name, _ = auto_strategy(module, world_size, cfg.precision, micro_batch, cfg.device_type,
-                            memory_budget=cfg.memory_budget, batch=batch, show=show)
-    return name
-
-
 # ---------------------------------------------------------------------------------------------------- micro-batch
 
 @dataclass(frozen=True)
