@@ -242,6 +242,8 @@ def _subprocess(name: str, args) -> dict:
     except subprocess.TimeoutExpired:
         return {"name": name, "error": f"timed out after {args.per_run_timeout:.0f}s"}
     for line in proc.stdout.splitlines():
+        if line.startswith("data_wait:"):  # lightspeed's own line, kept in the log beside the measured share
+            print(f"[gpu_inputs] {name} said: {line}", file=sys.stderr, flush=True)
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
     return {"name": name, "error": " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])[-300:]}
