@@ -45,8 +45,10 @@ import lightspeed as ls  # noqa: E402
 from lightspeed.examples.gpt import GPT, SIZES, Block, GPTModule, RandomTokens  # noqa: E402
 
 PEAK_FLOPS = 989e12
-# Trainer(compile=...) of the "+autotune" and "+cdt" setups (inductor's coordinate-descent tuning of its kernels)
-COMPILE = {"autotune": {"mode": "max-autotune-no-cudagraphs"}, "cdt": {"options": {"coordinate_descent_tuning": True}}}
+# Trainer(compile=...) of the "+autotune", "+cdt" (inductor's coordinate-descent tuning of its kernels) and
+# "+cudagraphs" setups (torch.compile's "reduce-overhead": the compiled step replayed as CUDA graphs)
+COMPILE = {"autotune": {"mode": "max-autotune-no-cudagraphs"}, "cdt": {"options": {"coordinate_descent_tuning": True}},
+           "cudagraphs": {"mode": "reduce-overhead"}}
 
 
 def _stage3_torch_linear():
@@ -75,6 +77,7 @@ LIGHTSPEED = {
     "single+user+compile+nonorm": lambda: "single",
     "single+user+compile+regional": lambda: "single",  # block by block, not the GPT whole (`probe`)
     "single+user+compile+cdt": lambda: "single",  # compile={"options": {"coordinate_descent_tuning": True}}
+    "single+user+compile+cudagraphs": lambda: "single",  # compile={"mode": "reduce-overhead"}
     "deepspeed_stage_2+user": lambda: "deepspeed_stage_2",
     "deepspeed_stage_2+user+as_written": lambda: "deepspeed_stage_2",
     "deepspeed_stage_3+user": lambda: "deepspeed_stage_3",
@@ -122,7 +125,8 @@ OFFLOAD_VARIANTS = [
     ("deepspeed_stage_3_offload_opt+ac", 8, 1),    # parameters stay on the GPU when they fit: offload only Adam
 ]
 # The plain loop, eager and under torch.compile (run_plain_pytorch says how), the reference for compile=True
-PLAIN_COMPILE = {"plain_pytorch": "", "plain_pytorch+compile": "model", "plain_pytorch+compile+loss": "loss"}
+PLAIN_COMPILE = {"plain_pytorch": "", "plain_pytorch+compile": "model", "plain_pytorch+compile+loss": "loss",
+                 "plain_pytorch+compile+loss+cudagraphs": "loss+cudagraphs"}
 BASELINES = ["plain_pytorch", "plain_deepspeed_zero2", "plain_deepspeed_zero3", "plain_deepspeed_zero3_tuned"]
 # DeepSpeed 0.19's own stage-3 defaults, written out (deepspeed/runtime/zero/config.py): what a hand-written loop
 # with {"stage": 3} gets. Lightspeed's build_config differs (overlap_comm false, persistence threshold 0).
@@ -294,20 +298,22 @@ def run_plain_pytorch(cfg, micro_batch: int, steps: int, warmup: int, device, co
     """The hand-written torch loop on one device. `compile` "model": the whole GPT under `torch.compile(model)`,
     the cross-entropy eager (what a user adds to the loop first); "loss": the forward and the cross-entropy in one
     compiled function (nanoGPT's way). Both are the reference for `compile=True`: what torch.compile makes of the
-    whole model, with no strategy around it."""
+    whole model, with no strategy around it. "loss+cudagraphs": the same under torch.compile's "reduce-overhead"
+    (the compiled forward and backward replayed as CUDA graphs)."""
     model, opt = build_plain(cfg, device)
     if compile == "model":
         model = torch.compile(model)
-    elif compile == "loss":
+    elif compile.startswith("loss"):
         gpt = model
 
-        @torch.compile
+        @torch.compile(mode="reduce-overhead" if compile.endswith("cudagraphs") else None)
         def model(x, y):
             with torch.autocast(device.type, dtype=torch.bfloat16):
                 logits = gpt(x)
             return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1))
 
-    return train_plain(model, opt, _loader(cfg, micro_batch, steps), device, warmup, loss_inside=compile == "loss")
+    return train_plain(model, opt, _loader(cfg, micro_batch, steps), device, warmup,
+                       loss_inside=compile.startswith("loss"))
 
 
 def run_plain_ddp(cfg, micro_batch: int, steps: int, warmup: int, device, seed: int = 0) -> list[float]:

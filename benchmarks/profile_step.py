@@ -55,8 +55,10 @@ CUDA = torch.cuda.is_available()
 class Probe:
     """Called after every step with the engine (or None): times steps, then counts syncs, then profiles."""
 
-    def __init__(self, warmup: int, timed: int, report: bool, trace: str | None = None, cprofile: bool = False):
+    def __init__(self, warmup: int, timed: int, report: bool, trace: str | None = None, cprofile: bool = False,
+                 free_run: bool = False):
         self.warmup, self.timed, self.report, self.trace, self.cprofile = warmup, timed, report, trace, cprofile
+        self.free_run = free_run  # no synchronisation before or between the 2 profiled steps: the host runs ahead
         self.stamps: list[float] = []
         self.syncs: collections.Counter = collections.Counter()
         self.prof = None
@@ -68,7 +70,7 @@ class Probe:
         return self.warmup + self.timed + 3 + 2 + 1
 
     def __call__(self, engine) -> None:
-        if CUDA:
+        if CUDA and not (self.free_run and len(self.stamps) + 1 - self.warmup - self.timed in (3, 4)):
             torch.cuda.synchronize()
         self.stamps.append(time.perf_counter())
         k = len(self.stamps)  # steps done
@@ -246,13 +248,16 @@ def main() -> None:
     p.add_argument("--tiny", action="store_true", help="CPU smoke run with the tiny GPT")
     p.add_argument("--cprofile", action="store_true", help="cProfile rank 0 instead of counting syncs")
     p.add_argument("--trace", help="write rank 0's chrome trace of the profiled steps here, and summarise it")
+    p.add_argument("--free-run", action="store_true", help="no synchronisation between the 2 profiled steps, as in "
+                   "training (each step otherwise ends in one, which leaves the GPU idle while the next one starts)")
     args = p.parse_args()
     if args.legacy_guard and os.environ.get("LS_PROFILE_LEGACY_GUARD") != "1":  # re-run with the patch in place
         os.environ["LS_PROFILE_LEGACY_GUARD"] = "1"
         os.execv(sys.executable, [sys.executable, *sys.argv])
     cfg = _model_cfg(argparse.Namespace(tiny=args.tiny, layers=None))
     rank = int(os.environ.get("RANK", "0"))
-    probe = Probe(args.warmup, args.timed, report=rank == 0, trace=args.trace, cprofile=args.cprofile)
+    probe = Probe(args.warmup, args.timed, report=rank == 0, trace=args.trace, cprofile=args.cprofile,
+                  free_run=args.free_run)
     print(f"SETUP {args.setup} devices={args.devices} micro_batch={args.micro_batch} "
           f"legacy_guard={args.legacy_guard}", flush=True)
     if args.setup == "plain_deepspeed_zero3":
@@ -262,7 +267,7 @@ def main() -> None:
     torch.manual_seed(0)
     strategy = LIGHTSPEED[args.setup]() if args.setup in LIGHTSPEED else args.setup  # e.g. deepspeed_stage_3+ds_defaults
     trainer = ls.Trainer(strategy=strategy, devices=args.devices, accelerator="gpu" if CUDA else "cpu",
-                         precision="bf16-mixed",
+                         precision="bf16-mixed", compile="+compile" in args.setup,
                          max_steps=probe.total_steps, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, callbacks=[ProbeCallback(probe)])
     data = RandomTokens(cfg.vocab_size, cfg.block_size, args.micro_batch * args.devices * probe.total_steps)
