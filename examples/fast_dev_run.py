@@ -48,7 +48,7 @@ def cifar_like(n: int) -> DataLoader:
 
 def main(args):
     model = ConvNet()
-    trainer = L.Trainer(accelerator="cpu", devices=args.devices, strategy=args.strategy, fast_dev_run=True)
+    trainer = L.Trainer(accelerator=args.accelerator, devices=args.devices, strategy=args.strategy, fast_dev_run=True)
     trainer.fit(model, cifar_like(512), cifar_like(128))
     trainer.test(model, cifar_like(128))
     if trainer.is_global_zero:
@@ -58,5 +58,6 @@ def main(args):
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--strategy", default="auto")
+    parser.add_argument("--accelerator", default="auto", help="cpu, gpu or auto (a GPU when there is one)")
     parser.add_argument("--devices", type=int, default=1)
     main(parser.parse_args())

@@ -90,8 +90,8 @@ def main(args):
     model = GAN()
     checkpoint = ModelCheckpoint(dirpath="checkpoints", every_n_train_steps=args.save_every, save_last=True,
                                  save_top_k=-1)
-    trainer = L.Trainer(accelerator="cpu", devices=args.devices, strategy=args.strategy, max_steps=args.max_steps,
-                        log_every_n_steps=1, callbacks=[checkpoint])
+    trainer = L.Trainer(accelerator=args.accelerator, devices=args.devices, strategy=args.strategy,
+                        max_steps=args.max_steps, log_every_n_steps=1, callbacks=[checkpoint])
     trainer.fit(model, images_and_noise(256, model.hparams.latent_dim), ckpt_path=args.ckpt_path)
     if trainer.is_global_zero:
         print(f"result: d_loss={float(trainer.callback_metrics['d_loss']):.4f}")
@@ -100,6 +100,7 @@ def main(args):
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--strategy", default="auto")
+    parser.add_argument("--accelerator", default="auto", help="cpu, gpu or auto (a GPU when there is one)")
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--max_steps", type=int, default=8)
     parser.add_argument("--save_every", type=int, default=4)

@@ -64,8 +64,8 @@ def main(args):
     L.seed_everything(0)
     model = GPT(context=args.context)
     data = DataLoader(RandomTokens(256, args.context, 128), batch_size=8, shuffle=True)
-    trainer = L.Trainer(accelerator="cpu", devices=args.devices, strategy=args.strategy, max_steps=args.max_steps,
-                        gradient_clip_val=1.0)
+    trainer = L.Trainer(accelerator=args.accelerator, devices=args.devices, strategy=args.strategy,
+                        max_steps=args.max_steps, gradient_clip_val=1.0)
     trainer.fit(model, data)
     if trainer.is_global_zero:
         print(f"result: train_loss={float(trainer.callback_metrics['train_loss']):.4f}")
@@ -74,6 +74,7 @@ def main(args):
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--strategy", default="auto")
+    parser.add_argument("--accelerator", default="auto", help="cpu, gpu or auto (a GPU when there is one)")
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--max_steps", type=int, default=8)
     parser.add_argument("--context", type=int, default=32)

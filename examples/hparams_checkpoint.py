@@ -50,8 +50,8 @@ def main(args):
     L.seed_everything(11)
     model = TextClassifier(width=24, lr=0.1)
     checkpoint = ModelCheckpoint(monitor="val_loss", mode="min", save_top_k=1, filename="{epoch}-{val_loss:.3f}")
-    trainer = L.Trainer(accelerator="cpu", devices=args.devices, strategy=args.strategy, max_epochs=args.max_epochs,
-                        callbacks=[checkpoint])
+    trainer = L.Trainer(accelerator=args.accelerator, devices=args.devices, strategy=args.strategy,
+                        max_epochs=args.max_epochs, callbacks=[checkpoint])
     trainer.fit(model, sentences(128, 0), sentences(32, 1))
     best_score = trainer.validate(model, sentences(32, 1), ckpt_path="best")[0]["val_loss"]  # the best weights again
 
@@ -70,6 +70,7 @@ def main(args):
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--strategy", default="auto")
+    parser.add_argument("--accelerator", default="auto", help="cpu, gpu or auto (a GPU when there is one)")
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--max_epochs", type=int, default=2)
     main(parser.parse_args())

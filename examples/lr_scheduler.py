@@ -39,8 +39,8 @@ def main(args):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(256, 20, generator=g)
     data = DataLoader(TensorDataset(x, x[:, :4].argmax(1)), batch_size=32)
-    trainer = L.Trainer(accelerator="cpu", devices=args.devices, strategy=args.strategy, max_epochs=args.max_epochs,
-                        logger=CSVLogger("logs"), log_every_n_steps=1,
+    trainer = L.Trainer(accelerator=args.accelerator, devices=args.devices, strategy=args.strategy,
+                        max_epochs=args.max_epochs, logger=CSVLogger("logs"), log_every_n_steps=1,
                         callbacks=[LearningRateMonitor(logging_interval="step")])
     model = Classifier()
     trainer.fit(model, data)
@@ -52,6 +52,7 @@ def main(args):
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--strategy", default="auto")
+    parser.add_argument("--accelerator", default="auto", help="cpu, gpu or auto (a GPU when there is one)")
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--max_epochs", type=int, default=1)
     main(parser.parse_args())

@@ -51,7 +51,8 @@ def main(args):
     model = MNISTClassifier()
     train = DataLoader(random_mnist(256, 0), batch_size=32, shuffle=True)
     val = DataLoader(random_mnist(64, 1), batch_size=32)
-    trainer = L.Trainer(accelerator="cpu", devices=args.devices, strategy=args.strategy, max_epochs=args.max_epochs)
+    trainer = L.Trainer(accelerator=args.accelerator, devices=args.devices, strategy=args.strategy,
+                        max_epochs=args.max_epochs)
     trainer.fit(model, train, val)
     if trainer.is_global_zero:
         print(f"result: val_acc={float(trainer.callback_metrics['val_acc']):.4f}")
@@ -60,6 +61,7 @@ def main(args):
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--strategy", default="auto")
+    parser.add_argument("--accelerator", default="auto", help="cpu, gpu or auto (a GPU when there is one)")
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--max_epochs", type=int, default=2)
     main(parser.parse_args())

@@ -50,8 +50,8 @@ def sequences(n: int) -> DataLoader:
 def main(args):
     L.seed_everything(7)
     model = Classifier()
-    trainer = L.Trainer(accelerator="cpu", devices=args.devices, strategy=args.strategy, max_steps=args.max_steps,
-                        log_every_n_steps=1, enable_checkpointing=False)
+    trainer = L.Trainer(accelerator=args.accelerator, devices=args.devices, strategy=args.strategy,
+                        max_steps=args.max_steps, log_every_n_steps=1, enable_checkpointing=False)
     trainer.fit(model, sequences(256))
     if trainer.is_global_zero:
         print(f"result: train_loss={float(trainer.callback_metrics['train_loss']):.4f}")
@@ -60,6 +60,7 @@ def main(args):
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--strategy", default="auto")
+    parser.add_argument("--accelerator", default="auto", help="cpu, gpu or auto (a GPU when there is one)")
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--max_steps", type=int, default=8)
     main(parser.parse_args())

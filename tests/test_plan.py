@@ -368,3 +368,71 @@ def test_micro_batch_bad_input_is_a_config_error_before_any_rank_starts():
     with pytest.raises(ls.ConfigError, match=r"micro_batch='auto' rebuilds the training loader"):
         trainer.fit(Quadratic(), Quadratic().train_dataloader())
     assert trainer.dist is None  # refused before any rank started
+
+
+class ManualNoBatchIdx(ls.Module):
+    """Manual optimization with `training_step(self, batch)`, as Lightning allows (examples/gan.py's shape)."""
+
+    automatic_optimization = False
+
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(8, 1)
+
+    def train_dataloader(self):
+        g = torch.Generator().manual_seed(0)
+        return DataLoader(torch.utils.data.TensorDataset(torch.randn(32, 8, generator=g)), batch_size=8)
+
+    def training_step(self, batch):
+        opt = self.optimizers()
+        loss = self.net(batch[0]).pow(2).mean()
+        opt.zero_grad()
+        self.manual_backward(loss)
+        opt.step()
+        self.log("loss", loss)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class AutomaticNoBatchIdx(ManualNoBatchIdx):
+    automatic_optimization = True
+
+    def training_step(self, batch):
+        return self.net(batch[0]).pow(2).mean()
+
+
+def _planning_trainer(**kw):
+    # memory_budget makes strategy="auto" plan on CPU too (on CUDA it always does): the probe runs before any rank
+    return ls.Trainer(strategy="auto", devices=1, accelerator="cpu", memory_budget=2**30, max_steps=3, logger=False,
+                      enable_checkpointing=False, enable_progress_bar=False, **kw)
+
+
+def test_planning_calls_a_training_step_without_batch_idx_as_the_loop_does():
+    """The planner's probe and trial steps pass `batch_idx` only where `training_step` takes it, as the loop
+    does: a step written `training_step(self, batch)` failed in the probe (TypeError) before training started."""
+    module = AutomaticNoBatchIdx()
+    before = module.net.weight.detach().clone()
+    trainer = _planning_trainer()
+    trainer.fit(module, module.train_dataloader())  # loaders passed to fit: strategy="auto" plans from them
+    assert trainer.global_step == 3 and not torch.equal(before, module.net.weight.detach())
+
+
+def test_planning_a_manual_optimization_module_leaves_its_step_unprobed(capsys):
+    """Under manual optimization training_step runs its own backward and optimizer steps, which a probe on a
+    copy cannot: the planner says so, chooses from the model states, and the fit trains (found by running
+    examples/gan.py on a GPU with the default strategy="auto")."""
+    module = ManualNoBatchIdx()
+    before = module.net.weight.detach().clone()
+    trainer = _planning_trainer()
+    trainer.fit(module, module.train_dataloader())
+    assert "uses manual optimization, so the planner does not run its training_step" in capsys.readouterr().out
+    assert trainer.global_step == 3 and not torch.equal(before, module.net.weight.detach())
+
+
+def test_micro_batch_auto_under_manual_optimization_is_refused_before_any_rank_starts():
+    trainer = _planning_trainer(micro_batch="auto")
+    with pytest.raises(ls.ConfigError, match=r"micro_batch='auto' needs automatic optimization: .*"
+                                             r"ManualNoBatchIdx sets automatic_optimization=False"):
+        trainer.fit(ManualNoBatchIdx())  # micro_batch="auto" rebuilds the module's own loader
+    assert trainer.dist is None

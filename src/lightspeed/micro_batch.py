@@ -46,7 +46,7 @@ from .memory import measure
 from .optim import parse_optimizers
 from .plan import Candidate, auto_strategy, build_candidates, device_memory, forecast_candidate, largest_micro_batch
 from .plan_chart import gib
-from .plan_probe import ModelFacts, ProbeTrainer, batch_of, inspect_model, is_weight_derived
+from .plan_probe import ModelFacts, ProbeTrainer, batch_of, inspect_model, is_weight_derived, step_args
 from .rng import rng_state, set_rng_state
 from .strategies import build_strategy
 
@@ -111,19 +111,32 @@ def plan_fit(module: Any, loader: Any, datamodule: Any, strategy: Any, plans: bo
     before the model is built: the moment the trials need.
 
     Raises:
-        ConfigError: micro_batch="auto" with loaders passed to fit, or with no batch-size attribute to write;
+        ConfigError: micro_batch="auto" with loaders passed to fit, with no batch-size attribute to write, or
+            under manual optimization (no trial step can run the user's own backward and optimizer steps);
         nothing fits (see `plan.choose`).
     """
     world_size, cfg = trainer.world_size, trainer.cfg
     if cfg.micro_batch is None and (loader is None or not plans):
         return strategy, data  # strategy="auto" plans from loaders passed to fit
+    manual = not getattr(module, "automatic_optimization", True)  # training_step runs its own backward and steps
     if cfg.micro_batch is not None:
+        if manual:
+            raise ConfigError(f"micro_batch={cfg.micro_batch!r} needs automatic optimization: it runs trial steps "
+                              f"of training_step, and {type(module).__name__} sets automatic_optimization=False "
+                              "(its training_step steps its own optimizers). Leave micro_batch=None and set the "
+                              "loader's batch_size.")
         batch_size_owner(module, datamodule, loader)  # refuse early, before the probe
     source = datamodule if datamodule is not None else module
     loader = loader if loader is not None else source.train_dataloader()
     if loader is None:
         return strategy, data  # fit reports the missing data
-    sample = probe_batch(trainer, module, datamodule, next(iter(loader)))  # as the step will see it
+    sample = None  # manual optimization: a probe cannot run the step without the optimizers it steps
+    if not manual:
+        sample = probe_batch(trainer, module, datamodule, next(iter(loader)))  # as the step will see it
+    elif show:
+        print(f"strategy='auto': {type(module).__name__} uses manual optimization, so the planner does not run its "
+              "training_step: activations are not probed, and the choice rests on weights, gradients and "
+              "optimizer states.", flush=True)
     facts = inspect_model(module, sample, cfg.precision)
     if plans:
         name, _ = auto_strategy(module, world_size, cfg.precision, getattr(loader, "batch_size", None) or 1,
@@ -363,7 +376,7 @@ def _steps(trial: Any, twin: Any, batch: Any, budget: float | None) -> int:
         held = sum(measure(trial).values())
         saved = _HostMeter(held, budget)
         with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
-            out = trial.forward(twin.training_step, batch, 0)
+            out = trial.forward(twin.training_step, *step_args(twin, batch))
         loss = out["loss"] if isinstance(out, dict) else out
         trial.backward(loss)
         peak = max(peak, saved.total, sum(measure(trial).values()))

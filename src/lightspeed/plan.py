@@ -465,8 +465,9 @@ def plan_cli(argv: list[str]) -> int:
         else:
             limit = None
             console.print(render_table(speed_order(rows), None, None))
-        if batch is None:
-            console.print("activations: not probed (no --batch given): 0 in the table")
+        if batch is None or not getattr(module, "automatic_optimization", True):
+            why = "no --batch given" if batch is None else "manual optimization: training_step steps its optimizers"
+            console.print(f"activations: not probed ({why}): 0 in the table")
         console.print(f"chart: {write_chart(rows, args.out, limit)}")
     except ConfigError as e:
         console.print(f"[red]error:[/red] {e}", markup=True, highlight=False)

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from .errors import ConfigError
+from .hooks import accepts
 from .metrics import MetricStore
 from .optim import parse_optimizers
 
@@ -59,7 +60,8 @@ class ModelFacts:
 def inspect_model(module: torch.nn.Module, batch: Any = None, precision: str = "32-true") -> ModelFacts:
     """Facts about `module` without touching it: a copy is built on the meta device (`configure_model`) to read
     parameter shapes and the optimizer `configure_optimizers` returns; with `batch`, another copy is built on CPU
-    for the activation probe (`probe_activations`). Raises ConfigError if the module has no parameters."""
+    for the activation probe (`probe_activations`; not under manual optimization, whose `training_step` steps
+    optimizers the copy does not have). Raises ConfigError if the module has no parameters."""
     meta = build_copy(module, torch.device("meta"))
     params = list(dict.fromkeys(meta.parameters()))
     if not params:
@@ -72,7 +74,8 @@ def inspect_model(module: torch.nn.Module, batch: Any = None, precision: str = "
     name = type(opt).__name__ if opt else "none"
     units = repeated_blocks(meta)
     unit_numel = max((sum(p.numel() for p in u.parameters()) for u in units), default=sum(p.numel() for p in params))
-    activations = probe_activations(module, batch, precision) if batch is not None else Activations()
+    probed = batch is not None and getattr(module, "automatic_optimization", True)  # a manual step runs its own
+    activations = probe_activations(module, batch, precision) if probed else Activations()  # optimizers: no probe
     return ModelFacts(groups, optimizer_states(opt), name in ADAM_STATES, name, unit_numel, activations)
 
 
@@ -218,7 +221,7 @@ def _saved_bytes(module: torch.nn.Module, batch: Any, precision: str) -> tuple[i
     autocast = torch.autocast("cpu", dtype=half) if half is not None else torch.autocast("cpu", enabled=False)
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
-            out = module.training_step(batch, 0)
+            out = module.training_step(*step_args(module, batch))
         loss = out["loss"] if isinstance(out, dict) else out
         loss.float().backward()
     finally:
@@ -242,13 +245,19 @@ def plain_cuda_step(module: torch.nn.Module, batch: Any, n: int, precision: str)
     data = move_to(batch_of(batch, n), device)
     try:
         with torch.autocast("cuda", dtype=half, enabled=half is not None):
-            out = twin.training_step(data, 0)
+            out = twin.training_step(*step_args(twin, data))
         (out["loss"] if isinstance(out, dict) else out).backward()
         for opt in optimizers:
             opt.step()
         torch.cuda.synchronize(device)
     finally:
         del twin, optimizers, data
+
+
+def step_args(module: torch.nn.Module, batch: Any) -> tuple:
+    """`training_step`'s arguments for a probe's step, as the loop passes them: Lightning accepts
+    `training_step(self, batch)` without `batch_idx`."""
+    return (batch, 0) if accepts(module.training_step, 2, "batch_idx") else (batch,)
 
 
 def move_to(value: Any, device: torch.device) -> Any:
