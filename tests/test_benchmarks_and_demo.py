@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
 
@@ -70,6 +72,17 @@ def test_demo_trains_and_shows_summary(tmp_path):
     assert last < first
     assert (tmp_path / "d" / "demo-gpt.safetensors").exists()
     assert (tmp_path / "d" / "checkpoints" / "last" / "meta.json").exists()
+    if not torch.cuda.is_available():
+        assert re.search(r"devices\s*│\s*2 × cpu", out), out[-3000:]  # the default off CUDA: 2 CPU ranks
+
+
+@pytest.mark.gpu
+def test_demo_runs_as_it_is_on_a_gpu_machine(tmp_path):
+    """`make demo` on a GPU machine uses every GPU CUDA sees. The default was 2 devices, which stopped a one-GPU
+    machine with "devices=2 is not valid"."""
+    proc = _run(["-m", "lightspeed.cli", "demo", "--size", "tiny", "--max-steps", "12", "--root", str(tmp_path / "d")],
+                tmp_path)
+    assert re.search(rf"devices\s*│\s*{torch.cuda.device_count()} × cuda", proc.stdout), proc.stdout[-3000:]
 
 
 @pytest.mark.slow  # the same parity as test_strategies.py's conformance cells, through the benchmark script

@@ -1,6 +1,6 @@
 """Command line.
 
-    lightspeed demo [--strategy deepspeed_stage_2] [--devices 2] [--precision 32-true] [--max-steps 300]
+    lightspeed demo [--strategy deepspeed_stage_2] [--devices N] [--precision 32-true] [--max-steps 300]
     lightspeed convert CHECKPOINT OUT.safetensors     one fp32 safetensors file from any checkpoint
     lightspeed inspect CHECKPOINT                     strategy, world size, step, parameters, files, integrity
     lightspeed report RUN_DIR                         report.html + PNGs from a run's metrics.csv
@@ -124,6 +124,8 @@ def demo(args: argparse.Namespace) -> None:
     from .run_metrics import RunMetrics
 
     _quiet_backends(args.accelerator)
+    if args.devices is None:  # a one-GPU machine runs the demo as it is, as a CPU-only one does on 2 ranks
+        args.devices = max(1, torch.cuda.device_count()) if _device_type(args.accelerator) == "cuda" else 2
     cfg = SIZES[args.size]
     seed_everything(0)
     data = ByteWindows(stdlib_corpus(), cfg.block_size)
@@ -287,7 +289,8 @@ def build_parser() -> argparse.ArgumentParser:
     strategies = ["auto", *sorted(STRATEGIES)]
     d.add_argument("--strategy", default=DEFAULT_STRATEGY, choices=strategies, metavar="NAME",
                    help=f"parallelism strategy, one of: {', '.join(strategies)}")
-    d.add_argument("--devices", type=int, default=2, help="processes (GPUs or CPU ranks) on this machine")
+    d.add_argument("--devices", type=int, default=None, help="processes on this machine: GPUs (default: every "
+                   "GPU CUDA sees) or CPU ranks (default: 2)")
     d.add_argument("--accelerator", default="auto", choices=["auto", "cpu", "gpu"],
                    help="device kind; auto takes the GPUs when CUDA sees any")
     d.add_argument("--precision", default="32-true", choices=PRECISIONS, help="numeric precision")

@@ -96,7 +96,7 @@ class TrainerConfig:
             _positive_int("devices", self.devices)
             available = self.available_devices()
             if self.devices > available:
-                kind = "CUDA GPUs" if self.device_type == "cuda" else "CPU cores"
+                kind = ("CUDA GPU" if self.device_type == "cuda" else "CPU core") + ("s" if available != 1 else "")
                 raise ConfigError(f"devices={self.devices!r} is not valid: this machine has {available} {kind}.")
         _positive_int("num_nodes", self.num_nodes)
         _positive_int("max_epochs", self.max_epochs, allow_none=True, minimum=0)
