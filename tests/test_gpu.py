@@ -22,6 +22,18 @@ def test_strategy_matches_single_gpu_in_bf16(tmp_path, strategy):
     assert got["losses"][-1] < got["losses"][0]
 
 
+@pytest.mark.parametrize("strategy", ["ddp", "deepspeed_stage_2", "deepspeed_stage_3", "fsdp"])
+def test_strategy_matches_single_gpu_in_fp16(tmp_path, strategy):
+    """One GPU, `precision="16-mixed"` (Lightning's `precision=16`), which the CPU suite cannot run under DeepSpeed
+    (no fp16 on its CPU accelerator): DeepSpeed's fp16 engine with its dynamic loss scale, FSDP's and DDP's
+    GradScaler, against the single device's autocast and GradScaler (fp16 rounding: relative 1e-2)."""
+    common = dict(devices=1, accelerator="gpu", precision="16-mixed", batch_size=8, max_steps=10)
+    ref = run_workload(tmp_path, strategy="single", **common)
+    got = run_workload(tmp_path, strategy=strategy, **common)
+    assert_close_losses(got["losses"], ref["losses"], 1e-2, f"{strategy} vs single on GPU in fp16")
+    assert got["losses"][-1] < got["losses"][0]
+
+
 def test_single_gpu_guard_skips_on_the_device_and_tracks_the_host_gate(tmp_path):
     """One GPU, bf16: the user's AdamW becomes fused, so the guard's verdict is the fused kernel's `found_inf`
     (its norm one pass after the backward). A NaN at step 3 under "skip": that step is skipped, the weights stay
