@@ -113,3 +113,17 @@ def test_fit_with_deepspeed_strategy_object(tmp_path):
     trainer = make_trainer(tmp_path, strategy=DeepSpeedStrategy(stage=2), max_steps=3)
     trainer.fit(model, regression_data())
     assert trainer.global_step == 3 and trainer.strategy.name == "deepspeed_stage_2"
+
+
+def test_trainer_reads_its_arguments_back_as_lightning_does():
+    """Lightning code reads the Trainer's arguments back (`self.trainer.max_steps` for a OneCycleLR's total_steps,
+    `trainer.precision` in a callback); `max_epochs` resolves as Lightning's: 1000 with neither limit, -1 with
+    max_steps only. Anything else is still an AttributeError."""
+    t = ls.Trainer(accelerator="cpu", max_steps=7, precision="bf16-mixed", accumulate_grad_batches=2,
+                   gradient_clip_val=0.5, log_every_n_steps=3, default_root_dir="runs", logger=False)
+    assert (t.max_steps, t.max_epochs, t.precision, t.accumulate_grad_batches) == (7, -1, "bf16-mixed", 2)
+    assert (t.gradient_clip_val, t.log_every_n_steps, t.num_devices, t.num_nodes) == (0.5, 3, 1, 1)
+    assert t.default_root_dir == "runs" and ls.Trainer(accelerator="cpu", logger=False).max_epochs == 1000
+    assert ls.Trainer(accelerator="cpu", max_epochs=4, logger=False).max_epochs == 4
+    with pytest.raises(AttributeError, match="'Trainer' object has no attribute 'max_stepz'"):
+        t.max_stepz  # noqa: B018

@@ -436,3 +436,40 @@ def test_micro_batch_auto_under_manual_optimization_is_refused_before_any_rank_s
                                              r"ManualNoBatchIdx sets automatic_optimization=False"):
         trainer.fit(ManualNoBatchIdx())  # micro_batch="auto" rebuilds the module's own loader
     assert trainer.dist is None
+
+
+class ReadsItsTrainer(AutomaticNoBatchIdx):
+    """Lightning habits that reach the Trainer from the step: a OneCycleLR sized by `self.trainer.max_steps`, the
+    learning rate logged from `self.optimizers()` and `self.lr_schedulers()`."""
+
+    def __init__(self):
+        super().__init__()
+        self.batch_size = 8  # what micro_batch="auto" rewrites
+
+    def train_dataloader(self):
+        g = torch.Generator().manual_seed(0)
+        return DataLoader(torch.utils.data.TensorDataset(torch.randn(32, 8, generator=g)), batch_size=self.batch_size)
+
+    def training_step(self, batch):
+        self.log("lr", self.optimizers().param_groups[0]["lr"])
+        self.log("sched_lr", self.lr_schedulers().get_last_lr()[0])
+        self.log("progress", self.global_step / self.trainer.max_steps)
+        return self.net(batch[0]).pow(2).mean()
+
+    def configure_optimizers(self):
+        opt = torch.optim.SGD(self.parameters(), lr=0.1)
+        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=self.trainer.max_steps)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+@pytest.mark.parametrize("micro_batch", [None, "auto"])
+def test_planning_runs_a_step_that_reaches_its_trainer(micro_batch):
+    """The probe's copy (and each micro-batch trial's) sees a stand-in Trainer with the copy's own optimizers and
+    schedulers and the real Trainer's arguments: `self.optimizers()` in the step failed there ("'ProbeTrainer'
+    object has no attribute 'strategy'") before training started, on every GPU run with strategy="auto"."""
+    module = ReadsItsTrainer()
+    trainer = _planning_trainer(micro_batch=micro_batch)
+    trainer.fit(module, None if micro_batch else module.train_dataloader())
+    assert trainer.global_step == 3
+    assert float(trainer.callback_metrics["lr"]) == pytest.approx(float(trainer.callback_metrics["sched_lr"]))
+    assert float(trainer.callback_metrics["progress"]) == pytest.approx(2 / 3)

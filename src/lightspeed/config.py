@@ -197,6 +197,27 @@ class TrainerConfig:
         return 1000 if self.max_steps == -1 else 2**31
 
 
+# Lightning's Trainer reads its arguments back as attributes: `self.trainer.max_steps` in configure_optimizers (a
+# OneCycleLR's total_steps), `trainer.precision` in a callback. These are the ones lightspeed takes by that name.
+READ_BACK = ("max_steps", "precision", "num_nodes", "accumulate_grad_batches", "gradient_clip_val",
+             "gradient_clip_algorithm", "val_check_interval", "check_val_every_n_epoch", "limit_train_batches",
+             "limit_val_batches", "limit_test_batches", "limit_predict_batches", "log_every_n_steps", "fast_dev_run",
+             "overfit_batches", "num_sanity_val_steps", "default_root_dir")
+
+
+def read_back(trainer: Any, name: str) -> Any:
+    """`trainer.<name>` for a Trainer argument (READ_BACK), `max_epochs` as Lightning resolves it (1000 with
+    neither limit set, -1 with max_steps only) and `num_devices` (devices per node); AttributeError otherwise."""
+    cfg = vars(trainer).get("cfg")
+    if cfg is not None and name == "max_epochs":
+        return cfg.max_epochs if cfg.max_epochs is not None else (1000 if cfg.max_steps == -1 else -1)
+    if cfg is not None and name == "num_devices":
+        return cfg.local_devices()
+    if cfg is not None and name in READ_BACK:
+        return getattr(cfg, name)
+    raise AttributeError(f"{type(trainer).__name__!r} object has no attribute {name!r}")
+
+
 COMPILE_OPTIONS = ("mode", "backend", "dynamic", "fullgraph", "options")
 COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 

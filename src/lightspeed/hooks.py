@@ -9,7 +9,6 @@ precision "16-mixed" the gradients these hooks see are still loss-scaled (Lightn
 
 from __future__ import annotations
 
-import inspect
 import warnings
 from typing import Any, Callable
 
@@ -23,19 +22,12 @@ from .errors import ConfigError
 from .module import Module
 from .progress import print_table
 from .summary import summary_table
+from .utilities.signature import accepts
 
 
 def is_overridden(module: Module, name: str) -> bool:
     """Whether `type(module)` defines `name` itself (or in a parent below lightspeed's Module)."""
     return getattr(type(module), name, None) is not getattr(Module, name, None)
-
-
-def accepts(fn: Callable, n: int, name: str) -> bool:
-    """Whether `fn` takes an n-th positional argument (or has a parameter called `name`, or *args)."""
-    params = list(inspect.signature(fn).parameters.values())
-    if any(p.kind is p.VAR_POSITIONAL for p in params) or any(p.name == name for p in params):
-        return True
-    return len([p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]) >= n
 
 
 # Lightning methods a LightningModule overrides to change the loop itself; lightspeed's strategies own these steps

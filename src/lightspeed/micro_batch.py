@@ -276,8 +276,9 @@ def try_steps(plan: MicroBatchPlan, strategy: Any, module: Any, size: int) -> tu
     cuda = strategy.device.type == "cuda"
     baseline = torch.cuda.memory_allocated(strategy.device) if cuda else 0
     twin, trial = copy.deepcopy(module), copy.deepcopy(strategy)
-    object.__setattr__(twin, "_probe_trainer", ProbeTrainer())  # training_step may self.log: a stand-in trainer
-    twin.trainer = twin._probe_trainer
+    probe = ProbeTrainer(getattr(module, "_trainer", None), trial)  # the step sees the trial's optimizers
+    object.__setattr__(twin, "_probe_trainer", probe)  # kept alive by the twin (a Module's Trainer is a weakref)
+    twin.trainer = probe
     alive, note, ran = weakref.ref(twin), "", True
     try:
         trial.configure_model(twin)

@@ -8,14 +8,15 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 
 from .errors import ConfigError
-from .hooks import accepts
 from .metrics import MetricStore
 from .optim import parse_optimizers
+from .utilities.signature import accepts
 
 ADAM_STATES = {"Adam": 2, "AdamW": 2, "Adamax": 2, "NAdam": 2, "RAdam": 2, "Adadelta": 2, "Adagrad": 1,
                "Rprop": 2, "ASGD": 2, "LBFGS": 2, "DeepSpeedCPUAdam": 2, "FusedAdam": 2}
@@ -122,18 +123,40 @@ def batch_of(sample: Any, n: int) -> Any:
 
 
 class ProbeTrainer:
-    """Just enough of a Trainer for a probe's `training_step` to call `self.log` and read `callback_metrics`."""
+    """The Trainer a probe's copy of the module sees, so that its `training_step` runs as written: a metric store
+    of its own (what it logs goes nowhere), step and epoch 0, rank 0, the CPU, and a `strategy` holding the copy's
+    own optimizers and schedulers (`self.optimizers()`, `self.lr_schedulers()`: a step that logs its learning
+    rate). Anything else (`max_steps`, `world_size`, ...) is read from the real Trainer, `trainer`."""
 
     global_step = current_epoch = global_rank = 0
     is_global_zero = True
     device = torch.device("cpu")
 
-    def __init__(self):
-        self.metrics = MetricStore()
+    def __init__(self, trainer: Any = None, strategy: Any = None):
+        self.metrics, self._trainer = MetricStore(), trainer
+        self.strategy = strategy if strategy is not None else SimpleNamespace(optimizers=[], schedulers=[])
 
     @property
     def callback_metrics(self) -> dict:
         return self.metrics.latest
+
+    def __getattr__(self, name: str) -> Any:
+        real = self.__dict__.get("_trainer")
+        if real is None or name.startswith("_"):
+            raise AttributeError(f"the planner's stand-in Trainer has no attribute {name!r}")
+        return getattr(real, name)
+
+
+def stand_in(twin: torch.nn.Module, module: torch.nn.Module, optimizers: Any = None) -> ProbeTrainer:
+    """Gives `twin` (a copy of `module`) a ProbeTrainer over `module`'s real Trainer, kept alive by the twin (a
+    Module holds its Trainer by weak reference). `optimizers`: the twin's (optimizers, scheduler configs), as
+    `parse_optimizers` returns them; None builds them from the twin's `configure_optimizers`."""
+    probe = ProbeTrainer(getattr(module, "_trainer", None))
+    object.__setattr__(twin, "_probe_trainer", probe)
+    twin.trainer = probe
+    opts, scheds = optimizers if optimizers is not None else parse_optimizers(twin.configure_optimizers())
+    probe.strategy = SimpleNamespace(optimizers=opts, schedulers=scheds)
+    return probe
 
 
 def probe_activations(module: torch.nn.Module, batch: Any, precision: str = "32-true") -> Activations:
@@ -161,11 +184,9 @@ def saved_activation_bytes(module: torch.nn.Module, batch: Any, precision: str =
 
 def _probe_copy(module: torch.nn.Module, precision: str) -> torch.nn.Module:
     twin = build_copy(module, torch.device("cpu"))
-    # A Module holds its Trainer by weak reference: the twin keeps its stand-in alive itself.
-    object.__setattr__(twin, "_probe_trainer", ProbeTrainer())
-    twin.trainer = twin._probe_trainer
     if precision == "bf16-true":
         twin.to(torch.bfloat16)
+    stand_in(twin, module)
     return twin.train()
 
 
@@ -235,12 +256,9 @@ def plain_cuda_step(module: torch.nn.Module, batch: Any, n: int, precision: str)
     """One forward, backward and optimizer step of a fresh copy of `module` on the current CUDA device."""
     device = torch.device("cuda", torch.cuda.current_device())
     twin = build_copy(module, device)
-    # A Module holds its Trainer by weak reference: the twin keeps its stand-in alive itself.
-    object.__setattr__(twin, "_probe_trainer", ProbeTrainer())
-    twin.trainer = twin._probe_trainer
     if precision == "bf16-true":
         twin.to(torch.bfloat16)
-    optimizers, _ = parse_optimizers(twin.configure_optimizers())
+    optimizers = stand_in(twin, module).strategy.optimizers
     half = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
     data = move_to(batch_of(batch, n), device)
     try:

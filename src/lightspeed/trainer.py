@@ -24,7 +24,7 @@ import torch
 from . import hooks
 from .callbacks import Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint
 from .checkpoint import Checkpointer, resolve
-from .config import TrainerConfig
+from .config import TrainerConfig, read_back
 from .data import (BatchMover, accumulation_windows, check_batch_counts, estimated_stepping_batches, num_batches,
                    resumed_iterator, set_epoch, with_distributed_sampler)
 from .distributed import broadcast_from_rank0
@@ -85,7 +85,6 @@ class Trainer:
         if not any(isinstance(c, RunMetrics) for c in self.callbacks):  # lr, throughput, memory; the report
             self.callbacks.append(RunMetrics())
         self.loggers = build_loggers(logger if not cfg.fast_dev_run else False, cfg.default_root_dir)
-        self.default_root_dir = cfg.default_root_dir
         self.dist: DistInfo | None = None
         self.device = torch.device("cpu")
         self.metrics = MetricStore()
@@ -126,6 +125,7 @@ class Trainer:
     optimizers = property(lambda self: self.strategy.optimizers)
     lr_scheduler_configs = property(lambda self: self.strategy.schedulers)  # specs.SchedulerConfig each
     estimated_stepping_batches = property(lambda t: estimated_stepping_batches(vars(t).get("_train_data"), t.cfg))
+    __getattr__ = read_back  # the Trainer's arguments read back, as in Lightning: trainer.max_steps, .precision, ...
 
     @property
     def checkpoint_callback(self) -> ModelCheckpoint | None:
