@@ -402,32 +402,34 @@ class AutomaticNoBatchIdx(ManualNoBatchIdx):
         return self.net(batch[0]).pow(2).mean()
 
 
-def _planning_trainer(**kw):
+def _planning_trainer(accelerator="cpu", **kw):
     # memory_budget makes strategy="auto" plan on CPU too (on CUDA it always does): the probe runs before any rank
-    return ls.Trainer(strategy="auto", devices=1, accelerator="cpu", memory_budget=2**30, max_steps=3, logger=False,
-                      enable_checkpointing=False, enable_progress_bar=False, **kw)
+    return ls.Trainer(strategy="auto", devices=1, accelerator=accelerator, memory_budget=2**30, max_steps=3,
+                      logger=False, enable_checkpointing=False, enable_progress_bar=False, **kw)
 
 
-def test_planning_calls_a_training_step_without_batch_idx_as_the_loop_does():
+@pytest.mark.parametrize("accelerator", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+def test_planning_calls_a_training_step_without_batch_idx_as_the_loop_does(accelerator):
     """The planner's probe and trial steps pass `batch_idx` only where `training_step` takes it, as the loop
     does: a step written `training_step(self, batch)` failed in the probe (TypeError) before training started."""
     module = AutomaticNoBatchIdx()
     before = module.net.weight.detach().clone()
-    trainer = _planning_trainer()
+    trainer = _planning_trainer(accelerator)
     trainer.fit(module, module.train_dataloader())  # loaders passed to fit: strategy="auto" plans from them
-    assert trainer.global_step == 3 and not torch.equal(before, module.net.weight.detach())
+    assert trainer.global_step == 3 and not torch.equal(before, module.net.weight.detach().cpu())
 
 
-def test_planning_a_manual_optimization_module_leaves_its_step_unprobed(capsys):
+@pytest.mark.parametrize("accelerator", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+def test_planning_a_manual_optimization_module_leaves_its_step_unprobed(capsys, accelerator):
     """Under manual optimization training_step runs its own backward and optimizer steps, which a probe on a
     copy cannot: the planner says so, chooses from the model states, and the fit trains (found by running
     examples/gan.py on a GPU with the default strategy="auto")."""
     module = ManualNoBatchIdx()
     before = module.net.weight.detach().clone()
-    trainer = _planning_trainer()
+    trainer = _planning_trainer(accelerator)
     trainer.fit(module, module.train_dataloader())
     assert "uses manual optimization, so the planner does not run its training_step" in capsys.readouterr().out
-    assert trainer.global_step == 3 and not torch.equal(before, module.net.weight.detach())
+    assert trainer.global_step == 3 and not torch.equal(before, module.net.weight.detach().cpu())
 
 
 def test_micro_batch_auto_under_manual_optimization_is_refused_before_any_rank_starts():
@@ -462,13 +464,14 @@ class ReadsItsTrainer(AutomaticNoBatchIdx):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
+@pytest.mark.parametrize("accelerator", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("micro_batch", [None, "auto"])
-def test_planning_runs_a_step_that_reaches_its_trainer(micro_batch):
+def test_planning_runs_a_step_that_reaches_its_trainer(micro_batch, accelerator):
     """The probe's copy (and each micro-batch trial's) sees a stand-in Trainer with the copy's own optimizers and
     schedulers and the real Trainer's arguments: `self.optimizers()` in the step failed there ("'ProbeTrainer'
     object has no attribute 'strategy'") before training started, on every GPU run with strategy="auto"."""
     module = ReadsItsTrainer()
-    trainer = _planning_trainer(micro_batch=micro_batch)
+    trainer = _planning_trainer(accelerator, micro_batch=micro_batch)  # on a GPU the trials are CUDA steps
     trainer.fit(module, None if micro_batch else module.train_dataloader())
     assert trainer.global_step == 3
     assert float(trainer.callback_metrics["lr"]) == pytest.approx(float(trainer.callback_metrics["sched_lr"]))
