@@ -46,7 +46,7 @@ from .memory import measure
 from .optim import parse_optimizers
 from .plan import Candidate, auto_strategy, build_candidates, device_memory, forecast_candidate, largest_micro_batch
 from .plan_chart import gib
-from .plan_probe import ModelFacts, ProbeTrainer, batch_of, inspect_model, is_weight_derived, step_args
+from .plan_probe import ModelFacts, batch_of, inspect_model, is_weight_derived, stand_in, step_args
 from .rng import rng_state, set_rng_state
 from .strategies import build_strategy
 
@@ -276,9 +276,7 @@ def try_steps(plan: MicroBatchPlan, strategy: Any, module: Any, size: int) -> tu
     cuda = strategy.device.type == "cuda"
     baseline = torch.cuda.memory_allocated(strategy.device) if cuda else 0
     twin, trial = copy.deepcopy(module), copy.deepcopy(strategy)
-    probe = ProbeTrainer(getattr(module, "_trainer", None), trial)  # the step sees the trial's optimizers
-    object.__setattr__(twin, "_probe_trainer", probe)  # kept alive by the twin (a Module's Trainer is a weakref)
-    twin.trainer = probe
+    stand_in(twin, module, trial)  # the twin's step sees the trial's optimizers once it is set up
     alive, note, ran = weakref.ref(twin), "", True
     try:
         trial.configure_model(twin)

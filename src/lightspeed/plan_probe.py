@@ -147,15 +147,16 @@ class ProbeTrainer:
         return getattr(real, name)
 
 
-def stand_in(twin: torch.nn.Module, module: torch.nn.Module, optimizers: Any = None) -> ProbeTrainer:
+def stand_in(twin: torch.nn.Module, module: torch.nn.Module, strategy: Any = None) -> ProbeTrainer:
     """Gives `twin` (a copy of `module`) a ProbeTrainer over `module`'s real Trainer, kept alive by the twin (a
-    Module holds its Trainer by weak reference). `optimizers`: the twin's (optimizers, scheduler configs), as
-    `parse_optimizers` returns them; None builds them from the twin's `configure_optimizers`."""
-    probe = ProbeTrainer(getattr(module, "_trainer", None))
+    Module holds its Trainer by weak reference). Its `strategy`: the one given (a micro-batch trial's, set up
+    later), else the twin's own optimizers and schedulers, built now from its `configure_optimizers`."""
+    probe = ProbeTrainer(getattr(module, "_trainer", None), strategy)
     object.__setattr__(twin, "_probe_trainer", probe)
     twin.trainer = probe
-    opts, scheds = optimizers if optimizers is not None else parse_optimizers(twin.configure_optimizers())
-    probe.strategy = SimpleNamespace(optimizers=opts, schedulers=scheds)
+    if strategy is None:
+        opts, scheds = parse_optimizers(twin.configure_optimizers())
+        probe.strategy = SimpleNamespace(optimizers=opts, schedulers=scheds)
     return probe
 
 
