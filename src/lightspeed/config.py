@@ -209,13 +209,11 @@ def read_back(trainer: Any, name: str) -> Any:
     """`trainer.<name>` for a Trainer argument (READ_BACK), `max_epochs` as Lightning resolves it (1000 with
     neither limit set, -1 with max_steps only) and `num_devices` (devices per node); AttributeError otherwise."""
     cfg = vars(trainer).get("cfg")
-    if cfg is not None and name == "max_epochs":
+    if cfg is None or name not in (*READ_BACK, "max_epochs", "num_devices"):
+        raise AttributeError(f"{type(trainer).__name__!r} object has no attribute {name!r}")
+    if name == "max_epochs":
         return cfg.max_epochs if cfg.max_epochs is not None else (1000 if cfg.max_steps == -1 else -1)
-    if cfg is not None and name == "num_devices":
-        return cfg.local_devices()
-    if cfg is not None and name in READ_BACK:
-        return getattr(cfg, name)
-    raise AttributeError(f"{type(trainer).__name__!r} object has no attribute {name!r}")
+    return cfg.local_devices() if name == "num_devices" else getattr(cfg, name)
 
 
 COMPILE_OPTIONS = ("mode", "backend", "dynamic", "fullgraph", "options")

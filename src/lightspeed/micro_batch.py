@@ -46,7 +46,8 @@ from .memory import measure
 from .optim import parse_optimizers
 from .plan import Candidate, auto_strategy, build_candidates, device_memory, forecast_candidate, largest_micro_batch
 from .plan_chart import gib
-from .plan_probe import ModelFacts, batch_of, inspect_model, is_weight_derived, stand_in, step_args
+from .plan_probe import (ModelFacts, batch_of, inspect_model, is_weight_derived, stand_in, step_args,
+                         steps_itself)
 from .rng import rng_state, set_rng_state
 from .strategies import build_strategy
 
@@ -118,7 +119,7 @@ def plan_fit(module: Any, loader: Any, datamodule: Any, strategy: Any, plans: bo
     world_size, cfg = trainer.world_size, trainer.cfg
     if cfg.micro_batch is None and (loader is None or not plans):
         return strategy, data  # strategy="auto" plans from loaders passed to fit
-    manual = not getattr(module, "automatic_optimization", True)  # training_step runs its own backward and steps
+    manual = steps_itself(module)
     if cfg.micro_batch is not None:
         if manual:
             raise ConfigError(f"micro_batch={cfg.micro_batch!r} needs automatic optimization: it runs trial steps "

@@ -45,7 +45,7 @@ from .errors import ConfigError
 from .memory import cuda_free
 from .plan_chart import gib, render_table, write_chart
 from .plan_probe import (Activations, ModelFacts, batch_of, inspect_model, plain_cuda_step, probe_activations,
-                         saved_activation_bytes)
+                         saved_activation_bytes, steps_itself)
 from .strategies.deepspeed_config import REDUCE_BUCKET
 from .strategies.host_memory import offloaded_bytes_per_param
 
@@ -465,7 +465,7 @@ def plan_cli(argv: list[str]) -> int:
         else:
             limit = None
             console.print(render_table(speed_order(rows), None, None))
-        if batch is None or not getattr(module, "automatic_optimization", True):
+        if batch is None or steps_itself(module):
             why = "no --batch given" if batch is None else "manual optimization: training_step steps its optimizers"
             console.print(f"activations: not probed ({why}): 0 in the table")
         console.print(f"chart: {write_chart(rows, args.out, limit)}")

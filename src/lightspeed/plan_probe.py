@@ -75,8 +75,8 @@ def inspect_model(module: torch.nn.Module, batch: Any = None, precision: str = "
     name = type(opt).__name__ if opt else "none"
     units = repeated_blocks(meta)
     unit_numel = max((sum(p.numel() for p in u.parameters()) for u in units), default=sum(p.numel() for p in params))
-    probed = batch is not None and getattr(module, "automatic_optimization", True)  # a manual step runs its own
-    activations = probe_activations(module, batch, precision) if probed else Activations()  # optimizers: no probe
+    probed = batch is not None and not steps_itself(module)
+    activations = probe_activations(module, batch, precision) if probed else Activations()
     return ModelFacts(groups, optimizer_states(opt), name in ADAM_STATES, name, unit_numel, activations)
 
 
@@ -271,6 +271,12 @@ def plain_cuda_step(module: torch.nn.Module, batch: Any, n: int, precision: str)
         torch.cuda.synchronize(device)
     finally:
         del twin, optimizers, data
+
+
+def steps_itself(module: torch.nn.Module) -> bool:
+    """Manual optimization: `training_step` runs its own backward and steps its optimizers, which a probe's copy
+    cannot do, so the planner neither probes it nor runs trial steps of it."""
+    return not getattr(module, "automatic_optimization", True)
 
 
 def step_args(module: torch.nn.Module, batch: Any) -> tuple:
