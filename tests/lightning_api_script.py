@@ -7,13 +7,14 @@ rank to <out_dir>/prepared.txt (it must run once on this node). The fit saves ch
 """
 
 import json
+import os
 import sys
 from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightspeed import Callback, LightningDataModule, LightningModule, Trainer
+from lightspeed import Callback, CSVLogger, LightningDataModule, LightningModule, Trainer
 from lightspeed.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy
 from lightspeed.summary import summarize
 from lightspeed.utilities import rank_zero_only
@@ -82,6 +83,10 @@ class Net(LightningModule):
     def predict_step(self, batch, batch_idx):
         return self(batch[0]).tolist()
 
+    @rank_zero_only
+    def on_fit_start(self):  # log_dir read on rank 0 alone: in Lightning a collective, so DDP froze (#18148)
+        self.log_dir_at_start = self.trainer.log_dir
+
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
 
@@ -89,6 +94,15 @@ class Net(LightningModule):
 class Steps(Callback):
     def __init__(self):
         self.counts = {"before_optimizer_step": 0, "before_zero_grad": 0, "after_backward": 0}
+        self.names: dict = {}  # Lightning's Trainer names, read inside fit on every rank
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if trainer.is_last_batch:
+            self.names = dict(model=type(trainer.model).__name__, module=trainer.lightning_module is module,
+                              train_batches=trainer.num_training_batches, val_batches=trainer.num_val_batches,
+                              val_loaders=len(trainer.val_dataloaders), node_rank=trainer.node_rank,
+                              local_rank=trainer.local_rank, state=[trainer.state.fn, trainer.state.stage],
+                              last_batch_idx=batch_idx, log_dir=trainer.log_dir)
 
     def on_before_optimizer_step(self, trainer, module, optimizer):
         self.counts["before_optimizer_step"] += 1
@@ -113,14 +127,16 @@ def on_rank_zero():
 
 if __name__ == "__main__":
     dm, model, steps = Data(), Net(), Steps()
+    if os.environ.get("RANK") == "1":  # rank 1 starts after rank 0 made version_0: alone, it would count version_1
+        (OUT / "logs" / "lightspeed_logs" / "version_0").mkdir(parents=True, exist_ok=True)
     trainer = Trainer(accelerator="cpu", devices=2, strategy=STRATEGIES[sys.argv[2]](), max_epochs=1,
-                      default_root_dir=str(OUT), enable_progress_bar=False, logger=False, seed=0,
+                      default_root_dir=str(OUT), enable_progress_bar=False, logger=CSVLogger(OUT / "logs"), seed=0,
                       num_sanity_val_steps=1, callbacks=[steps])
     trainer.fit(model, datamodule=dm)
     summary = summarize(model)
     preds = trainer.predict(datamodule=dm)
     result = dict(rank=trainer.global_rank, zero_only=on_rank_zero(), stages=dm.stages, summary=summary,
                   metrics=sorted(trainer.callback_metrics), preds=preds, step=trainer.global_step,
-                  hooks=steps.counts, strategy=trainer.strategy.name,
+                  hooks=steps.counts, strategy=trainer.strategy.name, names=steps.names,
                   transfers={k: dm.transfers.count(k) for k in sorted(set(dm.transfers))})
     (OUT / f"rank{trainer.global_rank}.json").write_text(json.dumps(result))

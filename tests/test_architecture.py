@@ -21,6 +21,7 @@ LAYERS: dict[int, set[str]] = {
     # process-group helpers and small utilities; plan (below) imports strategies.host_memory
     2: {"strategies", "plan"},  # every backend (strategies.*), and the planner that chooses among them
     3: {"checkpoint", "conversion", "module", "callbacks", "run_metrics", "hparams", "hooks", "eval_loaders", "inputs",
+        "lightning_names",
         "micro_batch"},
     # the schema owner, the user-facing Module, callbacks, hooks and what they draw; the micro-batch finder
     4: {"trainer"},  # the loop

@@ -56,7 +56,7 @@ def test_on_cpu_the_mover_passes_loaders_and_batches_through(tmp_path):
     from test_trainer import Regress, regression_data
     data = regression_data()
     trainer.fit(Regress(), data)
-    assert trainer._train_data is data and not data.pin_memory
+    assert trainer.train_dataloader is data and not data.pin_memory
 
 
 def test_which_loaders_are_iterated_as_a_pinned_copy():

@@ -32,6 +32,14 @@ def test_lightning_surface_on_two_ranks(tmp_path, strategy):
     assert r0["metrics"] == ["val_loss/dataloader_idx_0", "val_loss/dataloader_idx_1"] == r1["metrics"]
     assert r0["step"] == 4  # 32 samples, batch 4, 2 ranks
     assert r0["strategy"] == strategy  # built by DDPStrategy / DeepSpeedStrategy / FSDPStrategy
+    # Lightning's Trainer names on each rank, read at the epoch's last batch: the model the strategy runs, this
+    # rank's batch counts, and one log_dir (rank 0's version_0, though rank 1 found version_0 taken)
+    # FSDP2 shards the Module in place, giving it the class FSDPNet
+    model = {"ddp": "DistributedDataParallel", "deepspeed_stage_3": "DeepSpeedEngine", "fsdp": "FSDPNet"}[strategy]
+    for r, names in enumerate((r0["names"], r1["names"])):
+        assert names == dict(model=model, module=True, train_batches=4, val_batches=[2, 2], val_loaders=2, node_rank=0,
+                             local_rank=r, state=["fit", "train"], last_batch_idx=3, log_dir=r0["names"]["log_dir"])
+    assert r0["names"]["log_dir"] == str(tmp_path / "logs" / "lightspeed_logs" / "version_0")
     assert r0["hooks"] == r1["hooks"] == {"before_optimizer_step": 4, "before_zero_grad": 4, "after_backward": 4}
     # The DataModule's on_before_batch_transfer saw each rank's own batches of every loop: 4 training batches,
     # the sanity check's first batch of each validation loader, 2 per loader in validation, 1 to predict.

@@ -1,6 +1,6 @@
 """lightspeed: Lightning-style training on one device, DDP, DeepSpeed ZeRO 1/2/3, ZeRO-1 or FSDP2 with one flag."""
 
-from .callbacks import Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint
+from .callbacks import Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint, Timer
 from .datamodule import LightningDataModule
 from .errors import ConfigError
 from .guard import NonFiniteError
@@ -33,7 +33,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "Trainer", "Module", "LightningModule", "LightningDataModule", "Callback", "ModelCheckpoint", "EarlyStopping", "LearningRateMonitor",
+    "Trainer", "Module", "LightningModule", "LightningDataModule", "Callback", "ModelCheckpoint", "EarlyStopping", "LearningRateMonitor", "Timer",
     "CSVLogger", "TensorBoardLogger", "MLflowLogger", "WandbLogger", "RunMetrics", "ConfigError", "NonFiniteError", "DistInfo", "Strategy", "SingleDevice", "DDP", "DeepSpeed",
     "FSDP", "ZeRO1", "build_strategy", "seed_everything", "consolidate",
 ]

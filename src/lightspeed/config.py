@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Literal
 
 import torch
@@ -37,6 +40,29 @@ def _limit(name: str, value) -> None:
                           "a batch count (int ≥ 0), or None for all.")
 
 
+def parse_duration(name: str, value: Any) -> timedelta | None:
+    """Lightning's forms of a duration (Trainer's `max_time`, Timer's `duration`): "DD:HH:MM:SS", a timedelta, or
+    a dict of timedelta's keywords ({"hours": 12}); None for no limit. ConfigError otherwise."""
+    if value is None or isinstance(value, timedelta):
+        out = value
+    elif isinstance(value, str) and re.fullmatch(r"\s*\d+:\d+:\d+:\d+\s*", value):
+        days, hours, minutes, seconds = (int(v) for v in value.strip().split(":"))
+        out = timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+    elif isinstance(value, dict) and value and set(value) <= set(_TIMEDELTA_KEYS) and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in value.values()):
+        out = timedelta(**value)
+    else:
+        out = timedelta(-1)
+    if out is not None and out.total_seconds() <= 0:
+        raise ConfigError(f"{name}={value!r} is not valid: expected a positive duration as \"DD:HH:MM:SS\" (e.g. "
+                          f"\"00:12:00:00\"), a datetime.timedelta, a dict of its keywords {_TIMEDELTA_KEYS} "
+                          "(e.g. {'hours': 12}), or None for no limit.")
+    return out
+
+
+_TIMEDELTA_KEYS = ("weeks", "days", "hours", "minutes", "seconds", "milliseconds", "microseconds")
+
+
 @dataclass(frozen=True)
 class TrainerConfig:
     accelerator: Literal["auto", "cpu", "gpu", "cuda"] = "auto"
@@ -45,11 +71,15 @@ class TrainerConfig:
     precision: str = "32-true"
     max_epochs: int | None = None
     max_steps: int = -1
+    min_epochs: int | None = None  # a requested stop (EarlyStopping, max_time) waits until this many epochs ran,
+    min_steps: int | None = None  # and this many optimizer steps; max_epochs and max_steps still end fit
+    max_time: str | timedelta | dict | None = None  # "DD:HH:MM:SS", a timedelta or its keywords: a Timer stops fit
     accumulate_grad_batches: int = 1
     gradient_clip_val: float | None = None
     gradient_clip_algorithm: Literal["norm", "value"] = "norm"
     val_check_interval: int | float | None = None
     check_val_every_n_epoch: int | None = 1
+    reload_dataloaders_every_n_epochs: int = 0  # n > 0: fit asks for its loaders again every n epochs
     limit_train_batches: int | float | None = None
     limit_val_batches: int | float | None = None
     limit_test_batches: int | float | None = None
@@ -81,6 +111,11 @@ class TrainerConfig:
     on_nonfinite: Literal["stop", "skip", "warn"] = "stop"
     preemption_signals: tuple[str, ...] = ("SIGTERM", "SIGUSR1")
     timeout: float = 600.0
+    benchmark: bool | None = None  # torch.backends.cudnn.benchmark on every rank; None leaves it as it is
+    detect_anomaly: bool = False  # torch.autograd's anomaly detection around fit / validate / test / predict
+    inference_mode: bool = True  # accepted as in Lightning; evaluation runs under torch.no_grad either way
+    use_distributed_sampler: bool = True  # False: every loader keeps its sampler (no DistributedSampler added)
+    sync_batchnorm: bool = False  # on more than one rank, BatchNorm layers become SyncBatchNorm (CUDA only)
 
     def __post_init__(self) -> None:
         if self.accelerator not in ("auto", "cpu", "gpu", "cuda"):
@@ -99,7 +134,8 @@ class TrainerConfig:
                 kind = ("CUDA GPU" if self.device_type == "cuda" else "CPU core") + ("s" if available != 1 else "")
                 raise ConfigError(f"devices={self.devices!r} is not valid: this machine has {available} {kind}.")
         _positive_int("num_nodes", self.num_nodes)
-        _positive_int("max_epochs", self.max_epochs, allow_none=True, minimum=0)
+        if self.max_epochs != -1:  # -1: no epoch limit, as in Lightning
+            _positive_int("max_epochs", self.max_epochs, allow_none=True, minimum=0)
         if not isinstance(self.max_steps, int) or self.max_steps < -1:
             raise ConfigError(f"max_steps={self.max_steps!r} is not valid: expected -1 (no limit) or an integer ≥ 0.")
         _positive_int("accumulate_grad_batches", self.accumulate_grad_batches)
@@ -115,6 +151,14 @@ class TrainerConfig:
         for name in ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches"):
             _limit(name, getattr(self, name))
         _positive_int("log_every_n_steps", self.log_every_n_steps)
+        _positive_int("reload_dataloaders_every_n_epochs", self.reload_dataloaders_every_n_epochs, minimum=0)
+        self._check_stopping()
+        for name in ("detect_anomaly", "inference_mode", "use_distributed_sampler", "sync_batchnorm"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name}={getattr(self, name)!r} is not valid: use True or False.")
+        if self.benchmark not in (None, True, False):
+            raise ConfigError(f"benchmark={self.benchmark!r} is not valid: use True or False (the value of "
+                              "torch.backends.cudnn.benchmark on every rank) or None (leave it as it is).")
         if self.optimizer_kernels not in ("fused", "as_written"):
             raise ConfigError(f"optimizer_kernels={self.optimizer_kernels!r} is not valid: use 'fused' (torch's fused "
                               "Adam/AdamW/SGD, DeepSpeed's FusedAdam) or 'as_written'.")
@@ -150,6 +194,19 @@ class TrainerConfig:
             raise ConfigError(f"timeout={self.timeout!r} is not valid: expected the collective timeout in seconds, "
                               "a number > 0 (default 600).")
         self._apply_fast_dev_run()
+
+    def _check_stopping(self) -> None:
+        """min_epochs / min_steps / max_time, and their agreement with max_epochs / max_steps."""
+        _positive_int("min_epochs", self.min_epochs, allow_none=True, minimum=0)
+        _positive_int("min_steps", self.min_steps, allow_none=True, minimum=0)
+        parse_duration("max_time", self.max_time)
+        if self.min_epochs and self.max_epochs is not None and self.max_epochs != -1 and \
+                self.min_epochs > self.max_epochs:
+            raise ConfigError(f"min_epochs={self.min_epochs} is not valid with max_epochs={self.max_epochs}: "
+                              "max_epochs ends fit first; expected min_epochs ≤ max_epochs.")
+        if self.min_steps and self.max_steps != -1 and self.min_steps > self.max_steps:
+            raise ConfigError(f"min_steps={self.min_steps} is not valid with max_steps={self.max_steps}: "
+                              "max_steps ends fit first; expected min_steps ≤ max_steps.")
 
     def _apply_fast_dev_run(self) -> None:
         n = self.fast_dev_run
@@ -191,10 +248,45 @@ class TrainerConfig:
 
     @property
     def epochs_limit(self) -> int:
-        # Lightning's rule: with neither limit set, stop after 1000 epochs.
-        if self.max_epochs is not None:
+        # Lightning's rule: with no limit set (max_epochs, max_steps, max_time), stop after 1000 epochs.
+        if self.max_epochs is not None and self.max_epochs != -1:
             return self.max_epochs
-        return 1000 if self.max_steps == -1 else 2**31
+        return 1000 if self.max_epochs is None and self.max_steps == -1 and self.max_time is None else 2**31
+
+
+def check_sync_batchnorm(cfg: TrainerConfig, world_size: int) -> None:
+    """sync_batchnorm=True needs CUDA once there is more than one rank: torch's DDP refuses SyncBatchNorm in a
+    CPU module ("SyncBatchNorm layers only work with GPU modules"), so say so before any rank starts."""
+    if cfg.sync_batchnorm and world_size > 1 and cfg.device_type != "cuda":
+        raise ConfigError(f"sync_batchnorm=True is not valid on {world_size} CPU ranks: torch's SyncBatchNorm runs "
+                          "on CUDA GPUs only. Use accelerator='gpu', or sync_batchnorm=False (each rank then "
+                          "normalises with its own batch statistics).")
+
+
+# Lightning Trainer arguments lightspeed does not take: accepted at Lightning's default (configs and argparse
+# namespaces pass them), refused otherwise, saying what to use instead.
+NOT_TAKEN = {
+    "profiler": (None, "profile with torch.profiler around fit (benchmarks/profile_step.py shows how)"),
+    "plugins": (None, "precision is Trainer(precision=...); the launch environment (torchrun, SLURM, deepspeed) "
+                      "is read by itself"),
+    "barebones": (False, "pass enable_progress_bar=False, enable_checkpointing=False, logger=False and "
+                         "enable_model_summary=False"),
+    "model_registry": (None, "upload the checkpoint directory yourself"),
+}
+
+
+def trainer_flags(flags: dict[str, Any], extra: tuple[str, ...]) -> dict[str, Any]:
+    """The Trainer's keyword arguments that TrainerConfig takes: NOT_TAKEN ones at Lightning's default dropped,
+    anything else unknown a ConfigError naming it (`extra`: the Trainer's own keywords, for the message)."""
+    fields = sorted(f.name for f in dataclasses.fields(TrainerConfig))
+    for name, (default, instead) in NOT_TAKEN.items():
+        if name in flags and flags[name] != default:
+            raise ConfigError(f"{name}={flags[name]!r} is a Lightning Trainer argument lightspeed does not take "
+                              f"(only its default, {default!r}): {instead}.")
+    unknown = set(flags) - set(fields) - set(NOT_TAKEN)
+    if unknown:
+        raise ConfigError(f"Trainer got unknown arguments {sorted(unknown)}; accepted: {fields}, {', '.join(extra)}.")
+    return {k: v for k, v in flags.items() if k not in NOT_TAKEN}
 
 
 # Lightning's Trainer reads its arguments back as attributes: `self.trainer.max_steps` in configure_optimizers (a
@@ -202,7 +294,8 @@ class TrainerConfig:
 READ_BACK = ("max_steps", "precision", "num_nodes", "accumulate_grad_batches", "gradient_clip_val",
              "gradient_clip_algorithm", "val_check_interval", "check_val_every_n_epoch", "limit_train_batches",
              "limit_val_batches", "limit_test_batches", "limit_predict_batches", "log_every_n_steps", "fast_dev_run",
-             "overfit_batches", "num_sanity_val_steps", "default_root_dir")
+             "overfit_batches", "num_sanity_val_steps", "default_root_dir", "min_epochs", "min_steps",
+             "reload_dataloaders_every_n_epochs")
 
 
 def read_back(trainer: Any, name: str) -> Any:
@@ -212,7 +305,7 @@ def read_back(trainer: Any, name: str) -> Any:
     if cfg is None or name not in (*READ_BACK, "max_epochs", "num_devices"):
         raise AttributeError(f"{type(trainer).__name__!r} object has no attribute {name!r}")
     if name == "max_epochs":
-        return cfg.max_epochs if cfg.max_epochs is not None else (1000 if cfg.max_steps == -1 else -1)
+        return cfg.max_epochs if cfg.max_epochs is not None else (1000 if cfg.epochs_limit == 1000 else -1)
     return cfg.local_devices() if name == "num_devices" else getattr(cfg, name)
 
 

@@ -238,6 +238,17 @@ def num_batches(loader: Any, limit: int | float | None) -> int | float:
     return min(total, int(limit))
 
 
+def validation_interval(n: int | float, val_check_interval: int | float | None) -> int | None:
+    """Validate every this many training batches within an epoch of `n` (`val_check_interval`: a batch count, or
+    a fraction of the epoch); None: at the epoch's end only."""
+    v = val_check_interval
+    if v is None or (isinstance(v, float) and v >= 1.0):
+        return None
+    if isinstance(v, float):
+        return max(1, int(n * v)) if n != float("inf") else None
+    return v
+
+
 def estimated_stepping_batches(loader: Any, cfg: Any) -> int | float:
     """Lightning's `trainer.estimated_stepping_batches`: the optimizer steps fit will take, from this rank's
     (already distributed) training loader, `limit_train_batches`, `accumulate_grad_batches`, `max_epochs` and
@@ -245,8 +256,10 @@ def estimated_stepping_batches(loader: Any, cfg: Any) -> int | float:
     per_epoch = num_batches(loader, cfg.limit_train_batches)
     if per_epoch != float("inf"):
         per_epoch = math.ceil(per_epoch / cfg.accumulate_grad_batches)
-    if cfg.max_epochs is None and cfg.max_steps != -1:
+    if cfg.max_epochs in (None, -1) and cfg.max_steps != -1:
         return cfg.max_steps
+    if cfg.max_epochs in (None, -1) and cfg.epochs_limit != 1000:  # -1, or max_time only: epochs unbounded
+        return float("inf")
     total = per_epoch * max(cfg.epochs_limit, 1)
     return min(total, cfg.max_steps) if cfg.max_steps != -1 else total
 

@@ -77,3 +77,41 @@ def broadcast_from_rank0(value: Any) -> Any:
         return value
     dist.broadcast_object_list(box := [value], src=0)
     return box[0]
+
+
+class AgreedMax:
+    """A collective MAX of one small integer per call, for decisions every rank must take at the same step
+    (preemption, a time limit): `agreed(local)` returns the same value on every rank.
+
+    Off NCCL (gloo, or one process) the answer is this call's reduction. Under NCCL it is the previous call's,
+    read from pinned host memory (it was queued behind the previous step, so it has landed), while this call's
+    reduction is queued behind this step: every rank still gets the same answer at the same call, one call late,
+    and the host never waits for the GPU (a wait would leave it idle while the host launches the next forward)."""
+
+    def __init__(self) -> None:
+        self._host: torch.Tensor | None = None  # pinned: the last reduction queued (NCCL)
+        self._landed: Any = None  # a torch.cuda.Event: that reduction has reached `_host`
+
+    def reset(self) -> None:
+        """Forgets a reduction left from an earlier run (a new fit starts its decisions afresh)."""
+        self._landed = None
+
+    def __call__(self, local: int) -> int:
+        if not (dist.is_initialized() and dist.get_world_size() > 1):
+            return local
+        if dist.get_backend() != "nccl":
+            flag = torch.tensor([local], dtype=torch.int64)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            return int(flag.item())
+        previous = 0
+        if self._landed is not None:
+            self._landed.synchronize()
+            previous = int(self._host[0])
+        elif self._host is None:
+            self._host = torch.zeros(1, dtype=torch.int64, pin_memory=True)
+        flag = torch.full((1,), local, dtype=torch.int64, device=torch.cuda.current_device())
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        self._host.copy_(flag, non_blocking=True)
+        self._landed = torch.cuda.Event()
+        self._landed.record()
+        return previous

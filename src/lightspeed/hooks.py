@@ -128,6 +128,13 @@ def probe_batch(trainer: Any, module: Module, datamodule: Any, batch: Any) -> An
         trainer.stage = stage
 
 
+def call(trainer: Any, module: Module, name: str) -> None:
+    """A hook without arguments (`on_fit_start`, `on_train_epoch_end`, ...): the Module's, then each callback's."""
+    getattr(module, name)()
+    for cb in trainer.callbacks:
+        getattr(cb, name)(trainer, module)
+
+
 def on_train_batch_start(trainer: Any, module: Module, batch: Any, batch_idx: int) -> None:
     heartbeat.note_step(trainer.global_step)  # no I/O: the heartbeat thread publishes it (heartbeat.py)
     module.on_train_batch_start(batch, batch_idx)

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from .distributed import broadcast_from_rank0
 from .errors import ConfigError
 
 STATUSES = ("success", "failed", "interrupted")
@@ -317,6 +318,20 @@ class WandbLogger:
         if self._run is not None:
             self._run.finish(exit_code={"success": 0, "failed": 1, "interrupted": 130}[status])
             self._run = None
+
+
+def agree_log_dirs(loggers: list) -> None:
+    """Collective, once at launch: each rank's loggers take rank 0's version and folder. Every rank builds its
+    own loggers, and a rank that starts after rank 0 has made `version_N` would otherwise count `version_N+1`;
+    `trainer.log_dir` must name the same folder on every rank. Only rank 0's loggers write."""
+    found = [(getattr(lg, "version", None), getattr(lg, "log_dir", None)) for lg in loggers]
+    agreed = broadcast_from_rank0(found)
+    if len(agreed) != len(found):
+        return  # different loggers per rank: the user's choice, left as it is
+    for lg, values in zip(loggers, agreed):
+        for name, value in zip(("version", "log_dir"), values):
+            if value is not None and name in vars(lg):  # plain attributes only (W&B derives its folder)
+                setattr(lg, name, value)
 
 
 def build_loggers(logger: Any, root: str) -> list:

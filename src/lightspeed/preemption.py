@@ -21,9 +21,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import torch
-import torch.distributed as dist
-
+from .distributed import AgreedMax
 from .errors import ConfigError
 
 
@@ -47,12 +45,11 @@ class Preemption:
         self.signals = [getattr(signal, name) for name in signals]
         self.received = 0
         self._previous: dict[int, Any] = {}
-        self._host: torch.Tensor | None = None  # NCCL: pinned, the last reduction queued by `requested`
-        self._landed: Any = None  # a torch.cuda.Event: that reduction has reached `_host`
+        self._agreed = AgreedMax()
 
     def install(self) -> None:
         """Replaces the handlers of the configured signals (main thread only; elsewhere it does nothing)."""
-        self._landed = None  # a reduction left from an earlier fit is not this fit's
+        self._agreed.reset()  # a reduction left from an earlier fit is not this fit's
         if threading.current_thread() is not threading.main_thread():
             return
         for sig in self.signals:
@@ -68,32 +65,10 @@ class Preemption:
         self.received = signum
 
     def requested(self) -> int:
-        """Collective: the signal number any rank received (0 for none). Every rank gets the same answer.
-
-        Under NCCL the answer is the previous call's reduction, read from pinned host memory once it has landed
-        (it was queued behind the previous step, so by now it has), and this call's reduction is queued behind
-        this step: every rank still decides at the same step, one step after the signal, and the host never
-        waits for the GPU here (a wait would leave the GPU idle while the host launches the next forward)."""
-        if not self.signals:
-            return 0
-        if not (dist.is_initialized() and dist.get_world_size() > 1):
-            return self.received
-        if dist.get_backend() != "nccl":
-            flag = torch.tensor([self.received], dtype=torch.int64)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            return int(flag.item())
-        previous = 0
-        if self._landed is not None:
-            self._landed.synchronize()
-            previous = int(self._host[0])
-        else:
-            self._host = torch.zeros(1, dtype=torch.int64, pin_memory=True)
-        flag = torch.full((1,), self.received, dtype=torch.int64, device=torch.cuda.current_device())
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        self._host.copy_(flag, non_blocking=True)
-        self._landed = torch.cuda.Event()
-        self._landed.record()
-        return previous
+        """Collective: the signal number any rank received (0 for none). Every rank gets the same answer, at the
+        same step; under NCCL one step after the signal, without the host waiting for the GPU
+        (distributed.AgreedMax)."""
+        return self._agreed(self.received) if self.signals else 0
 
     def stop(self, signum: int, trainer: Any) -> None:
         """Collective: saves `<checkpoint_dir>/preempted-step=N` through `trainer.save_checkpoint` (which points

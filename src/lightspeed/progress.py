@@ -109,10 +109,10 @@ def start_progress(trainer: Any, steps_per_epoch: int | float) -> ProgressBar | 
     cfg = trainer.cfg
     if not (cfg.enable_progress_bar and trainer.is_global_zero):
         return None
-    total = steps_per_epoch * cfg.epochs_limit
+    total = steps_per_epoch * cfg.epochs_limit if cfg.epochs_limit < 2**31 else float("inf")  # 2**31: unbounded
     if cfg.max_steps != -1:
         total = min(total, cfg.max_steps)
-    total = None if total in (float("inf"), 2**31) else int(total) - trainer.global_step
+    total = None if total == float("inf") else int(total) - trainer.global_step
     bar = ProgressBar()
     bar.start(total, f"epoch {trainer.current_epoch}")
     return bar

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import dataclasses
 import math
 from pathlib import Path
 from typing import Any, Callable
@@ -22,11 +21,11 @@ from typing import Any, Callable
 import torch
 
 from . import hooks
-from .callbacks import Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint
+from .callbacks import Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint, Timer
 from .checkpoint import Checkpointer, resolve
-from .config import TrainerConfig, read_back
-from .data import (BatchMover, accumulation_windows, check_batch_counts, estimated_stepping_batches, num_batches,
-                   resumed_iterator, set_epoch, with_distributed_sampler)
+from .config import TrainerConfig, check_sync_batchnorm, read_back, trainer_flags
+from .data import (BatchMover, accumulation_windows, check_batch_counts, num_batches, resumed_iterator, set_epoch,
+                   validation_interval, with_distributed_sampler)
 from .distributed import broadcast_from_rank0
 from .errors import ConfigError
 from .kernels import compile_step, compiled_frames, compiled_ran, unwrap_compiled
@@ -34,8 +33,9 @@ from .eval_loaders import eval_loaders, fit_loaders, run_batches, sanity_check
 from .hparams import HPARAMS_KEY, HPARAMS_NAME
 from .guard import NonFiniteGuard
 from .inputs import checked_callbacks
+from .lightning_names import LightningNames
 from .launch import DistInfo, end_with_os_exit, export_env, read_dist_info, start_local_ranks, watch_parent
-from .loggers import Logger, build_loggers
+from .loggers import Logger, agree_log_dirs, build_loggers
 from .metrics import MetricStore, infer_batch_size
 from .micro_batch import plan_fit
 from .module import Module
@@ -50,7 +50,7 @@ from .strategies import build_strategy
 __all__ = ["Trainer", "seed_everything"]
 
 
-class Trainer:
+class Trainer(LightningNames):
     """Runs a Module's loops on one device, DDP, DeepSpeed ZeRO 1/2/3, ZeRO-1 or FSDP2.
 
     Every flag is validated here, before any rank is started; bad values raise ConfigError. See TrainerConfig
@@ -59,11 +59,7 @@ class Trainer:
 
     def __init__(self, *, strategy: Any = "auto", callbacks: list[Callback] | None = None,
                  logger: bool | Logger | list[Logger] = True, **flags: Any):
-        unknown = set(flags) - {f.name for f in dataclasses.fields(TrainerConfig)}
-        if unknown:
-            raise ConfigError(f"Trainer got unknown arguments {sorted(unknown)}; accepted: "
-                              f"{sorted(f.name for f in dataclasses.fields(TrainerConfig))}, strategy, callbacks, logger.")
-        self.cfg = cfg = TrainerConfig(**flags)
+        self.cfg = cfg = TrainerConfig(**trainer_flags(flags, ("strategy", "callbacks", "logger")))
         self._env = read_dist_info()  # the launch environment, read once
         if self._env.launcher == "none":
             if cfg.num_nodes > 1:
@@ -84,6 +80,9 @@ class Trainer:
             self.callbacks.append(ModelCheckpoint())
         if not any(isinstance(c, RunMetrics) for c in self.callbacks):  # lr, throughput, memory; the report
             self.callbacks.append(RunMetrics())
+        if cfg.max_time is not None:  # Lightning's max_time is a Timer, checked after every step
+            self.callbacks.append(Timer(cfg.max_time))
+        check_sync_batchnorm(cfg, self._world_size)
         self.loggers = build_loggers(logger if not cfg.fast_dev_run else False, cfg.default_root_dir)
         self.dist: DistInfo | None = None
         self.device = torch.device("cpu")
@@ -93,6 +92,7 @@ class Trainer:
         self.sanity_checking = False  # True while the validation batches before training run
         self.datamodule: Any = None  # the one given to the last entry point that took one
         self.step_stats: StepStats = {}  # what the last optimizer step reported (grad norm)
+        self._loaders: dict[str, Any] = {}  # this process's loaders by stage ("train", "validate", ...), distributed
         self._module: Module | None = None
         self._phase: str | None = None  # what the strategy is set up for: "fit" (serves evaluation too) or "eval"
         self._progress: ProgressBar | None = None
@@ -116,29 +116,8 @@ class Trainer:
     def callback_metrics(self) -> dict[str, torch.Tensor]:
         return self.metrics.latest
 
-    # Lightning's names for what the trainer holds (read-only)
-    local_rank = property(lambda self: self.dist.local_rank if self.dist else 0)
-    training, validating, testing, predicting = (property(lambda self, s=s: self.stage == s)  # what runs now
-                                                 for s in ("train", "validate", "test", "predict"))
-    logged_metrics = property(lambda self: self.metrics.logged)  # the last values sent to the loggers
-    progress_bar_metrics = property(lambda self: self.metrics.prog_bar_values())
-    optimizers = property(lambda self: self.strategy.optimizers)
-    lr_scheduler_configs = property(lambda self: self.strategy.schedulers)  # specs.SchedulerConfig each
-    estimated_stepping_batches = property(lambda t: estimated_stepping_batches(vars(t).get("_train_data"), t.cfg))
+    # Lightning's other names for what the trainer holds are LightningNames' (lightning_names.py)
     __getattr__ = read_back  # the Trainer's arguments read back, as in Lightning: trainer.max_steps, .precision, ...
-
-    @property
-    def checkpoint_callback(self) -> ModelCheckpoint | None:
-        return next((c for c in self.callbacks if isinstance(c, ModelCheckpoint)), None)
-
-    @property
-    def checkpoint_dir(self) -> Path:
-        ckpt = self.checkpoint_callback
-        return Path(ckpt.dirpath) if ckpt and ckpt.dirpath else Path(self.default_root_dir) / "checkpoints"
-
-    @property
-    def logger(self) -> Logger | None:
-        return self.loggers[0] if self.loggers else None
 
     def print0(self, *args: Any) -> None:
         if self.is_global_zero:
@@ -155,10 +134,12 @@ class Trainer:
 
     # ------------------------------------------------------------------ lifecycle
     @contextlib.contextmanager
-    def _entry(self, module: Module):
-        """Wraps fit / validate / test / predict: whatever happens, the bar stops and the loggers are finalised;
-        on an exception the `on_exception` hooks run and the strategy is torn down before it propagates."""
+    def _entry(self, module: Module, fn: str):
+        """Wraps fit / validate / test / predict (`fn`): whatever happens, the bar stops and the loggers are
+        finalised; on an exception the `on_exception` hooks run and the strategy is torn down before it propagates."""
         status, module = "failed", unwrap_compiled(self, module)  # Lightning's trainer.fit(torch.compile(model))
+        self._fn, self._status = fn, "running"
+        anomaly = torch.autograd.set_detect_anomaly(True) if self.cfg.detect_anomaly else None  # on until finally
         try:
             yield module
             status = "success"
@@ -169,7 +150,9 @@ class Trainer:
                 cb.on_exception(self, module, exc)
             raise
         finally:
-            self.fitting = False
+            self.fitting, self._status = False, "finished" if status == "success" else "interrupted"
+            if anomaly is not None:
+                anomaly.__exit__(None, None, None)
             self._preemption.uninstall()
             if self._progress is not None:
                 self._progress.stop(self.metrics.prog_bar_values() if status == "success" else None)
@@ -189,15 +172,18 @@ class Trainer:
         path = resolve(ckpt_path, self.checkpoint_dir, best, verify=self._env.rank == 0) if ckpt_path else None
         self._launch(spec)
         path = broadcast_from_rank0(path) if ckpt_path else None  # every rank loads what rank 0 resolved
+        self._ckpt_path = str(path) if path else None
         if self._plans and broadcast_from_rank0(self.strategy.name) != self.strategy.name:
             raise ConfigError(f"strategy='auto' planned {self.strategy.name!r} on rank {self.global_rank} but "
                               "another on rank 0 (their free memory differs): pass the strategy or memory_budget.")
         module.trainer = self
         hooks.setup(self, module, self.datamodule, stage)  # prepare_data, then setup(stage): callbacks, data, module
         loaders = data()
-        self._train_data = self._distribute(loaders[0]) if stage == "fit" else None  # estimated_stepping_batches
+        self._loaders["train"] = self._distribute(loaders[0]) if stage == "fit" else None
         if self._module is not module:
             self.strategy.configure_model(module)
+            if self.cfg.sync_batchnorm and self.world_size > 1:  # before any wrapper, as Lightning
+                torch.nn.SyncBatchNorm.convert_sync_batchnorm(module)
             self._module, self._phase = module, None
         phase = "fit" if stage == "fit" else "eval"
         if self._phase not in ("fit", phase):
@@ -235,11 +221,16 @@ class Trainer:
             seed_everything(self.cfg.seed)
         if self.cfg.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
+        if self.cfg.benchmark is not None:
+            torch.backends.cudnn.benchmark = self.cfg.benchmark
+        agree_log_dirs(self.loggers)  # trainer.log_dir names rank 0's folder on every rank
 
     def _distribute(self, loaders: Any) -> Any:
         if isinstance(loaders, list):
             return [self._distribute(loader) for loader in loaders]
-        return self.move.loader(with_distributed_sampler(loaders, self.dist, self.cfg.seed or 0))
+        if self.cfg.use_distributed_sampler:
+            loaders = with_distributed_sampler(loaders, self.dist, self.cfg.seed or 0)
+        return self.move.loader(loaders)
 
     # ------------------------------------------------------------------ fit
     def fit(self, model: Module, train_dataloaders: Any = None, val_dataloaders: Any = None, datamodule: Any = None,
@@ -250,7 +241,7 @@ class Trainer:
             raise ConfigError(f"fit needs training data: pass train_dataloaders= or define train_dataloader() on "
                               f"{type(model).__name__}.")
         self.datamodule = datamodule
-        with self._entry(model) as model:
+        with self._entry(model, "fit") as model:
             data = lambda: fit_loaders(model, datamodule, train_dataloaders, val_dataloaders,  # noqa: E731
                                        bool(self.cfg.overfit_batches))
             if self.dist is None and (self._plans or self.cfg.micro_batch):  # before any rank starts (micro_batch.py)
@@ -258,7 +249,8 @@ class Trainer:
                                                self, data, show=self._env.rank == 0)
             resume, (train, val) = self._prepare("fit", model, ckpt_path, data)
             self._preemption.install()  # a signal only sets a flag; `_train_epoch` acts on it at a step boundary
-            train, val = self._train_data, self._distribute(val)  # _prepare distributed the training loader
+            train, val = self._loaders["train"], self._distribute(val)  # _prepare distributed the training loader
+            self._loaders["validate"] = val
             n = num_batches(train, self.cfg.limit_train_batches)
             check_batch_counts(n, self.cfg.limit_train_batches)  # empty or uneven: ConfigError
             self.stage, self.metrics.stage, self.fitting = "train", "train", True
@@ -266,38 +258,40 @@ class Trainer:
             self._train_args = hooks.fit_start(self, model)  # unknown hooks warned of, the summary, the hparams
             self._progress = start_progress(self, math.ceil(n / self.cfg.accumulate_grad_batches))
             self._frames_at_start, self._training_step = compiled_frames(), compile_step(model, self.cfg.compile)
-            model.on_fit_start()
-            for cb in self.callbacks:
-                cb.on_fit_start(self, model)
+            hooks.call(self, model, "on_fit_start")
             sanity_check(self, model, val)
-            model.on_train_start()
-            for cb in self.callbacks:
-                cb.on_train_start(self, model)
-            self.should_stop = self.cfg.max_steps != -1 and self.global_step >= self.cfg.max_steps
-            while not self.should_stop and self.current_epoch < self.cfg.epochs_limit:
+            hooks.call(self, model, "on_train_start")
+            self.should_stop, self._held, loaded_at = False, False, self.current_epoch
+            while not self._stops() and self.current_epoch < self.cfg.epochs_limit:
+                if (every := self.cfg.reload_dataloaders_every_n_epochs) and self.current_epoch - loaded_at >= every:
+                    loaded_at, (train, val) = self.current_epoch, self._reload(data)
                 self._train_epoch(model, train, val, skip, rng)
                 skip, rng = 0, None
-            model.on_train_end()
-            for cb in self.callbacks:
-                cb.on_train_end(self, model)
-            model.on_fit_end()
-            for cb in self.callbacks:
-                cb.on_fit_end(self, model)
+            hooks.call(self, model, "on_train_end")
+            hooks.call(self, model, "on_fit_end")
             hooks.teardown(self, model, datamodule, "fit")
+
+    def _reload(self, data: Callable[[], Any]) -> tuple[Any, Any]:
+        """reload_dataloaders_every_n_epochs: fit's loaders asked for again (the DataModule's or Module's
+        `train_dataloader()` / `val_dataloader()`; loaders given to fit stay), then distributed as at the start."""
+        train, val = data()
+        self._loaders.update(train=self._distribute(train), validate=self._distribute(val))
+        limit = self.cfg.limit_train_batches
+        check_batch_counts(num_batches(self._loaders["train"], limit), limit)
+        return self._loaders["train"], self._loaders["validate"]
 
     def _train_epoch(self, module: Module, loader: Any, val_loader: Any, skip: int, rng: dict | None) -> None:
         n = num_batches(loader, self.cfg.limit_train_batches)
-        val_every = self._val_every(n)
+        val_every = validation_interval(n, self.cfg.val_check_interval)
         set_epoch(loader, self.current_epoch)
         self._epoch_done, self._batches_done = False, skip
         module.train()
-        module.on_train_epoch_start()
-        for cb in self.callbacks:
-            cb.on_train_epoch_start(self, module)
+        hooks.call(self, module, "on_train_epoch_start")
         batches = self.move.timed(resumed_iterator(loader, skip, rng), loader)  # rng: restored where it was saved
         # Manual optimization steps per batch, however the user accumulates.
         size = self.cfg.accumulate_grad_batches if module.automatic_optimization else 1
         for window in accumulation_windows(batches, skip, n, size):
+            self.is_last_batch = window[-1][0] + 1 >= n
             out = self._train_window(module, window)
             self._batches_done = window[-1][0] + 1
             self._after_step(module, out, batch=window[-1][1], batch_idx=window[-1][0])
@@ -306,10 +300,23 @@ class Trainer:
             if val_loader and val_every and self._batches_done < n and any(
                     (i + 1) % val_every == 0 for i, _ in window):
                 self._validate_during_fit(module, val_loader)
-            if self.should_stop or (self.cfg.max_steps != -1 and self.global_step >= self.cfg.max_steps):
-                self.should_stop = True
+            if self._stops():
                 break
         self._end_train_epoch(module, val_loader, epoch_done=self._batches_done >= n)
+
+    def _stops(self) -> bool:
+        """Lightning's rule: reaching max_steps ends fit; a requested stop (`should_stop`: EarlyStopping, max_time)
+        waits until min_epochs epochs and min_steps steps have run. Every rank decides alike: the inputs agree."""
+        if self.cfg.max_steps != -1 and self.global_step >= self.cfg.max_steps:
+            self.should_stop = True
+            return True
+        held = self.current_epoch < (self.cfg.min_epochs or 0) or self.global_step < (self.cfg.min_steps or 0)
+        if self.should_stop and held and not self._held:
+            self._held = True
+            self.print0(f"Stopping was requested at step {self.global_step}, epoch {self.current_epoch}, but "
+                        f"min_epochs={self.cfg.min_epochs} / min_steps={self.cfg.min_steps} are not reached yet: "
+                        "training continues until they are.")
+        return self.should_stop and not held
 
     def _train_window(self, module: Module, window: list[tuple[int, Any]]) -> Any:
         """One optimizer step: every micro-batch forward and backward (gradients synchronised on the last one
@@ -367,14 +374,6 @@ class Trainer:
         if epoch_done:
             self.current_epoch += 1
 
-    def _val_every(self, n: int | float) -> int | None:
-        v = self.cfg.val_check_interval
-        if v is None or (isinstance(v, float) and v >= 1.0):
-            return None  # validate at epoch end only
-        if isinstance(v, float):
-            return max(1, int(n * v)) if n != float("inf") else None
-        return v
-
     def _validate_during_fit(self, module: Module, loaders: list) -> None:
         if num_batches(loaders[0], self.cfg.limit_val_batches) == 0:
             return  # limit_val_batches=0 turns validation off, hooks included (as in Lightning)
@@ -392,7 +391,7 @@ class Trainer:
         """Runs `validation_step` over the data (one loader or several); returns [epoch metrics] and prints them.
         Without `model`, the fitted one."""
         model = self._model_for("validate", model, datamodule)
-        with self._entry(model) as model:
+        with self._entry(model, "validate") as model:
             loaders = self._prepare_eval("validate", model, dataloaders, ckpt_path)
             results = self._validation_epoch(model, loaders)
             hooks.teardown(self, model, self.datamodule, "validate")
@@ -403,7 +402,7 @@ class Trainer:
         """Runs `test_step` over the data (one loader or several); returns [epoch metrics] and prints them.
         Without `model`, the fitted one."""
         model = self._model_for("test", model, datamodule)
-        with self._entry(model) as model:
+        with self._entry(model, "test") as model:
             loaders = self._prepare_eval("test", model, dataloaders, ckpt_path)
             model.on_test_epoch_start()
             run_batches(self, model, loaders, self.cfg.limit_test_batches, "test")
@@ -419,7 +418,7 @@ class Trainer:
         """Returns this rank's `predict_step` outputs in the order of its batches: a list, or one list per loader
         when there are several. Without `model`, the fitted one."""
         model = self._model_for("predict", model, datamodule)
-        with self._entry(model) as model:
+        with self._entry(model, "predict") as model:
             loaders = self._prepare_eval("predict", model, dataloaders, ckpt_path)
             outputs = run_batches(self, model, loaders, self.cfg.limit_predict_batches, "predict",
                                   keep=return_predictions is not False)
@@ -439,13 +438,12 @@ class Trainer:
         if resume:
             self._checkpointer.load_strategy(resume)  # any strategy's checkpoint, on any world size
         self.stage, self.metrics.stage = stage, stage
-        return self._distribute(loaders)
+        self._loaders[stage] = self._distribute(loaders)
+        return self._loaders[stage]
 
     def _validation_epoch(self, module: Module, loaders: list) -> dict[str, float]:
         self.stage, self.metrics.stage = "validate", "validate"
-        module.on_validation_epoch_start()
-        for cb in self.callbacks:
-            cb.on_validation_epoch_start(self, module)
+        hooks.call(self, module, "on_validation_epoch_start")
         run_batches(self, module, loaders, self.cfg.limit_val_batches, "validate")
         module.on_validation_epoch_end()
         results = self._epoch_results()

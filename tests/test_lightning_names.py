@@ -1,0 +1,202 @@
+"""Lightning's Trainer names and arguments that ported code reaches for: run state, loaders and batch counts,
+min_epochs / min_steps, max_time (Timer), detect_anomaly, benchmark, use_distributed_sampler, and the Lightning
+arguments lightspeed does not take. One process each; the names on 2 ranks are in test_lightning_ranks.py.
+
+    OMP_NUM_THREADS=1 .venv/bin/python -m pytest -q tests/test_lightning_names.py
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, RandomSampler, TensorDataset
+
+import lightspeed as ls
+from lightspeed.callbacks import Timer
+from test_trainer import Regress, make_trainer, regression_data
+
+
+class Reads(ls.Callback):
+    """Records Lightning's names where ported callbacks read them."""
+
+    def __init__(self):
+        self.seen: dict = {}
+        self.last_batch: list[bool] = []
+
+    def on_validation_batch_start(self, trainer, module, batch, batch_idx, dataloader_idx=0):
+        if trainer.sanity_checking:
+            self.seen["sanity_stage"] = trainer.state.stage
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.last_batch.append(trainer.is_last_batch)
+        self.seen.update(state=trainer.state, module=trainer.lightning_module, model=trainer.model,
+                         train_batches=trainer.num_training_batches, val_batches=trainer.num_val_batches,
+                         sanity_batches=trainer.num_sanity_val_batches, train_loader=trainer.train_dataloader,
+                         val_loaders=trainer.val_dataloaders, log_dir=trainer.log_dir)
+
+
+def test_trainer_names_follow_fit_and_test_as_lightnings_do(tmp_path):
+    model, reads = Regress(), Reads()
+    early = ls.EarlyStopping("val_loss", patience=100)
+    trainer = make_trainer(tmp_path, max_epochs=2, limit_train_batches=3, limit_val_batches=2, callbacks=[reads, early],
+                           enable_checkpointing=True, logger=ls.CSVLogger(tmp_path / "logs"), num_sanity_val_steps=1)
+    assert (trainer.state.fn, trainer.state.status, trainer.lightning_module) == (None, "initializing", None)
+    assert trainer.num_training_batches == float("inf") and trainer.num_val_batches == []
+    train, val = regression_data(), regression_data(n=8)
+    trainer.fit(model, train, val)
+    seen = reads.seen
+    assert (seen["state"].fn, seen["state"].stage, seen["state"].status) == ("fit", "train", "running")
+    assert seen["sanity_stage"] == "sanity_check"
+    assert seen["module"] is model and seen["model"] is model  # one device: no wrapper
+    assert (seen["train_batches"], seen["val_batches"], seen["sanity_batches"]) == (3, [2], [1])
+    assert seen["train_loader"] is train and seen["val_loaders"] is val  # one loader: the loader, not a list
+    assert reads.last_batch == [False, False, True] * 2  # the epoch's last batch, after limit_train_batches
+    assert seen["log_dir"] == str(tmp_path / "logs" / "lightspeed_logs" / "version_0") == trainer.log_dir
+    assert trainer.checkpoint_callbacks == [trainer.checkpoint_callback] and trainer.checkpoint_callback is not None
+    assert trainer.early_stopping_callbacks == [early] and trainer.early_stopping_callback is early
+    assert (trainer.state.status, trainer.interrupted, trainer.node_rank, trainer.ckpt_path) == \
+        ("finished", False, 0, None)
+
+    tests = [regression_data(n=8), regression_data(n=12)]
+    trainer.test(model, tests, ckpt_path="last", verbose=False)
+    assert trainer.state.fn == "test" and trainer.test_dataloaders == tests and trainer.num_test_batches == [2, 3]
+    assert trainer.ckpt_path == str((trainer.checkpoint_dir / "last").resolve())
+    assert make_trainer(tmp_path, logger=False).log_dir == str(tmp_path)  # no logger: default_root_dir
+
+
+def test_an_exception_leaves_the_trainer_interrupted(tmp_path):
+    class Fails(Regress):
+        def training_step(self, batch, batch_idx):
+            raise ValueError("boom")
+
+    trainer = make_trainer(tmp_path, max_steps=1)
+    with pytest.raises(ValueError, match="boom"):
+        trainer.fit(Fails(), regression_data())
+    assert trainer.interrupted and trainer.state.status == "interrupted" and trainer.state.fn == "fit"
+
+
+class AsksToStop(ls.Callback):
+    """Requests a stop after every step, as EarlyStopping would."""
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        trainer.should_stop = True
+
+
+@pytest.mark.parametrize("limits, step, epoch", [
+    (dict(), 1, 0),  # no minimum: the first request stops fit
+    (dict(min_epochs=2), 6, 2),  # the request waits for two whole epochs of 3 batches
+    (dict(min_steps=4), 4, 1),  # ... or for the fourth step, mid-epoch
+    (dict(min_epochs=3, max_epochs=2), None, None),  # refused: max_epochs would end fit first
+])
+def test_min_epochs_and_min_steps_hold_a_requested_stop(tmp_path, capsys, limits, step, epoch):
+    if step is None:
+        with pytest.raises(ls.ConfigError, match="min_epochs=3 is not valid with max_epochs=2"):
+            make_trainer(tmp_path, **limits)
+        return
+    trainer = make_trainer(tmp_path, max_epochs=5, limit_train_batches=3, callbacks=[AsksToStop()], **limits)
+    trainer.fit(Regress(), regression_data())
+    assert (trainer.global_step, trainer.current_epoch, trainer.should_stop) == (step, epoch, True)
+    said = capsys.readouterr().out.count("are not reached yet: training continues")
+    assert said == (1 if limits else 0)  # said once, not at every step
+    assert (trainer.min_epochs, trainer.min_steps) == (limits.get("min_epochs"), limits.get("min_steps"))
+
+
+class Slow(Regress):
+    def training_step(self, batch, batch_idx):
+        time.sleep(0.05)
+        return super().training_step(batch, batch_idx)
+
+
+def test_max_time_stops_fit_and_its_time_travels_in_the_checkpoint(tmp_path, capsys):
+    trainer = make_trainer(tmp_path, max_time={"seconds": 0.4}, enable_checkpointing=True)
+    assert trainer.max_epochs == -1 and trainer.estimated_stepping_batches == float("inf")  # time is the limit
+    trainer.fit(Slow(), regression_data(n=4000))  # 1000 steps an epoch: only the time limit can stop it
+    timer = next(c for c in trainer.callbacks if isinstance(c, Timer))
+    assert 4 <= trainer.global_step < 40, trainer.global_step  # ≈ 0.4 s / 0.05 s, with room for a slow host
+    assert timer.time_elapsed() >= 0.4 and timer.time_remaining() <= 0 and timer.end_time() is not None
+    assert "the time limit 0:00:00.400000 was reached" in capsys.readouterr().out
+
+    # The elapsed time is in the checkpoint: a resumed run counts it, so with the same limit it stops at once.
+    again = make_trainer(tmp_path, max_time=timedelta(seconds=0.4), enable_checkpointing=True)
+    again.fit(Slow(), regression_data(n=4000), ckpt_path="last")
+    assert again.global_step == trainer.global_step + 1  # one step: the limit is checked after each
+
+
+def test_timer_callback_by_epoch_and_with_min_epochs(tmp_path):
+    timer = Timer(duration="00:00:00:01", interval="epoch")
+    assert timer.time_elapsed() == 0.0 and timer.start_time() is None and timer.time_remaining() == 1.0
+    trainer = make_trainer(tmp_path, max_epochs=50, limit_train_batches=30, min_epochs=2, callbacks=[timer])
+    trainer.fit(Slow(), regression_data(n=120))  # 30 × 0.05 s = 1.5 s an epoch: past the limit after the first
+    assert trainer.current_epoch == 2 and trainer.global_step == 60  # held for min_epochs, then stopped
+    with pytest.raises(ls.ConfigError, match="interval='batch' is not valid"):
+        Timer(duration="00:00:00:01", interval="batch")
+    with pytest.raises(ls.ConfigError, match="stage='validate' is not valid"):
+        timer.time_elapsed("validate")
+
+
+def test_detect_anomaly_names_the_backward_that_made_the_nan(tmp_path):
+    class NanGrad(Regress):
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            # d sqrt(0) = inf, times the 0: NaN, first seen in MulBackward0's output
+            return ((self.layer(x) - y) ** 2).mean() + torch.sqrt(self.layer.weight.sum() * 0)
+
+    with pytest.raises(RuntimeError, match="Function 'MulBackward0' returned nan values"):
+        make_trainer(tmp_path, max_steps=1, detect_anomaly=True).fit(NanGrad(), regression_data())
+    assert not torch.is_anomaly_enabled()  # restored after the run, even after an exception
+    with pytest.raises(ls.NonFiniteError):  # without it, the non-finite guard stops the run before the step
+        make_trainer(tmp_path, max_steps=1).fit(NanGrad(), regression_data())
+
+
+def test_benchmark_and_use_distributed_sampler(tmp_path):
+    before = torch.backends.cudnn.benchmark
+    try:
+        trainer = make_trainer(tmp_path, max_steps=2, benchmark=True, use_distributed_sampler=False)
+        shuffled = regression_data(shuffle=True)
+        trainer.fit(Regress(), shuffled)
+        assert torch.backends.cudnn.benchmark is True
+        assert trainer.train_dataloader is shuffled and isinstance(trainer.train_dataloader.sampler, RandomSampler)
+    finally:
+        torch.backends.cudnn.benchmark = before
+    default = make_trainer(tmp_path, max_steps=2)
+    default.fit(Regress(), regression_data(shuffle=True))  # the default: a seeded DistributedSampler (exact resume)
+    assert type(default.train_dataloader.sampler).__name__ == "DistributedSampler"
+
+
+def test_lightning_arguments_lightspeed_does_not_take_pass_at_their_defaults(tmp_path):
+    trainer = make_trainer(tmp_path, profiler=None, plugins=None, barebones=False, model_registry=None,
+                           inference_mode=False, max_epochs=-1, max_steps=3)
+    trainer.fit(Regress(), DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 1)), batch_size=4))
+    assert trainer.global_step == 3 and trainer.max_epochs == -1  # -1: no epoch limit, as in Lightning
+    with pytest.raises(ls.ConfigError, match="plugins=.*does not take.*precision="):
+        make_trainer(tmp_path, plugins=["bf16"])
+
+
+class Curriculum(Regress):
+    """Lightning's curriculum pattern: the training set grows with the epoch that asks for it."""
+
+    def __init__(self):
+        super().__init__()
+        self.asked: list[int] = []
+
+    def train_dataloader(self):
+        epoch = self.trainer.current_epoch
+        self.asked.append(epoch)
+        return regression_data(n=8 * (1 + epoch // 2))  # 2 batches of 4, then 4 from epoch 2
+
+    def val_dataloader(self):
+        return regression_data(n=4)
+
+
+@pytest.mark.parametrize("every, asked, steps", [(0, [0], 8), (2, [0, 2], 12)])
+def test_reload_dataloaders_every_n_epochs_asks_the_module_again(tmp_path, every, asked, steps):
+    model = Curriculum()
+    trainer = make_trainer(tmp_path, max_epochs=4, reload_dataloaders_every_n_epochs=every)
+    trainer.fit(model)
+    assert model.asked == asked and trainer.global_step == steps  # [2, 2, 4, 4] batches with reloads, else 2 × 4
+    assert trainer.num_training_batches == (4 if every else 2)
+    with pytest.raises(ls.ConfigError, match="reload_dataloaders_every_n_epochs=-1"):
+        make_trainer(tmp_path, reload_dataloaders_every_n_epochs=-1)
