@@ -38,11 +38,16 @@ class Reads(ls.Callback):
                          val_loaders=trainer.val_dataloaders, log_dir=trainer.log_dir)
 
 
-def test_trainer_names_follow_fit_and_test_as_lightnings_do(tmp_path):
+ACCELERATORS = ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)]
+
+
+@pytest.mark.parametrize("accelerator", ACCELERATORS)
+def test_trainer_names_follow_fit_and_test_as_lightnings_do(tmp_path, accelerator):
     model, reads = Regress(), Reads()
     early = ls.EarlyStopping("val_loss", patience=100)
     trainer = make_trainer(tmp_path, max_epochs=2, limit_train_batches=3, limit_val_batches=2, callbacks=[reads, early],
-                           enable_checkpointing=True, logger=ls.CSVLogger(tmp_path / "logs"), num_sanity_val_steps=1)
+                           enable_checkpointing=True, logger=ls.CSVLogger(tmp_path / "logs"), num_sanity_val_steps=1,
+                           accelerator=accelerator)
     assert (trainer.state.fn, trainer.state.status, trainer.lightning_module) == (None, "initializing", None)
     assert trainer.num_training_batches == float("inf") and trainer.num_val_batches == []
     train, val = regression_data(), regression_data(n=8)
@@ -110,8 +115,9 @@ class Slow(Regress):
         return super().training_step(batch, batch_idx)
 
 
-def test_max_time_stops_fit_and_its_time_travels_in_the_checkpoint(tmp_path, capsys):
-    trainer = make_trainer(tmp_path, max_time={"seconds": 0.4}, enable_checkpointing=True)
+@pytest.mark.parametrize("accelerator", ACCELERATORS)
+def test_max_time_stops_fit_and_its_time_travels_in_the_checkpoint(tmp_path, capsys, accelerator):
+    trainer = make_trainer(tmp_path, max_time={"seconds": 0.4}, enable_checkpointing=True, accelerator=accelerator)
     assert trainer.max_epochs == -1 and trainer.estimated_stepping_batches == float("inf")  # time is the limit
     trainer.fit(Slow(), regression_data(n=4000))  # 1000 steps an epoch: only the time limit can stop it
     timer = next(c for c in trainer.callbacks if isinstance(c, Timer))
@@ -120,7 +126,7 @@ def test_max_time_stops_fit_and_its_time_travels_in_the_checkpoint(tmp_path, cap
     assert "the time limit 0:00:00.400000 was reached" in capsys.readouterr().out
 
     # The elapsed time is in the checkpoint: a resumed run counts it, so with the same limit it stops at once.
-    again = make_trainer(tmp_path, max_time=timedelta(seconds=0.4), enable_checkpointing=True)
+    again = make_trainer(tmp_path, max_time=timedelta(seconds=0.4), enable_checkpointing=True, accelerator=accelerator)
     again.fit(Slow(), regression_data(n=4000), ckpt_path="last")
     assert again.global_step == trainer.global_step + 1  # one step: the limit is checked after each
 
