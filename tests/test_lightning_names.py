@@ -206,3 +206,125 @@ def test_reload_dataloaders_every_n_epochs_asks_the_module_again(tmp_path, every
     assert trainer.num_training_batches == (4 if every else 2)
     with pytest.raises(ls.ConfigError, match="reload_dataloaders_every_n_epochs=-1"):
         make_trainer(tmp_path, reload_dataloaders_every_n_epochs=-1)
+
+
+class Hooks(ls.Callback):
+    """Records the run-level hooks Lightning calls on callbacks, with whether the module was training."""
+
+    def __init__(self, calls: list):
+        self.calls = calls
+
+    def __getattribute__(self, name):
+        if name.startswith("on_") and name.endswith(("_start", "_end")) and "batch" not in name:
+            calls = object.__getattribute__(self, "calls")
+            return lambda trainer, module, *a: calls.append(f"cb.{name}" + ("" if module.training else "(eval)"))
+        return object.__getattribute__(self, name)
+
+
+class Recorded(Regress):
+    def __init__(self, calls: list):
+        super().__init__()
+        self.hooks = calls
+
+    def on_validation_start(self):
+        self.hooks.append("on_validation_start")
+
+    def on_validation_end(self):
+        self.hooks.append("on_validation_end")
+
+    def on_test_start(self):
+        self.hooks.append("on_test_start")
+
+    def on_test_end(self):
+        self.hooks.append("on_test_end")
+
+    def on_predict_start(self):
+        self.hooks.append("on_predict_start")
+
+    def on_predict_epoch_start(self):
+        self.hooks.append("on_predict_epoch_start")
+
+    def on_predict_epoch_end(self):
+        self.hooks.append("on_predict_epoch_end")
+
+    def on_predict_end(self):
+        self.hooks.append("on_predict_end")
+
+
+def test_evaluation_and_sanity_hooks_run_in_lightnings_order(tmp_path):
+    calls: list[str] = []
+    model, cb = Recorded(calls), Hooks(calls)
+    trainer = make_trainer(tmp_path, max_epochs=1, limit_train_batches=2, limit_val_batches=1, callbacks=[cb])
+    trainer.fit(model, regression_data(), regression_data(n=4))
+    run = [c for c in calls if "train" not in c and "fit" not in c]
+    # the sanity check (callbacks only), then the epoch's validation: start, epoch start, epoch end, end, in eval
+    assert run == ["cb.on_sanity_check_start", "cb.on_sanity_check_end",
+                   "on_validation_start", "cb.on_validation_start(eval)", "cb.on_validation_epoch_start(eval)",
+                   "cb.on_validation_epoch_end(eval)", "on_validation_end", "cb.on_validation_end(eval)"]
+    assert calls[-1] == "cb.on_fit_end" and model.training  # on_validation_model_train: training again
+
+    calls.clear()
+    trainer.test(model, regression_data(n=4), verbose=False)
+    assert calls == ["on_test_start", "cb.on_test_start(eval)", "cb.on_test_epoch_start(eval)",
+                     "cb.on_test_epoch_end(eval)", "on_test_end", "cb.on_test_end(eval)"] and model.training
+    calls.clear()
+    trainer.predict(model, regression_data(n=4))
+    assert calls == ["on_predict_start", "cb.on_predict_start(eval)", "on_predict_epoch_start",
+                     "cb.on_predict_epoch_start(eval)", "on_predict_epoch_end", "cb.on_predict_epoch_end(eval)",
+                     "on_predict_end", "cb.on_predict_end(eval)"] and not model.training  # as Lightning leaves it
+
+
+class MCDropout(Regress):
+    """Keeps dropout on in validation by overriding the mode hook, a Lightning idiom (Monte Carlo dropout)."""
+
+    def __init__(self):
+        super().__init__()
+        self.drop = torch.nn.Dropout(0.5)
+        self.val_modes: list[bool] = []
+
+    def validation_step(self, batch, batch_idx):
+        self.val_modes.append(self.drop.training)
+        return super().validation_step(batch, batch_idx)
+
+    def on_validation_model_eval(self):
+        self.eval()
+        self.drop.train()
+
+
+def test_a_module_keeps_dropout_on_in_validation_through_its_mode_hook(tmp_path):
+    model = MCDropout()
+    make_trainer(tmp_path, max_epochs=1, limit_train_batches=2, num_sanity_val_steps=0).fit(
+        model, regression_data(), regression_data(n=8))
+    assert model.val_modes == [True, True] and model.layer.training  # back in train mode after
+
+
+class Brings(Regress):
+    def __init__(self, patience: int):
+        super().__init__()
+        self.patience = patience
+
+    def configure_callbacks(self):
+        return [ls.EarlyStopping("val_loss", patience=self.patience), ls.ModelCheckpoint(monitor="val_loss")]
+
+
+class SeesLoad(ls.Callback):
+    def __init__(self):
+        self.loaded: list = []
+
+    def on_load_checkpoint(self, trainer, module, checkpoint):
+        self.loaded.append(checkpoint["global_step"] if "global_step" in checkpoint else sorted(checkpoint))
+
+
+def test_configure_callbacks_replaces_the_trainers_and_callbacks_see_the_checkpoint_load(tmp_path, capsys):
+    mine, sees = ls.EarlyStopping("val_loss", patience=99), SeesLoad()
+    trainer = make_trainer(tmp_path, max_epochs=2, limit_train_batches=2, callbacks=[mine, sees],
+                           enable_checkpointing=True)
+    trainer.fit(Brings(patience=7), regression_data(), regression_data(n=8))
+    assert "Brings.configure_callbacks replaces the Trainer's EarlyStopping" in capsys.readouterr().out
+    assert mine not in trainer.callbacks and trainer.early_stopping_callback.patience == 7
+    assert isinstance(trainer.callbacks[-1], ls.ModelCheckpoint) and len(trainer.checkpoint_callbacks) == 1
+    assert trainer.checkpoint_callback.monitor == "val_loss"  # the Module's, not the Trainer's default one
+    assert sees.loaded == []
+    again = make_trainer(tmp_path, max_epochs=3, limit_train_batches=2, callbacks=[sees], enable_checkpointing=True)
+    again.fit(Brings(patience=7), regression_data(), regression_data(n=8), ckpt_path="last")
+    assert len(sees.loaded) == 1 and again.global_step == 6  # resumed at step 4, one more epoch of 2

@@ -12,6 +12,7 @@ from typing import Any, Literal
 import torch
 
 from .errors import ConfigError
+from .rng import seed_everything
 from .specs import RunSpec
 from .preemption import check_signals
 
@@ -221,6 +222,16 @@ class TrainerConfig:
                             ("val_check_interval", None), ("check_val_every_n_epoch", 1),
                             ("num_sanity_val_steps", 0), ("enable_checkpointing", False), ("log_every_n_steps", 1)):
             object.__setattr__(self, name, value)
+
+    def apply_to_process(self) -> None:
+        """The flags that set process-wide state, on each rank once it is known: `seed`, `deterministic`
+        (torch's deterministic algorithms, warning where none exists) and `benchmark` (cuDNN's autotuner)."""
+        if self.seed is not None:
+            seed_everything(self.seed)
+        if self.deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=True)
+        if self.benchmark is not None:
+            torch.backends.cudnn.benchmark = self.benchmark
 
     def run_spec(self, automatic_optimization: bool) -> RunSpec:
         """The flags a strategy needs (its `check` and `connect`), for a module's optimization mode."""

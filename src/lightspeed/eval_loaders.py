@@ -81,7 +81,8 @@ def run_batches(trainer: Any, module: Module, loaders: list, limit: Any, stage: 
                 cap: int | None = None) -> list[list]:
     """The one evaluation batch loop: the stage's step through the strategy for each batch of each loader (at
     most `cap` per loader), with its batch hooks; the outputs per loader if `keep`. The step gets `batch_idx`
-    and `dataloader_idx` when its signature takes them; the hooks get `dataloader_idx` with several loaders."""
+    and `dataloader_idx` when its signature takes them; the hooks get `dataloader_idx` with several loaders.
+    The caller has put the module in eval mode (its `on_<stage>_model_eval` hook)."""
     match stage:
         case "validate":
             step = module.validation_step
@@ -90,7 +91,6 @@ def run_batches(trainer: Any, module: Module, loaders: list, limit: Any, stage: 
         case _:
             step = module.predict_step
     takes_idx, takes_batch_idx = hooks.accepts(step, 3, "dataloader_idx"), hooks.accepts(step, 2, "batch_idx")
-    module.eval()  # evaluation always runs in eval mode; fit switches back to train() after it
     outputs: list[list] = []
     for dl_idx, loader in enumerate(loaders):
         several = (dl_idx,) if len(loaders) > 1 else ()
@@ -119,9 +119,13 @@ def sanity_check(trainer: Any, module: Module, val: list) -> None:
         return
     rng, latest, trainer.sanity_checking = rng_state(), dict(trainer.metrics.latest), True
     trainer.stage = trainer.metrics.stage = "validate"
-    module.eval()
+    for cb in trainer.callbacks:
+        cb.on_sanity_check_start(trainer, module)
+    module.on_validation_model_eval()
     run_batches(trainer, module, val, trainer.cfg.limit_val_batches, "validate", cap=None if steps == -1 else steps)
     trainer.metrics.discard("validate", latest)
+    module.on_validation_model_train()
+    for cb in trainer.callbacks:  # still sanity checking, as in Lightning
+        cb.on_sanity_check_end(trainer, module)
     set_rng_state(rng)
     trainer.stage, trainer.metrics.stage, trainer.sanity_checking = "train", "train", False
-    module.train()

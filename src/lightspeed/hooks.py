@@ -15,10 +15,11 @@ from typing import Any, Callable
 import torch
 
 from . import heartbeat
-from .callbacks import Callback
+from .callbacks import Callback, ModelCheckpoint
 from .data import move_to_device
 from .datamodule import LightningDataModule, prepare_data_once
 from .errors import ConfigError
+from .inputs import checked_callbacks
 from .module import Module
 from .progress import print_table
 from .summary import summary_table
@@ -128,11 +129,36 @@ def probe_batch(trainer: Any, module: Module, datamodule: Any, batch: Any) -> An
         trainer.stage = stage
 
 
-def call(trainer: Any, module: Module, name: str) -> None:
-    """A hook without arguments (`on_fit_start`, `on_train_epoch_end`, ...): the Module's, then each callback's."""
-    getattr(module, name)()
-    for cb in trainer.callbacks:
-        getattr(cb, name)(trainer, module)
+def attach_module_callbacks(trainer: Any, module: Module) -> None:
+    """Lightning's `configure_callbacks`: the Module's callbacks join the Trainer's at each entry point, each
+    replacing the Trainer's callbacks of its type (said once on rank 0), checkpoint callbacks last."""
+    given = module.configure_callbacks()
+    extra = checked_callbacks(list(given) if isinstance(given, (list, tuple)) else [] if given is None else [given])
+    if not extra:
+        return
+    types = {type(cb) for cb in extra}
+    replaced = sorted({type(cb).__name__ for cb in trainer.callbacks if type(cb) in types and cb not in extra})
+    if replaced:
+        trainer.print0(f"{type(module).__name__}.configure_callbacks replaces the Trainer's {', '.join(replaced)}.")
+    merged = [cb for cb in trainer.callbacks if type(cb) not in types] + extra
+    trainer.callbacks = sorted(merged, key=lambda cb: isinstance(cb, ModelCheckpoint))  # stable: checkpoints last
+
+
+def start_evaluation(trainer: Any, module: Module, stage: str) -> None:
+    """Lightning's order before the batches of `stage` ("validate", "test", "predict"): on_<x>_model_eval (eval
+    mode, unless the Module overrides it), then on_<x>_start and on_<x>_epoch_start."""
+    name = "validation" if stage == "validate" else stage
+    getattr(module, f"on_{name}_model_eval")()
+    call(trainer, module, f"on_{name}_start", f"on_{name}_epoch_start")
+
+
+def call(trainer: Any, module: Module, *names: str) -> None:
+    """Hooks without arguments (`on_fit_start`, `on_train_epoch_end`, ...), in turn: the Module's, then each
+    callback's."""
+    for name in names:
+        getattr(module, name)()
+        for cb in trainer.callbacks:
+            getattr(cb, name)(trainer, module)
 
 
 def on_train_batch_start(trainer: Any, module: Module, batch: Any, batch_idx: int) -> None:

@@ -139,6 +139,7 @@ class Trainer(LightningNames):
         finalised; on an exception the `on_exception` hooks run and the strategy is torn down before it propagates."""
         status, module = "failed", unwrap_compiled(self, module)  # Lightning's trainer.fit(torch.compile(model))
         self._fn, self._status = fn, "running"
+        hooks.attach_module_callbacks(self, module)  # Lightning's configure_callbacks
         anomaly = torch.autograd.set_detect_anomaly(True) if self.cfg.detect_anomaly else None  # on until finally
         try:
             yield module
@@ -217,12 +218,7 @@ class Trainer(LightningNames):
         atexit.register(self.strategy.teardown)
         self._checkpointer = Checkpointer(self.strategy, self.callbacks, self.global_rank, self.world_size)
         self.guard = NonFiniteGuard(self.cfg.on_nonfinite, self.global_rank, self.world_size, self.print0)
-        if self.cfg.seed is not None:
-            seed_everything(self.cfg.seed)
-        if self.cfg.deterministic:
-            torch.use_deterministic_algorithms(True, warn_only=True)
-        if self.cfg.benchmark is not None:
-            torch.backends.cudnn.benchmark = self.cfg.benchmark
+        self.cfg.apply_to_process()  # seed, deterministic, benchmark
         agree_log_dirs(self.loggers)  # trainer.log_dir names rank 0's folder on every rank
 
     def _distribute(self, loaders: Any) -> Any:
@@ -380,10 +376,9 @@ class Trainer(LightningNames):
         # Validation must not move the training RNG (its loader draws a seed): training then gives the same
         # losses whatever val_check_interval is, and a checkpoint saved just before a validation resumes exactly.
         rng = rng_state()
-        self._validation_epoch(module, loaders)
+        self._evaluation_epoch(module, loaders, "validate")  # ends in on_validation_model_train: train() again
         set_rng_state(rng)
         self.stage, self.metrics.stage = "train", "train"
-        module.train()
 
     # ------------------------------------------------------------------ evaluation
     def validate(self, model: Module | None = None, dataloaders: Any = None, ckpt_path: str | Path | None = None,
@@ -393,7 +388,7 @@ class Trainer(LightningNames):
         model = self._model_for("validate", model, datamodule)
         with self._entry(model, "validate") as model:
             loaders = self._prepare_eval("validate", model, dataloaders, ckpt_path)
-            results = self._validation_epoch(model, loaders)
+            results = self._evaluation_epoch(model, loaders, "validate")
             hooks.teardown(self, model, self.datamodule, "validate")
         return self._report("validate", results, verbose)
 
@@ -404,12 +399,7 @@ class Trainer(LightningNames):
         model = self._model_for("test", model, datamodule)
         with self._entry(model, "test") as model:
             loaders = self._prepare_eval("test", model, dataloaders, ckpt_path)
-            model.on_test_epoch_start()
-            run_batches(self, model, loaders, self.cfg.limit_test_batches, "test")
-            model.on_test_epoch_end()
-            results = self._epoch_results()
-            for cb in self.callbacks:
-                cb.on_test_epoch_end(self, model)
+            results = self._evaluation_epoch(model, loaders, "test")
             hooks.teardown(self, model, self.datamodule, "test")
         return self._report("test", results, verbose)
 
@@ -420,8 +410,10 @@ class Trainer(LightningNames):
         model = self._model_for("predict", model, datamodule)
         with self._entry(model, "predict") as model:
             loaders = self._prepare_eval("predict", model, dataloaders, ckpt_path)
+            hooks.start_evaluation(self, model, "predict")
             outputs = run_batches(self, model, loaders, self.cfg.limit_predict_batches, "predict",
                                   keep=return_predictions is not False)
+            hooks.call(self, model, "on_predict_epoch_end", "on_predict_end")
             hooks.teardown(self, model, self.datamodule, "predict")
             return None if return_predictions is False else outputs if len(loaders) > 1 else outputs[0]
 
@@ -441,15 +433,21 @@ class Trainer(LightningNames):
         self._loaders[stage] = self._distribute(loaders)
         return self._loaders[stage]
 
-    def _validation_epoch(self, module: Module, loaders: list) -> dict[str, float]:
-        self.stage, self.metrics.stage = "validate", "validate"
-        hooks.call(self, module, "on_validation_epoch_start")
-        run_batches(self, module, loaders, self.cfg.limit_val_batches, "validate")
-        module.on_validation_epoch_end()
+    def _evaluation_epoch(self, module: Module, loaders: list, stage: str) -> dict[str, float]:
+        """A validation or test epoch in Lightning's order: on_<x>_model_eval (eval mode), on_<x>_start,
+        on_<x>_epoch_start, the batches, on_<x>_epoch_end (the Module's before the epoch's results are logged, the callbacks' after),
+        on_<x>_end, then on_<x>_model_train (train mode again, unless the Module overrides it)."""
+        name, limit = ("validation", self.cfg.limit_val_batches) if stage == "validate" else \
+            ("test", self.cfg.limit_test_batches)
+        self.stage, self.metrics.stage = stage, stage
+        hooks.start_evaluation(self, module, stage)
+        run_batches(self, module, loaders, limit, stage)
+        getattr(module, f"on_{name}_epoch_end")()
         results = self._epoch_results()
         for cb in self.callbacks:
-            cb.on_validation_epoch_end(self, module)
-            cb.on_validation_end(self, module)
+            getattr(cb, f"on_{name}_epoch_end")(self, module)
+        hooks.call(self, module, f"on_{name}_end")
+        getattr(module, f"on_{name}_model_train")()
         return results
 
     def _epoch_results(self) -> dict[str, float]:
@@ -493,6 +491,8 @@ class Trainer(LightningNames):
         if self.datamodule is not None and state.get("datamodule"):
             self.datamodule.load_state_dict(state["datamodule"])
         module.on_load_checkpoint(state)
+        for cb in self.callbacks:
+            cb.on_load_checkpoint(self, module, state)
         self.print0(f"Resumed from {path} at epoch {self.current_epoch}, global step {self.global_step}.")
         return loop.batches_to_skip, rng
 
