@@ -102,7 +102,12 @@ class Steps(Callback):
                               train_batches=trainer.num_training_batches, val_batches=trainer.num_val_batches,
                               val_loaders=len(trainer.val_dataloaders), node_rank=trainer.node_rank,
                               local_rank=trainer.local_rank, state=[trainer.state.fn, trainer.state.stage],
-                              last_batch_idx=batch_idx, log_dir=trainer.log_dir)
+                              last_batch_idx=batch_idx, log_dir=trainer.log_dir,
+                              experiment=type(trainer.logger.experiment).__name__,  # CSVLogger on rank 0 only
+                              gathered=module.all_gather({"rank": torch.tensor([trainer.global_rank + 0.5])})[
+                                  "rank"].tolist(),
+                              gathered_with_grads=module.all_gather(torch.ones(2) * trainer.global_rank,
+                                                                    sync_grads=True).sum(1).tolist())
 
     def on_before_optimizer_step(self, trainer, module, optimizer):
         self.counts["before_optimizer_step"] += 1

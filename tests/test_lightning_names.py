@@ -328,3 +328,56 @@ def test_configure_callbacks_replaces_the_trainers_and_callbacks_see_the_checkpo
     again = make_trainer(tmp_path, max_epochs=3, limit_train_batches=2, callbacks=[sees], enable_checkpointing=True)
     again.fit(Brings(patience=7), regression_data(), regression_data(n=8), ckpt_path="last")
     assert len(sees.loaded) == 1 and again.global_step == 6  # resumed at step 4, one more epoch of 2
+
+
+class ReadsItsTrainer(Regress):
+    """Reads Lightning's Module names inside its own step, as ported code does."""
+
+    def __init__(self, width: int = 4):
+        super().__init__()
+        self.save_hyperparameters()
+        self.seen: dict = {}
+
+    def training_step(self, batch, batch_idx):
+        self.logger.experiment.add_scalar("by_hand", 1.5, self.global_step)  # TensorBoard's SummaryWriter
+        self.seen.update(logger=type(self.logger).__name__, loggers=[type(lg).__name__ for lg in self.loggers],
+                         local_rank=self.local_rank, on_gpu=self.on_gpu, gathered=self.all_gather({"n": 3})["n"])
+        return super().training_step(batch, batch_idx)
+
+
+def test_module_reads_lightnings_names_and_writes_through_the_loggers_experiment(tmp_path):
+    model = ReadsItsTrainer(width=4)
+    assert (model.current_epoch, model.global_step, model.logger, model.loggers, model.local_rank) == \
+        (0, 0, None, [], 0)
+    model.hparams.width = 8  # hparams may change; hparams_initial keeps what __init__ saved
+    assert model.hparams_initial == {"width": 4} and model.hparams.width == 8
+    assert model.example_input_array is None
+    model.example_input_array = torch.zeros(2, 4)
+    assert model.example_input_array.shape == (2, 4)
+
+    trainer = make_trainer(tmp_path, max_steps=2, logger=True)
+    trainer.fit(model, regression_data())
+    # Lightning's default logger is TensorBoard's, first; the CSV logger writes beside it (same version)
+    assert model.seen == dict(logger="TensorBoardLogger", loggers=["TensorBoardLogger", "CSVLogger"], local_rank=0,
+                              on_gpu=False, gathered=torch.tensor(3))  # one process: the value itself, a tensor
+    events = list((tmp_path / "lightspeed_logs" / "version_0").glob("events.out.tfevents.*"))
+    assert events and trainer.logger.save_dir == str(tmp_path) and trainer.logger.name == "lightspeed_logs"
+
+    model.freeze()
+    assert not any(p.requires_grad for p in model.parameters()) and not model.training
+    model.unfreeze()
+    assert all(p.requires_grad for p in model.parameters()) and model.training
+
+
+def test_experiment_is_a_no_op_off_rank_zero(tmp_path):
+    from lightspeed.utilities import rank_zero_only
+
+    logger = ls.TensorBoardLogger(tmp_path)
+    rank_zero_only.rank = 1
+    try:
+        logger.experiment.add_image("x", torch.zeros(3, 2, 2), 0)  # as a step run by every rank does
+        logger.experiment["key"].log({"x": 1})
+    finally:
+        rank_zero_only._rank = None  # back to the launch's rank
+    assert not (tmp_path / "lightspeed_logs").exists()  # nothing was written
+    assert type(logger.experiment).__name__ == "SummaryWriter"

@@ -38,7 +38,9 @@ def test_lightning_surface_on_two_ranks(tmp_path, strategy):
     model = {"ddp": "DistributedDataParallel", "deepspeed_stage_3": "DeepSpeedEngine", "fsdp": "FSDPNet"}[strategy]
     for r, names in enumerate((r0["names"], r1["names"])):
         assert names == dict(model=model, module=True, train_batches=4, val_batches=[2, 2], val_loaders=2, node_rank=0,
-                             local_rank=r, state=["fit", "train"], last_batch_idx=3, log_dir=r0["names"]["log_dir"])
+                             local_rank=r, state=["fit", "train"], last_batch_idx=3, log_dir=r0["names"]["log_dir"],
+                             experiment="CSVLogger" if r == 0 else "NoExperiment",
+                             gathered=[[0.5], [1.5]], gathered_with_grads=[0.0, 2.0])  # Module.all_gather
     assert r0["names"]["log_dir"] == str(tmp_path / "logs" / "lightspeed_logs" / "version_0")
     assert r0["hooks"] == r1["hooks"] == {"before_optimizer_step": 4, "before_zero_grad": 4, "after_backward": 4}
     # The DataModule's on_before_batch_transfer saw each rank's own batches of every loop: 4 training batches,

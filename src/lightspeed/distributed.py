@@ -115,3 +115,26 @@ class AgreedMax:
         self._landed = torch.cuda.Event()
         self._landed.record()
         return previous
+
+
+def gather_all(data: Any, group: Any = None, sync_grads: bool = False, device: Any = None) -> Any:
+    """Lightning's `all_gather`: each tensor (or number, made a tensor on `device`) in `data`, from every rank of
+    `group`, stacked along a new first dimension. Collective. `sync_grads` uses torch.distributed.nn's autograd-aware
+    gather. Without a group of more than one rank, the tensors are returned as they are."""
+    from torch.utils._pytree import tree_map
+
+    def gather(x: Any) -> Any:
+        if isinstance(x, bool) or not isinstance(x, (torch.Tensor, int, float)):
+            return x
+        t = x if isinstance(x, torch.Tensor) else torch.as_tensor(x, device=device)
+        if not (dist.is_initialized() and dist.get_world_size(group) > 1):
+            return t
+        if sync_grads:
+            from torch.distributed.nn.functional import all_gather
+
+            return torch.stack(all_gather(t, group=group if group is not None else dist.group.WORLD))
+        out = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(out, t.contiguous(), group=group)
+        return torch.stack(out)
+
+    return tree_map(gather, data)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from .distributed import broadcast_from_rank0
+from .utilities.rank_zero import rank_zero_only
 from .errors import ConfigError
 
 STATUSES = ("success", "failed", "interrupted")
@@ -80,6 +81,22 @@ def _place_artifact(path: str | os.PathLike, log_dir: str) -> Path:
     return dest
 
 
+class NoExperiment:
+    """What `logger.experiment` is on ranks other than 0, as in Lightning: every method call does nothing, so
+    `self.logger.experiment.add_image(...)` in a step run by every rank writes once."""
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: self
+
+    def __getitem__(self, key: Any) -> NoExperiment:
+        return self
+
+
+def _on_rank_zero(make: Any) -> Any:
+    """`make()` (the logger's experiment object) on global rank 0, NoExperiment elsewhere."""
+    return make() if rank_zero_only.rank == 0 else NoExperiment()
+
+
 def _next_version(root: Path) -> int:
     existing = [int(p.name.split("_", 1)[1]) for p in root.glob("version_*") if p.name.split("_", 1)[1].isdigit()]
     return max(existing, default=-1) + 1
@@ -93,6 +110,7 @@ class CSVLogger:
 
     def __init__(self, save_dir: str | os.PathLike = ".", name: str = "lightspeed_logs", version: int | None = None):
         root = Path(save_dir) / name
+        self.save_dir, self.name = str(save_dir), name
         self.version = _next_version(root) if version is None else version
         self.log_dir = str(root / f"version_{self.version}")
         self._rows: list[dict[str, Any]] = []
@@ -102,6 +120,11 @@ class CSVLogger:
     @property
     def path(self) -> Path:
         return Path(self.log_dir) / "metrics.csv"
+
+    @property
+    def experiment(self) -> Any:
+        """This logger itself on rank 0 (it has `log_metrics` and `log_hyperparams`), NoExperiment elsewhere."""
+        return _on_rank_zero(lambda: self)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         row = {"step": step, **metrics}
@@ -148,9 +171,15 @@ class TensorBoardLogger:
 
     def __init__(self, save_dir: str | os.PathLike = ".", name: str = "lightspeed_logs", version: int | None = None):
         root = Path(save_dir) / name
+        self.save_dir, self.name = str(save_dir), name
         self.version = _next_version(root) if version is None else version
         self.log_dir = str(root / f"version_{self.version}")
         self._writer = None
+
+    @property
+    def experiment(self) -> Any:
+        """The SummaryWriter on rank 0 (`self.logger.experiment.add_image(...)`), NoExperiment elsewhere."""
+        return _on_rank_zero(lambda: self.writer)
 
     @property
     def writer(self):
@@ -219,6 +248,11 @@ class MLflowLogger:
         self.log_dir = None
         self._client = None
         self._run_id: str | None = None
+
+    @property
+    def experiment(self) -> Any:
+        """The MlflowClient on rank 0 (as Lightning's MLFlowLogger gives), NoExperiment elsewhere."""
+        return _on_rank_zero(lambda: self.client)
 
     @property
     def client(self):
@@ -297,6 +331,11 @@ class WandbLogger:
     def log_dir(self) -> str | None:
         return self._run.dir if self._run is not None else None
 
+    @property
+    def experiment(self) -> Any:
+        """The wandb Run on rank 0 (`self.logger.experiment.log({...})`), NoExperiment elsewhere."""
+        return _on_rank_zero(lambda: self.run)
+
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         self.run.log(dict(metrics), step=step)
 
@@ -335,11 +374,11 @@ def agree_log_dirs(loggers: list) -> None:
 
 
 def build_loggers(logger: Any, root: str) -> list:
-    """The loggers of `Trainer(logger=...)`: True gives a CSVLogger and a TensorBoardLogger (same version) under
+    """The loggers of `Trainer(logger=...)`: True gives a TensorBoardLogger and a CSVLogger (same version) under
     `root`, False/None none, a logger or a list of them themselves."""
-    if logger is True:
-        csv_logger = CSVLogger(root)
-        return [csv_logger, TensorBoardLogger(root, version=csv_logger.version)]
+    if logger is True:  # TensorBoard first: Lightning's default logger, so `self.logger.experiment` is a writer
+        tb_logger = TensorBoardLogger(root)
+        return [tb_logger, CSVLogger(root, version=tb_logger.version)]
     if not logger:
         return []
     return list(logger) if isinstance(logger, (list, tuple)) else [logger]

@@ -5,6 +5,7 @@ Porting from Lightning is one import: `from lightspeed import LightningModule`.
 
 from __future__ import annotations
 
+import copy
 import weakref
 from typing import Any
 
@@ -12,6 +13,7 @@ import torch
 
 from . import hparams as _hparams
 from .data import move_to_device
+from .distributed import gather_all
 from .errors import ConfigError
 from .specs import TrainerView
 
@@ -173,11 +175,46 @@ class Module(torch.nn.Module):
 
     @property
     def current_epoch(self) -> int:
-        return self.trainer.current_epoch
+        return self._trainer.current_epoch if self._trainer is not None else 0  # Lightning's 0 without one
 
     @property
     def global_step(self) -> int:
-        return self.trainer.global_step
+        return self._trainer.global_step if self._trainer is not None else 0
+
+    # Lightning's names for what the Trainer holds, None / empty / 0 without a Trainer, as there
+    local_rank = property(lambda self: self._trainer.local_rank if self._trainer is not None else 0)
+    logger = property(lambda self: self._trainer.logger if self._trainer is not None else None)
+    loggers = property(lambda self: list(self._trainer.loggers) if self._trainer is not None else [])
+    on_gpu = property(lambda self: self.device.type == "cuda")
+    hparams_initial = property(  # the hyper-parameters as save_hyperparameters stored them, later changes aside
+        lambda self: _hparams.AttributeDict(copy.deepcopy(self.__dict__.get("_hparams_initial", {}))))
+
+    @property
+    def example_input_array(self) -> Any:
+        """An input batch for the model's forward, as Lightning keeps it (None until set)."""
+        return self.__dict__.get("_example_input_array")
+
+    @example_input_array.setter
+    def example_input_array(self, value: Any) -> None:
+        self.__dict__["_example_input_array"] = value
+
+    def freeze(self) -> None:
+        """No gradients for any parameter, and eval mode (Lightning's `freeze`)."""
+        for p in self.parameters():
+            p.requires_grad = False
+        self.eval()
+
+    def unfreeze(self) -> None:
+        """Gradients for every parameter again, and train mode."""
+        for p in self.parameters():
+            p.requires_grad = True
+        self.train()
+
+    def all_gather(self, data: Any, group: Any = None, sync_grads: bool = False) -> Any:
+        """Every rank's `data` (a tensor, a number, or a collection of them), each tensor stacked along a new first
+        dimension of size world_size, as Lightning's. `sync_grads`: the gather takes part in autograd (each rank's
+        gradient flows back to it). On one process the data is returned as it is, as in Lightning."""
+        return gather_all(data, group, sync_grads, self.device)
 
     # Conveniences that touch the Trainer's Python state: under compile=True (kernels.CompiledStep) they run eagerly,
     # a graph break, rather than have torch.compile guard on that state and recompile as it changes.
@@ -222,6 +259,7 @@ class Module(torch.nn.Module):
 
         args = _hparams.init_arguments(frame or inspect.currentframe().f_back, self)
         self.hparams.update(_hparams.select(args, names, ignore))
+        self.__dict__["_hparams_initial"] = copy.deepcopy(dict(self.hparams))  # Lightning's hparams_initial
         if len(names) == 1 and isinstance(names[0], dict):  # the dict passed whole: load_from_checkpoint does too
             self.__dict__["_hparams_name"] = _hparams.dict_argument(args, names[0])
         self.__dict__["_log_hyperparams"] = logger
