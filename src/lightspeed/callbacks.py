@@ -116,13 +116,24 @@ class ModelCheckpoint(Callback):
         mode: "min" or "max". save_top_k: -1 keeps all, 0 none (only `last`).
         save_last: also keep the newest checkpoint when it is not among the top k. Whatever is kept, `last`
             (a symlink moved only after a save completes) points at the newest one.
-        every_n_train_steps / every_n_epochs: when to save (default: every epoch end).
+        every_n_train_steps / every_n_epochs / train_time_interval: when to save (default: every epoch end);
+            `train_time_interval` ("DD:HH:MM:SS", a timedelta or its keywords) goes by rank 0's clock, checked
+            after each step (under NCCL one step late, so the host never waits for the GPU).
+        save_on_train_epoch_end: False saves after each validation during fit (mid-epoch ones too) instead of at
+            the training epoch's end; None and True save at the epoch's end, after its validation.
+        verbose: says on rank 0 what each save kept. enable_version_counter: False lets a new run overwrite a
+            checkpoint of the same name an earlier run left in `dirpath` (default: the new one gets `-v1`).
+        save_weights_only: accepted; every checkpoint holds weights and optimizer state so that it resumes
+            exactly (`lightspeed.consolidate` writes the weights alone).
+    The arguments are Lightning's, in its order.
     """
 
     def __init__(self, dirpath: str | Path | None = None, filename: str | None = None, monitor: str | None = None,
-                 mode: Literal["min", "max"] = "min", save_top_k: int = 1, save_last: bool | None = None,
-                 every_n_train_steps: int | None = None, every_n_epochs: int | None = None,
-                 auto_insert_metric_name: bool = True):
+                 verbose: bool = False, save_last: bool | None = None, save_top_k: int = 1,
+                 save_weights_only: bool = False, mode: Literal["min", "max"] = "min",
+                 auto_insert_metric_name: bool = True, every_n_train_steps: int | None = None,
+                 train_time_interval: Any = None, every_n_epochs: int | None = None,
+                 save_on_train_epoch_end: bool | None = None, enable_version_counter: bool = True):
         _check_mode(mode)
         if save_top_k < -1:
             raise ConfigError(f"save_top_k={save_top_k!r} is not valid: use -1 (all), 0 or a positive count.")
@@ -134,7 +145,13 @@ class ModelCheckpoint(Callback):
         self.auto_insert_metric_name = auto_insert_metric_name
         self.monitor, self.mode, self.save_top_k, self.save_last = monitor, mode, save_top_k, save_last
         self.every_n_train_steps = every_n_train_steps or 0
-        self.every_n_epochs = every_n_epochs if every_n_epochs is not None else (0 if self.every_n_train_steps else 1)
+        self.train_time_interval = parse_duration("train_time_interval", train_time_interval)
+        self.every_n_epochs = every_n_epochs if every_n_epochs is not None else (
+            0 if self.every_n_train_steps or self.train_time_interval else 1)
+        self.verbose, self.save_weights_only, self.save_on_train_epoch_end = verbose, save_weights_only, \
+            save_on_train_epoch_end
+        self.enable_version_counter = enable_version_counter
+        self._agreed, self._time_mark = AgreedMax(), 0.0
         self.best_k: dict[str, float] = {}  # path -> score
         self.best_model_path = ""
         self.best_model_score: float | None = None
@@ -153,12 +170,33 @@ class ModelCheckpoint(Callback):
         if stage == "fit":
             self._earlier_runs = {p.name for p in self.dirpath.iterdir()} if self.dirpath.is_dir() else set()
 
+    def on_train_start(self, trainer, module) -> None:
+        self._agreed.reset()
+        self._time_mark = time.monotonic()
+        if self.save_weights_only and trainer.is_global_zero:
+            trainer.print0("ModelCheckpoint(save_weights_only=True): lightspeed checkpoints keep the optimizer "
+                           "state too, so that they resume exactly; lightspeed.consolidate writes the weights alone.")
+
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
         n = self.every_n_train_steps
         if n and trainer.global_step % n == 0 and trainer.global_step != self._last_saved_step:
             self._save(trainer)
+        if self.train_time_interval is not None:  # rank 0's clock decides for every rank
+            due = trainer.is_global_zero and time.monotonic() - self._time_mark >= \
+                self.train_time_interval.total_seconds()
+            if self._agreed(int(due)) and trainer.global_step != self._last_saved_step:
+                self._time_mark = time.monotonic()
+                self._save(trainer)
 
     def on_train_epoch_end(self, trainer, module) -> None:
+        if self.save_on_train_epoch_end is not False:
+            self._every_n_epochs(trainer)
+
+    def on_validation_end(self, trainer, module) -> None:
+        if self.save_on_train_epoch_end is False and trainer.fitting and not trainer.sanity_checking:
+            self._every_n_epochs(trainer)
+
+    def _every_n_epochs(self, trainer: Trainer) -> None:
         n = self.every_n_epochs
         if n and (trainer.current_epoch + 1) % n == 0 and trainer.global_step != self._last_saved_step:
             self._save(trainer)
@@ -178,7 +216,7 @@ class ModelCheckpoint(Callback):
         except ConfigError as e:
             return str(e), False, None, None
         path = self.dirpath / name
-        if name in self._earlier_runs:  # a fresh run in the same folder: never overwrite the earlier one
+        if name in self._earlier_runs and self.enable_version_counter:  # a fresh run: keep the earlier one
             path = unused_name(path)
         keep = self.save_top_k != 0 and (self.monitor is None or self.save_top_k == -1 or
                                          len(self.best_k) < self.save_top_k or
@@ -200,6 +238,12 @@ class ModelCheckpoint(Callback):
             self.best_k[str(path)] = score if score is not None else float(trainer.global_step)
             self._prune(trainer, current=str(path))
         self._drop_previous_last_only(trainer, None if keep else str(path))
+        if self.verbose:
+            what = ""
+            if self.monitor is not None:
+                what = f"{self.monitor!r} reached {score:.6g} (best {self.best_model_score:.6g}), " if keep else \
+                    f"{self.monitor!r} was not in the top {self.save_top_k}, "
+            trainer.print0(f"Epoch {trainer.current_epoch}, global step {trainer.global_step}: {what}saved {path}")
 
     def _drop_previous_last_only(self, trainer, last_only: str | None) -> None:
         # A directory kept only as `last` goes once `last` points elsewhere, whether at a new best or a newer
@@ -245,29 +289,45 @@ class ModelCheckpoint(Callback):
 
 
 class EarlyStopping(Callback):
-    """Stops fit when `monitor` has not improved by more than `min_delta` for `patience` validation checks."""
+    """Stops fit when `monitor` has not improved by more than `min_delta` for `patience` checks; at once when it
+    is NaN/Inf (`check_finite`), reaches `stopping_threshold` or passes `divergence_threshold` the wrong way.
 
-    def __init__(self, monitor: str, patience: int = 3, mode: Literal["min", "max"] = "min", min_delta: float = 0.0,
-                 check_on_train_epoch_end: bool = False):
+    Lightning's arguments, in its order. Checked after each validation during fit, or at the training epoch's end
+    (`check_on_train_epoch_end=True`; None: there only when fit validates nothing). `strict=False` lets a metric
+    that was never logged pass (said once) instead of raising. `verbose` says each improvement. Rank 0's value
+    decides for every rank. `log_rank_zero_only` is accepted: only rank 0 prints anyway."""
+
+    def __init__(self, monitor: str, min_delta: float = 0.0, patience: int = 3, verbose: bool = False,
+                 mode: Literal["min", "max"] = "min", strict: bool = True, check_finite: bool = True,
+                 stopping_threshold: float | None = None, divergence_threshold: float | None = None,
+                 check_on_train_epoch_end: bool | None = None, log_rank_zero_only: bool = False):
         _check_mode(mode)
         if patience < 0:
             raise ConfigError(f"patience={patience!r} is not valid: use a count ≥ 0.")
         self.monitor, self.patience, self.mode, self.min_delta = monitor, patience, mode, abs(min_delta)
+        self.verbose, self.strict, self.check_finite = verbose, strict, check_finite
+        self.stopping_threshold, self.divergence_threshold = stopping_threshold, divergence_threshold
         self.check_on_train_epoch_end = check_on_train_epoch_end
         self.best: float | None = None
         self.wait = 0
         self.stopped_epoch = -1
+        self._at_epoch_end = bool(check_on_train_epoch_end)
+        self._said_missing = False
+
+    def on_fit_start(self, trainer, module) -> None:
+        if self.check_on_train_epoch_end is None:  # Lightning's rule: the epoch's end when nothing is validated
+            self._at_epoch_end = not any(n for n in trainer.num_val_batches)
 
     @property
     def state_key(self) -> str:
         return f"EarlyStopping{{monitor={self.monitor},mode={self.mode}}}"
 
     def on_validation_end(self, trainer, module) -> None:
-        if not self.check_on_train_epoch_end and trainer.fitting:  # not for a standalone trainer.validate()
+        if not self._at_epoch_end and trainer.fitting:  # not for a standalone trainer.validate()
             self._check(trainer)
 
     def on_train_epoch_end(self, trainer, module) -> None:
-        if self.check_on_train_epoch_end:
+        if self._at_epoch_end:
             self._check(trainer)
 
     def _check(self, trainer: Trainer) -> None:
@@ -277,17 +337,37 @@ class EarlyStopping(Callback):
         value = float(metrics[self.monitor]) if self.monitor in metrics else None
         current = broadcast_from_rank0(value if trainer.is_global_zero else None)
         if current is None:
-            raise ConfigError(f"EarlyStopping(monitor={self.monitor!r}) was not logged: logged metrics are "
-                              f"{sorted(metrics)}.")
-        if _improved(current, self.best, self.mode, self.min_delta):
-            self.best, self.wait = current, 0
+            missing = f"EarlyStopping(monitor={self.monitor!r}) was not logged: logged metrics are {sorted(metrics)}"
+            if self.strict:
+                raise ConfigError(missing + ".")
+            if not self._said_missing:
+                self._said_missing = True
+                trainer.print0(missing + "; strict=False, so it is not checked.")
             return
-        self.wait += 1
-        if self.wait >= self.patience:
+        reason = self._stop_reason(current)
+        if reason is not None:
             self.stopped_epoch = trainer.current_epoch
             trainer.should_stop = True
-            trainer.print0(f"EarlyStopping: {self.monitor} did not improve for {self.wait} checks "
-                           f"(best {self.best:.6g}); stopping.")
+            trainer.print0(f"EarlyStopping: {reason}; stopping.")
+        elif self.verbose and self.wait == 0:
+            trainer.print0(f"EarlyStopping: {self.monitor} improved to {current:.6g}.")
+
+    def _stop_reason(self, current: float) -> str | None:
+        """Why to stop now (Lightning's order of checks), or None; counts a check without improvement."""
+        beats = (lambda a, b: a < b) if self.mode == "min" else (lambda a, b: a > b)
+        if self.check_finite and not math.isfinite(current):
+            return f"{self.monitor} = {current} is not finite (best {self.best})"
+        if self.stopping_threshold is not None and beats(current, self.stopping_threshold):
+            return f"{self.monitor} = {current:.6g} reached stopping_threshold={self.stopping_threshold}"
+        if self.divergence_threshold is not None and beats(self.divergence_threshold, current):
+            return f"{self.monitor} = {current:.6g} passed divergence_threshold={self.divergence_threshold}"
+        if _improved(current, self.best, self.mode, self.min_delta):
+            self.best, self.wait = current, 0
+            return None
+        self.wait += 1
+        if self.wait >= self.patience:
+            return f"{self.monitor} did not improve for {self.wait} checks (best {self.best:.6g})"
+        return None
 
     def state_dict(self) -> dict:
         return {"best": self.best, "wait": self.wait, "stopped_epoch": self.stopped_epoch}
@@ -377,10 +457,12 @@ class Timer(Callback):
 class LearningRateMonitor(Callback):
     """Logs each param group's learning rate (`lr-<Optimizer>[/pg<i>]`) every step or epoch."""
 
-    def __init__(self, logging_interval: Literal["step", "epoch"] | None = None, log_momentum: bool = False):
+    def __init__(self, logging_interval: Literal["step", "epoch"] | None = None, log_momentum: bool = False,
+                 log_weight_decay: bool = False):
         if logging_interval not in (None, "step", "epoch"):
             raise ConfigError(f"logging_interval={logging_interval!r} is not valid: use None, 'step' or 'epoch'.")
-        self.logging_interval, self.log_momentum = logging_interval, log_momentum
+        self.logging_interval, self.log_momentum, self.log_weight_decay = logging_interval, log_momentum, \
+            log_weight_decay
         self._last_step = -1
         self.lrs: dict[str, list[float]] = {}  # every value logged, by key (Lightning's attribute)
 
@@ -403,6 +485,8 @@ class LearningRateMonitor(Callback):
                     out[key.replace("lr-", "momentum-", 1)] = float(group["betas"][0])
                 elif self.log_momentum and "momentum" in group:
                     out[key.replace("lr-", "momentum-", 1)] = float(group["momentum"])
+                if self.log_weight_decay and "weight_decay" in group:  # Lightning's key: <lr key>-weight_decay
+                    out[f"{key}-weight_decay"] = float(group["weight_decay"])
         return out
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
