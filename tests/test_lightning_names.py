@@ -381,3 +381,30 @@ def test_experiment_is_a_no_op_off_rank_zero(tmp_path):
         rank_zero_only._rank = None  # back to the launch's rank
     assert not (tmp_path / "lightspeed_logs").exists()  # nothing was written
     assert type(logger.experiment).__name__ == "SummaryWriter"
+
+
+class Nested(Regress):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+
+
+def test_progress_bar_and_model_summary_callbacks(tmp_path, capsys):
+    with pytest.raises(ls.ConfigError, match="enable_progress_bar=False is not valid with TQDMProgressBar"):
+        make_trainer(tmp_path, callbacks=[ls.TQDMProgressBar(refresh_rate=10)])  # make_trainer turns the bar off
+    with pytest.raises(ls.ConfigError, match="refresh_rate=-1 is not valid"):
+        ls.RichProgressBar(refresh_rate=-1)
+
+    def fit(*callbacks, **kw):
+        trainer = make_trainer(tmp_path, max_steps=2, enable_progress_bar=True, callbacks=list(callbacks), **kw)
+        trainer.fit(Nested(), regression_data())
+        return trainer, capsys.readouterr().out
+
+    bar = ls.TQDMProgressBar(refresh_rate=20)
+    trainer, out = fit(bar, ls.ModelSummary(max_depth=2), enable_model_summary=False)
+    assert trainer.progress_bar_callback is bar and "step 2/2" in out  # the bar's last line
+    assert "layer.0" in out and "layer.2" in out and "49 trainable, 0 frozen, 49 total parameters" in out
+    trainer, out = fit(ls.RichProgressBar(refresh_rate=0), ls.RichModelSummary(max_depth=0))
+    assert "step 2/2" not in out and "total parameters" not in out  # refresh_rate=0 and max_depth=0: neither
+    trainer, out = fit()
+    assert trainer.progress_bar_callback is None and "step 2/2" in out and "layer.0" not in out  # the defaults

@@ -1,6 +1,7 @@
 """lightspeed: Lightning-style training on one device, DDP, DeepSpeed ZeRO 1/2/3, ZeRO-1 or FSDP2 with one flag."""
 
-from .callbacks import Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint, Timer
+from .callbacks import (Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint, ModelSummary, RichModelSummary,
+                        RichProgressBar, Timer, TQDMProgressBar)
 from .datamodule import LightningDataModule
 from .errors import ConfigError
 from .guard import NonFiniteError
@@ -33,7 +34,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "Trainer", "Module", "LightningModule", "LightningDataModule", "Callback", "ModelCheckpoint", "EarlyStopping", "LearningRateMonitor", "Timer",
+    "Trainer", "Module", "LightningModule", "LightningDataModule", "Callback", "ModelCheckpoint", "EarlyStopping", "LearningRateMonitor", "Timer", "ModelSummary", "RichModelSummary", "RichProgressBar", "TQDMProgressBar",
     "CSVLogger", "TensorBoardLogger", "MLflowLogger", "WandbLogger", "RunMetrics", "ConfigError", "NonFiniteError", "DistInfo", "Strategy", "SingleDevice", "DDP", "DeepSpeed",
     "FSDP", "ZeRO1", "build_strategy", "seed_everything", "consolidate",
 ]

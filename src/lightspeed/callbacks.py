@@ -376,6 +376,42 @@ class EarlyStopping(Callback):
         self.best, self.wait, self.stopped_epoch = state["best"], state["wait"], state["stopped_epoch"]
 
 
+class ModelSummary(Callback):
+    """Lightning's ModelSummary: the summary printed at fit start lists modules down to `max_depth` (1: the
+    top-level children, -1: all, 0: no summary). Given as a callback, it prints even with
+    `enable_model_summary=False`, as in Lightning."""
+
+    def __init__(self, max_depth: int = 1, **summarize_kwargs: Any):
+        if not isinstance(max_depth, int) or max_depth < -1:
+            raise ConfigError(f"max_depth={max_depth!r} is not valid: use -1 (every level), 0 (no summary) or a "
+                              "depth ≥ 1.")
+        self.max_depth = max_depth
+
+
+class RichModelSummary(ModelSummary):
+    """Lightning's rich-table summary: lightspeed's summary is a rich table already."""
+
+
+class RichProgressBar(Callback):
+    """Lightning's progress-bar callbacks: lightspeed draws its one rich bar (epoch, step, loss, prog_bar metrics,
+    it/s, ETA) whichever is given; `refresh_rate=0` turns it off. The bar redraws by time, not every
+    `refresh_rate` batches; the other arguments are accepted for the port."""
+
+    is_progress_bar = True
+
+    def __init__(self, refresh_rate: int = 1, leave: bool = False, theme: Any = None, console_kwargs: Any = None):
+        if isinstance(refresh_rate, bool) or not isinstance(refresh_rate, int) or refresh_rate < 0:
+            raise ConfigError(f"refresh_rate={refresh_rate!r} is not valid: expected an integer ≥ 0 (0: no bar).")
+        self.refresh_rate, self.leave = refresh_rate, leave
+
+
+class TQDMProgressBar(RichProgressBar):
+    """Lightning's default bar, ported as RichProgressBar (lightspeed draws with rich)."""
+
+    def __init__(self, refresh_rate: int = 1, process_position: int = 0, leave: bool = False):
+        super().__init__(refresh_rate, leave)
+
+
 class Timer(Callback):
     """Stops fit once training has run for `duration` (Lightning's Timer; `Trainer(max_time=...)` adds one).
 

@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 
 from . import heartbeat
-from .callbacks import Callback, ModelCheckpoint
+from .callbacks import Callback, ModelCheckpoint, ModelSummary
 from .data import move_to_device
 from .datamodule import LightningDataModule, prepare_data_once
 from .errors import ConfigError
@@ -53,12 +53,15 @@ def warn_unknown_hooks(module: Module, callbacks: list[Callback]) -> None:
 
 def fit_start(trainer: Any, module: Module) -> Callable[[Any, int], tuple]:
     """Once per fit, before its hooks: warns of unknown hooks, prints the model summary (rank 0, with
-    `enable_model_summary`), sends `module.hparams` to the loggers (rank 0). Returns how to build
-    `training_step`'s arguments from (batch, batch_idx): Lightning accepts `training_step(self, batch)`."""
+    `enable_model_summary` or a ModelSummary callback), sends `module.hparams` to the loggers (rank 0).
+    Returns how to build `training_step`'s arguments from (batch, batch_idx): Lightning accepts
+    `training_step(self, batch)`."""
     warn_unknown_hooks(module, trainer.callbacks)
     check_transfer_hooks(module, trainer.datamodule)
-    if trainer.is_global_zero and trainer.cfg.enable_model_summary:
-        print_table(summary_table(module))
+    summary = next((cb for cb in trainer.callbacks if isinstance(cb, ModelSummary)), None)
+    depth = summary.max_depth if summary is not None else 1 if trainer.cfg.enable_model_summary else 0
+    if trainer.is_global_zero and depth:
+        print_table(summary_table(module, depth))
     send = module.hparams and module.__dict__.get("_log_hyperparams", True)  # save_hyperparameters(logger=)
     for lg in trainer.loggers if trainer.is_global_zero and send else []:
         lg.log_hyperparams(dict(module.hparams))

@@ -112,6 +112,8 @@ class LightningNames:
     early_stopping_callbacks = property(lambda self: [c for c in self.callbacks if isinstance(c, EarlyStopping)])
     early_stopping_callback = property(lambda self: next(iter(self.early_stopping_callbacks), None))
     logger = property(lambda self: self.loggers[0] if self.loggers else None)
+    progress_bar_callback = property(lambda self: next(  # the RichProgressBar / TQDMProgressBar given, or None
+        (cb for cb in self.callbacks if getattr(cb, "is_progress_bar", False)), None))
 
     @property
     def checkpoint_dir(self) -> Path:

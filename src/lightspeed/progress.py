@@ -107,7 +107,8 @@ def start_progress(trainer: Any, steps_per_epoch: int | float) -> ProgressBar | 
     """The started bar for a fit of `steps_per_epoch` optimizer steps per epoch (on rank 0 with
     `enable_progress_bar`), else None."""
     cfg = trainer.cfg
-    if not (cfg.enable_progress_bar and trainer.is_global_zero):
+    bars = [cb for cb in trainer.callbacks if getattr(cb, "is_progress_bar", False)]  # callbacks.RichProgressBar
+    if not (cfg.enable_progress_bar and trainer.is_global_zero) or any(cb.refresh_rate == 0 for cb in bars):
         return None
     total = steps_per_epoch * cfg.epochs_limit if cfg.epochs_limit < 2**31 else float("inf")  # 2**31: unbounded
     if cfg.max_steps != -1:

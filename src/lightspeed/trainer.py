@@ -75,7 +75,7 @@ class Trainer(LightningNames):
         # "auto" plans from a memory forecast at fit (plan.py) on GPUs, or on CPU given a memory budget.
         self._plans = strategy in ("auto", None) and (cfg.device_type == "cuda" or cfg.memory_budget is not None)
         off = (ModelCheckpoint, EarlyStopping, LearningRateMonitor) if cfg.fast_dev_run else ()  # as Lightning
-        self.callbacks = [c for c in checked_callbacks(callbacks) if not isinstance(c, off)]
+        self.callbacks = [c for c in checked_callbacks(callbacks, cfg.enable_progress_bar) if not isinstance(c, off)]
         if cfg.enable_checkpointing and not any(isinstance(c, ModelCheckpoint) for c in self.callbacks):
             self.callbacks.append(ModelCheckpoint())
         if not any(isinstance(c, RunMetrics) for c in self.callbacks):  # lr, throughput, memory; the report
@@ -435,8 +435,8 @@ class Trainer(LightningNames):
 
     def _evaluation_epoch(self, module: Module, loaders: list, stage: str) -> dict[str, float]:
         """A validation or test epoch in Lightning's order: on_<x>_model_eval (eval mode), on_<x>_start,
-        on_<x>_epoch_start, the batches, on_<x>_epoch_end (the Module's before the epoch's results are logged, the callbacks' after),
-        on_<x>_end, then on_<x>_model_train (train mode again, unless the Module overrides it)."""
+        on_<x>_epoch_start, the batches, on_<x>_epoch_end (the Module's before the epoch's results are logged,
+        the callbacks' after), on_<x>_end, then on_<x>_model_train (train mode again, unless overridden)."""
         name, limit = ("validation", self.cfg.limit_val_batches) if stage == "validate" else \
             ("test", self.cfg.limit_test_batches)
         self.stage, self.metrics.stage = stage, stage
