@@ -7,6 +7,7 @@ arguments lightspeed does not take. One process each; the names on 2 ranks are i
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import timedelta
 
@@ -15,6 +16,7 @@ import torch
 from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
 import lightspeed as ls
+from helpers import ROOT, launch
 from lightspeed.callbacks import Timer
 from test_trainer import Regress, make_trainer, regression_data
 
@@ -179,6 +181,9 @@ def test_lightning_arguments_lightspeed_does_not_take_pass_at_their_defaults(tmp
     assert trainer.global_step == 3 and trainer.max_epochs == -1  # -1: no epoch limit, as in Lightning
     with pytest.raises(ls.ConfigError, match="plugins=.*does not take.*precision="):
         make_trainer(tmp_path, plugins=["bf16"])
+    # names that ported imports and annotations reach for
+    from lightspeed.utilities.types import EVAL_DATALOADERS, STEP_OUTPUT, OptimizerLRScheduler  # noqa: F401
+    assert ls.MLFlowLogger is ls.MLflowLogger and ls.TQDMProgressBar and ls.ModelSummary and ls.Timer
 
 
 class Curriculum(Regress):
@@ -408,3 +413,33 @@ def test_progress_bar_and_model_summary_callbacks(tmp_path, capsys):
     assert "step 2/2" not in out and "total parameters" not in out  # refresh_rate=0 and max_depth=0: neither
     trainer, out = fit()
     assert trainer.progress_bar_callback is None and "step 2/2" in out and "layer.0" not in out  # the defaults
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_torchmetrics_objects_logged_give_the_epochs_value_over_every_rank(tmp_path, devices):
+    run = launch([str(ROOT / "tests" / "torchmetrics_script.py"), str(tmp_path), str(devices)], tmp_path, "python")
+    assert run.returncode == 0, run.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(devices)]
+    assert {"train_acc_step", "train_acc_epoch", "val_acc"} <= set(ranks[0]["logged"])
+    for stage, key, samples in (("train", "train_acc_epoch", 64), ("val", "val_acc", 24)):
+        right, total = (sum(r["seen"][stage][i] for r in ranks) for i in (0, 1))
+        assert total == samples  # the last epoch's samples, each on one rank
+        for r in ranks:  # torchmetrics gathered every rank's state: the value over all samples, on every rank
+            assert r["logged"][key] == pytest.approx(right / total, abs=1e-6), (stage, r)
+
+
+def test_a_metric_logged_per_step_without_its_forward_is_a_config_error(tmp_path):
+    import torchmetrics
+
+    class UpdateOnly(Regress):
+        def __init__(self):
+            super().__init__()
+            self.mse = torchmetrics.MeanSquaredError()
+
+        def training_step(self, batch, batch_idx):
+            self.mse.update(self.layer(batch[0]), batch[1])
+            self.log("mse", self.mse)  # per step in training: needs the forward's value
+            return super().training_step(batch, batch_idx)
+
+    with pytest.raises(ls.ConfigError, match=r"self.log\('mse', <MeanSquaredError>, on_step=True\) needs"):
+        make_trainer(tmp_path, max_steps=1).fit(UpdateOnly(), regression_data())

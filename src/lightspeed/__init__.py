@@ -6,7 +6,7 @@ from .datamodule import LightningDataModule
 from .errors import ConfigError
 from .guard import NonFiniteError
 from .launch import DistInfo
-from .loggers import CSVLogger, MLflowLogger, TensorBoardLogger, WandbLogger
+from .loggers import CSVLogger, MLFlowLogger, MLflowLogger, TensorBoardLogger, WandbLogger
 from .module import LightningModule, Module
 from .rng import seed_everything
 from .run_metrics import RunMetrics
@@ -35,6 +35,6 @@ def __getattr__(name: str):
 
 __all__ = [
     "Trainer", "Module", "LightningModule", "LightningDataModule", "Callback", "ModelCheckpoint", "EarlyStopping", "LearningRateMonitor", "Timer", "ModelSummary", "RichModelSummary", "RichProgressBar", "TQDMProgressBar",
-    "CSVLogger", "TensorBoardLogger", "MLflowLogger", "WandbLogger", "RunMetrics", "ConfigError", "NonFiniteError", "DistInfo", "Strategy", "SingleDevice", "DDP", "DeepSpeed",
+    "CSVLogger", "TensorBoardLogger", "MLflowLogger", "MLFlowLogger", "WandbLogger", "RunMetrics", "ConfigError", "NonFiniteError", "DistInfo", "Strategy", "SingleDevice", "DDP", "DeepSpeed",
     "FSDP", "ZeRO1", "build_strategy", "seed_everything", "consolidate",
 ]

@@ -359,6 +359,9 @@ class WandbLogger:
             self._run = None
 
 
+MLFlowLogger = MLflowLogger  # Lightning's spelling
+
+
 def agree_log_dirs(loggers: list) -> None:
     """Collective, once at launch: each rank's loggers take rank 0's version and folder. Every rank builds its
     own loggers, and a rank that starts after rank 0 has made `version_N` would otherwise count `version_N+1`;

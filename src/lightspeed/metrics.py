@@ -2,6 +2,10 @@
 
 Values stay tensors until someone reads them (a logger at its interval, the progress bar, a callback), so
 logging a loss every step costs no host-device synchronisation.
+
+A torchmetrics `Metric` may be logged itself, as in Lightning: its step value is what its last forward call
+(`metric(preds, target)`) returned, its epoch value `metric.compute()` at the epoch's end (torchmetrics gathers
+the ranks' states there), after which it is reset.
 """
 
 from __future__ import annotations
@@ -25,8 +29,12 @@ class _EpochAccumulator:
     total: torch.Tensor | None = None
     count: int = 0
     weight: float = 0.0  # the batch sizes seen, for a mean weighted by batch size (as Lightning's on_epoch)
+    metric: Any = None  # a torchmetrics Metric logged itself: it keeps its own state, compute() gives the value
 
     def add(self, value: torch.Tensor, batch_size: int = 1) -> None:
+        if self.metric is not None:
+            self.count += 1
+            return
         value = value.detach().float()
         if self.reduce_fx == "mean":
             value = value * batch_size
@@ -42,6 +50,10 @@ class _EpochAccumulator:
         self.count += 1
 
     def compute(self) -> torch.Tensor:
+        if self.metric is not None:  # collective under a process group: torchmetrics syncs the ranks' states
+            value = self.metric.compute()
+            self.metric.reset()
+            return _as_tensor(self.plain_name, value, torch.device("cpu"))
         assert self.total is not None
         return self.total / self.weight if self.reduce_fx == "mean" else self.total
 
@@ -60,6 +72,7 @@ class MetricStore:
     logged: dict[str, torch.Tensor] = field(default_factory=dict)  # the last values sent to the loggers
     batch_size: int = 1  # the current batch's size (set by the loop), the default weight of an epoch mean
     dataloader_idx: int | None = None  # set by the evaluation loop when there are several loaders
+    to_reset: dict[str, dict[int, Any]] = field(default_factory=dict)  # Metric objects logged per step only
 
     def log(self, name, value, prog_bar=False, on_step=None, on_epoch=None, sync_dist=False,
             reduce_fx: str | Callable = "mean", logger=True, batch_size: int | None = None,
@@ -77,20 +90,26 @@ class MetricStore:
         training = self.stage == "train"
         on_step = training if on_step is None else on_step
         on_epoch = (not training) if on_epoch is None else on_epoch
-        tensor = _as_tensor(name, value, self.device)
-        if sync_dist and not rank_zero_only and dist.is_initialized() and dist.get_world_size() > 1:
+        metric = value if is_metric(value) else None
+        if metric is not None:
+            tensor = _metric_step_value(name, metric, on_step)
+        else:
+            tensor = _as_tensor(name, value, self.device)
+        if metric is None and sync_dist and not rank_zero_only and dist.is_initialized() and dist.get_world_size() > 1:
             tensor = _all_reduce(tensor, fx)
         # Lightning's naming: a metric logged both per step and per epoch appears as name_step and name_epoch.
         step_name = f"{name}_step" if on_step and on_epoch else name
         epoch_name = f"{name}_epoch" if on_step and on_epoch else name
-        if on_step:
+        if on_step and tensor is not None:
             self.step_metrics[step_name] = tensor
             self.latest[step_name] = tensor
             if on_epoch:
                 self.latest[name] = tensor
         if on_epoch:
-            acc = self.epoch_metrics.setdefault(epoch_name, _EpochAccumulator(fx, self.stage, name))
+            acc = self.epoch_metrics.setdefault(epoch_name, _EpochAccumulator(fx, self.stage, name, metric=metric))
             acc.add(tensor, batch_size or self.batch_size)
+        elif metric is not None:  # logged per step only: still reset at the epoch's end, as in Lightning
+            self.to_reset.setdefault(self.stage, {})[id(metric)] = metric
         names = {step_name, epoch_name, name}
         if prog_bar:
             self.prog_bar |= names
@@ -108,6 +127,8 @@ class MetricStore:
         """This stage's epoch aggregates (for loggers and callbacks); clears their accumulators. Another stage's
         stay: a validation run in the middle of a training epoch must not cut the training averages short."""
         mine = {name: acc for name, acc in self.epoch_metrics.items() if acc.stage == self.stage}
+        for metric in self.to_reset.pop(self.stage, {}).values():
+            metric.reset()
         out = {name: acc.compute() for name, acc in mine.items() if acc.count}
         self.epoch_metrics = {k: v for k, v in self.epoch_metrics.items() if k not in mine}
         self.latest.update(out)
@@ -118,6 +139,11 @@ class MetricStore:
 
     def discard(self, stage: str, latest: dict[str, torch.Tensor]) -> None:
         """Forgets what `stage` logged since `latest` was copied (the sanity check's values are never used)."""
+        for acc in self.epoch_metrics.values():
+            if acc.stage == stage and acc.metric is not None:
+                acc.metric.reset()
+        for metric in self.to_reset.pop(stage, {}).values():
+            metric.reset()
         self.epoch_metrics = {k: v for k, v in self.epoch_metrics.items() if v.stage != stage}
         self.step_metrics = {}
         self.latest = latest
@@ -135,6 +161,24 @@ def infer_batch_size(batch: Any) -> int:
         if isinstance(item, (torch.Tensor, list, tuple, dict)):
             return infer_batch_size(item)
     return 1
+
+
+def is_metric(value: Any) -> bool:
+    """A torchmetrics Metric (recognised by its methods, so torchmetrics need not be installed)."""
+    return all(callable(getattr(value, m, None)) for m in ("update", "compute", "reset")) and \
+        hasattr(value, "_forward_cache")
+
+
+def _metric_step_value(name: str, metric: Any, on_step: bool) -> torch.Tensor | None:
+    """The step value of a Metric logged itself: what its last forward call returned (None when not on_step)."""
+    if not on_step:
+        return None
+    cached = metric._forward_cache
+    if cached is None:
+        raise ConfigError(f"self.log({name!r}, <{type(metric).__name__}>, on_step=True) needs the metric's forward: "
+                          "call metric(preds, target) in the step (metric.update() keeps no step value), or log "
+                          "with on_step=False.")
+    return _as_tensor(name, cached, torch.device("cpu"))
 
 
 def _as_tensor(name: str, value: Any, device: torch.device) -> torch.Tensor:
