@@ -182,7 +182,8 @@ def test_lightning_arguments_lightspeed_does_not_take_pass_at_their_defaults(tmp
     with pytest.raises(ls.ConfigError, match="plugins=.*does not take.*precision="):
         make_trainer(tmp_path, plugins=["bf16"])
     # names that ported imports and annotations reach for
-    from lightspeed.utilities.types import EVAL_DATALOADERS, STEP_OUTPUT, OptimizerLRScheduler  # noqa: F401
+    from lightspeed.utilities.types import EVAL_DATALOADERS, STEP_OUTPUT, OptimizerLRScheduler
+    assert None not in (EVAL_DATALOADERS, STEP_OUTPUT, OptimizerLRScheduler)
     assert ls.MLFlowLogger is ls.MLflowLogger and ls.TQDMProgressBar and ls.ModelSummary and ls.Timer
 
 
@@ -443,3 +444,66 @@ def test_a_metric_logged_per_step_without_its_forward_is_a_config_error(tmp_path
 
     with pytest.raises(ls.ConfigError, match=r"self.log\('mse', <MeanSquaredError>, on_step=True\) needs"):
         make_trainer(tmp_path, max_steps=1).fit(UpdateOnly(), regression_data())
+
+
+class EpochScheduler:
+    """A scheduler in timm's style: not torch's, stepped with the epoch given."""
+
+    def __init__(self, optimizer):
+        self.optimizer, self.epochs = optimizer, []
+
+    def step(self, epoch):
+        self.epochs.append(epoch)
+        for group in self.optimizer.param_groups:
+            group["lr"] = 0.1 / (epoch + 2)
+
+    def state_dict(self):
+        return {"epochs": list(self.epochs)}
+
+    def load_state_dict(self, state):
+        self.epochs = list(state["epochs"])
+
+
+class TimmStyle(Regress):
+    def configure_optimizers(self):
+        opt = torch.optim.SGD(self.parameters(), lr=0.1)
+        self.sched = EpochScheduler(opt)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": self.sched, "interval": "epoch"}}
+
+    def lr_scheduler_step(self, scheduler, metric):
+        scheduler.step(epoch=self.current_epoch)
+
+
+class SkipsAt(Regress):
+    def __init__(self, at: int):
+        super().__init__()
+        self.at = at
+
+    def on_train_batch_start(self, batch, batch_idx):
+        return -1 if batch_idx == self.at else None
+
+
+def test_lr_scheduler_step_and_skipping_the_rest_of_an_epoch(tmp_path):
+    model = TimmStyle()
+    trainer = make_trainer(tmp_path, max_epochs=3, limit_train_batches=2)
+    trainer.fit(model, regression_data())
+    assert model.sched.epochs == [0, 1, 2] and trainer.optimizers[0].param_groups[0]["lr"] == 0.1 / 4
+
+    skipping = make_trainer(tmp_path, max_epochs=2)  # 8 batches an epoch; -1 at batch 2 ends each epoch there
+    skipping.fit(SkipsAt(2), regression_data())
+    assert (skipping.global_step, skipping.current_epoch) == (4, 2)
+    for at, steps in ((2, 1), (3, 2)):  # windows [0, 1], [2, 3], ...: -1 at a window's start skips it; inside
+        accumulating = make_trainer(tmp_path, max_epochs=1, accumulate_grad_batches=2)  # one, the window completes
+        accumulating.fit(SkipsAt(at), regression_data())
+        assert accumulating.global_step == steps, at
+
+
+def test_devices_in_lightnings_forms(tmp_path):
+    assert make_trainer(tmp_path, devices="2").world_size == 2  # a count as a string
+    if not torch.cuda.is_available():
+        return
+    n = torch.cuda.device_count()
+    for given, count in ((-1, n), ("-1", n), ([0], 1), ("0,", 1), ("1", 1)):
+        assert ls.Trainer(accelerator="gpu", devices=given, logger=False).num_devices == count, given
+    with pytest.raises(ls.ConfigError, match="select these GPUs with CUDA_VISIBLE_DEVICES=1 and pass devices=1"):
+        ls.Trainer(accelerator="gpu", devices=[1], logger=False)

@@ -129,7 +129,7 @@ class TrainerConfig:
                               "'32-true', 'bf16-mixed', '16-mixed', 'bf16-true'.")
         object.__setattr__(self, "precision", PRECISION_ALIASES[self.precision])
         if self.devices != "auto":
-            _positive_int("devices", self.devices)
+            object.__setattr__(self, "devices", self._device_count(self.devices))
             available = self.available_devices()
             if self.devices > available:
                 kind = ("CUDA GPU" if self.device_type == "cuda" else "CPU core") + ("s" if available != 1 else "")
@@ -195,6 +195,36 @@ class TrainerConfig:
             raise ConfigError(f"timeout={self.timeout!r} is not valid: expected the collective timeout in seconds, "
                               "a number > 0 (default 600).")
         self._apply_fast_dev_run()
+
+    def _device_count(self, value: Any) -> int:
+        """Lightning's forms of `devices`, as a count: an int or its string ("2"); -1 or "-1" for every GPU; GPU
+        indices ([0, 1] or "0,1") when they are the first n, since local rank r takes the r-th visible GPU.
+        Other indices are a ConfigError that says how to pick those GPUs."""
+        given = value
+        if isinstance(value, str):
+            parts = [p.strip() for p in value.split(",")]
+            if all(p.lstrip("-").isdigit() for p in parts if p) and any(parts):
+                value = [int(p) for p in parts if p] if "," in value else int(parts[0])
+        if isinstance(value, (list, tuple)):
+            if self.device_type != "cuda" or not value or not all(
+                    isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value):
+                raise ConfigError(f"devices={given!r} is not valid: GPU indices (a list, or \"0,1\") need CUDA; "
+                                  "otherwise pass a count (an integer ≥ 1).")
+            if sorted(value) != list(range(len(value))):
+                raise ConfigError(f"devices={given!r} is not valid here: lightspeed gives local rank r the r-th "
+                                  f"visible GPU, so select these GPUs with CUDA_VISIBLE_DEVICES="
+                                  f"{','.join(map(str, value))} and pass devices={len(value)}.")
+            return len(value)
+        if value == -1 and not isinstance(value, bool):
+            if self.device_type != "cuda":
+                raise ConfigError(f"devices={given!r} is not valid on CPU: -1 means every GPU; pass a count of CPU "
+                                  "ranks (an integer ≥ 1).")
+            return torch.cuda.device_count()
+        if value is not given and (isinstance(value, bool) or value < 1):
+            raise ConfigError(f"devices={given!r} is not valid: expected an integer ≥ 1, -1 (every GPU), \"auto\" "
+                              "or GPU indices.")
+        _positive_int("devices", value)
+        return value
 
     def _check_stopping(self) -> None:
         """min_epochs / min_steps / max_time, and their agreement with max_epochs / max_steps."""

@@ -33,7 +33,7 @@ def is_overridden(module: Module, name: str) -> bool:
 
 # Lightning methods a LightningModule overrides to change the loop itself; lightspeed's strategies own these steps
 # (DeepSpeed runs backward and step itself), so an override here would be silently skipped.
-LIGHTNING_OVERRIDES = ("backward", "optimizer_step", "optimizer_zero_grad", "lr_scheduler_step")
+LIGHTNING_OVERRIDES = ("backward", "optimizer_step", "optimizer_zero_grad")
 
 
 def warn_unknown_hooks(module: Module, callbacks: list[Callback]) -> None:
@@ -164,11 +164,21 @@ def call(trainer: Any, module: Module, *names: str) -> None:
             getattr(cb, name)(trainer, module)
 
 
-def on_train_batch_start(trainer: Any, module: Module, batch: Any, batch_idx: int) -> None:
+def on_train_batch_start(trainer: Any, module: Module, batch: Any, batch_idx: int) -> bool:
+    """The hooks; True once the Module's returned -1 in this epoch (Lightning's way to skip the epoch's rest)."""
     heartbeat.note_step(trainer.global_step)  # no I/O: the heartbeat thread publishes it (heartbeat.py)
-    module.on_train_batch_start(batch, batch_idx)
+    skip = module.on_train_batch_start(batch, batch_idx)
     for cb in trainer.callbacks:
         cb.on_train_batch_start(trainer, module, batch, batch_idx)
+    if isinstance(skip, int) and not isinstance(skip, bool) and skip == -1:
+        trainer.skips_rest = True  # the loop ends the epoch: before this window, or after it when inside one
+    return trainer.skips_rest
+
+
+def on_load_checkpoint(trainer: Any, module: Module, checkpoint: dict) -> None:
+    module.on_load_checkpoint(checkpoint)
+    for cb in trainer.callbacks:
+        cb.on_load_checkpoint(trainer, module, checkpoint)
 
 
 def on_before_backward(trainer: Any, module: Module, loss: torch.Tensor) -> None:

@@ -44,6 +44,7 @@ class LightningNames:
     """Read-only properties in Lightning's names (module docstring). The Trainer sets what they read."""
 
     is_last_batch = False  # True while the epoch's last training batch runs (set by the loop)
+    skips_rest = False  # on_train_batch_start returned -1 in this epoch: the loop ends it (hooks.py)
     _module: Any = None
     _loaders: dict[str, Any] = {}
     _status, _fn, _ckpt_path = "initializing", None, None

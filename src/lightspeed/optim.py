@@ -64,10 +64,13 @@ def parse_optimizers(value: Any) -> tuple[list, list[SchedulerConfig]]:
                       f"lightspeed accepts: {_FORMS}.")
 
 
-def step_schedulers(schedulers: list, interval: str, count: int, metrics: dict) -> None:
+def step_schedulers(schedulers: list, interval: str, count: int, metrics: dict, module: Any = None) -> None:
     """Steps each scheduler whose `interval` ("step" or "epoch") matches and whose `frequency` divides `count`
-    (the global step, or the number of epochs done); a `monitor` one on that metric's latest value. Raises
-    ConfigError when the monitored metric was not logged."""
+    (the global step, or the number of epochs done); a `monitor` one on that metric's latest value. The Module's
+    `lr_scheduler_step(scheduler, metric_or_None)` does the stepping when given (Lightning's hook, overridden for
+    schedulers such as timm's). Raises ConfigError when the monitored metric was not logged."""
+    step = module.lr_scheduler_step if module is not None else \
+        (lambda scheduler, metric: scheduler.step() if metric is None else scheduler.step(metric))
     for cfg in schedulers:
         if cfg.interval != interval or count % cfg.frequency:
             continue
@@ -75,6 +78,6 @@ def step_schedulers(schedulers: list, interval: str, count: int, metrics: dict) 
             if cfg.monitor not in metrics:
                 raise ConfigError(f"lr_scheduler monitor={cfg.monitor!r} was not logged: logged metrics are "
                                   f"{sorted(metrics)}.")
-            cfg.scheduler.step(float(metrics[cfg.monitor]))
+            step(cfg.scheduler, float(metrics[cfg.monitor]))
         else:
-            cfg.scheduler.step()
+            step(cfg.scheduler, None)

@@ -48,6 +48,7 @@ from .specs import LoopState, RunSpec, StepStats
 from .strategies import build_strategy
 
 __all__ = ["Trainer", "seed_everything"]
+SKIP_EPOCH = object()  # what _train_window returns when on_train_batch_start returned -1
 
 
 class Trainer(LightningNames):
@@ -140,7 +141,7 @@ class Trainer(LightningNames):
         status, module = "failed", unwrap_compiled(self, module)  # Lightning's trainer.fit(torch.compile(model))
         self._fn, self._status = fn, "running"
         hooks.attach_module_callbacks(self, module)  # Lightning's configure_callbacks
-        anomaly = torch.autograd.set_detect_anomaly(True) if self.cfg.detect_anomaly else None  # on until finally
+        anomaly = torch.autograd.set_detect_anomaly(True) if self.cfg.detect_anomaly else contextlib.nullcontext()
         try:
             yield module
             status = "success"
@@ -152,8 +153,7 @@ class Trainer(LightningNames):
             raise
         finally:
             self.fitting, self._status = False, "finished" if status == "success" else "interrupted"
-            if anomaly is not None:
-                anomaly.__exit__(None, None, None)
+            anomaly.__exit__(None, None, None)  # detect_anomaly: restored
             self._preemption.uninstall()
             if self._progress is not None:
                 self._progress.stop(self.metrics.prog_bar_values() if status == "success" else None)
@@ -280,7 +280,7 @@ class Trainer(LightningNames):
         n = num_batches(loader, self.cfg.limit_train_batches)
         val_every = validation_interval(n, self.cfg.val_check_interval)
         set_epoch(loader, self.current_epoch)
-        self._epoch_done, self._batches_done = False, skip
+        self._epoch_done, self._batches_done, self.skips_rest = False, skip, False
         module.train()
         hooks.call(self, module, "on_train_epoch_start")
         batches = self.move.timed(resumed_iterator(loader, skip, rng), loader)  # rng: restored where it was saved
@@ -288,7 +288,8 @@ class Trainer(LightningNames):
         size = self.cfg.accumulate_grad_batches if module.automatic_optimization else 1
         for window in accumulation_windows(batches, skip, n, size):
             self.is_last_batch = window[-1][0] + 1 >= n
-            out = self._train_window(module, window)
+            if (out := self._train_window(module, window)) is SKIP_EPOCH:
+                break
             self._batches_done = window[-1][0] + 1
             self._after_step(module, out, batch=window[-1][1], batch_idx=window[-1][0])
             if signum := self._preemption.requested():  # collective: every rank stops after the same step
@@ -296,9 +297,9 @@ class Trainer(LightningNames):
             if val_loader and val_every and self._batches_done < n and any(
                     (i + 1) % val_every == 0 for i, _ in window):
                 self._validate_during_fit(module, val_loader)
-            if self._stops():
+            if self._stops() or self.skips_rest:
                 break
-        self._end_train_epoch(module, val_loader, epoch_done=self._batches_done >= n)
+        self._end_train_epoch(module, val_loader, epoch_done=self._batches_done >= n or self.skips_rest)
 
     def _stops(self) -> bool:
         """Lightning's rule: reaching max_steps ends fit; a requested stop (`should_stop`: EarlyStopping, max_time)
@@ -322,7 +323,8 @@ class Trainer(LightningNames):
         for i, (batch_idx, batch) in enumerate(window):
             batch = hooks.batch_to_device(self, module, batch)  # the three transfer hooks around self.move
             self.metrics.batch_size = infer_batch_size(batch)
-            hooks.on_train_batch_start(self, module, batch, batch_idx)
+            if hooks.on_train_batch_start(self, module, batch, batch_idx) and i == 0:  # -1: skip the epoch's rest
+                return SKIP_EPOCH
             out = self.strategy.forward(self._training_step, *self._train_args(batch, batch_idx),
                                         sync_grads=i == len(window) - 1)
             if module.automatic_optimization:
@@ -336,7 +338,7 @@ class Trainer(LightningNames):
             self.step_stats = self.strategy.step(self.guard)  # the guard decides before any step
         self.global_step += 1
         if module.automatic_optimization:
-            step_schedulers(self.strategy.schedulers, "step", self.global_step, self.metrics.latest)
+            step_schedulers(self.strategy.schedulers, "step", self.global_step, self.metrics.latest, module)
         return out
 
     def _after_step(self, module: Module, out: Any, batch: Any, batch_idx: int) -> None:
@@ -363,7 +365,7 @@ class Trainer(LightningNames):
         if epoch_metrics:
             self.log_metrics({"epoch": self.current_epoch, **{k: float(v) for k, v in epoch_metrics.items()}})
         if epoch_done and module.automatic_optimization:  # under manual optimization the user steps them
-            step_schedulers(self.strategy.schedulers, "epoch", self.current_epoch + 1, self.metrics.latest)
+            step_schedulers(self.strategy.schedulers, "epoch", self.current_epoch + 1, self.metrics.latest, module)
         self._epoch_done = epoch_done
         for cb in self.callbacks:
             cb.on_train_epoch_end(self, module)
@@ -418,8 +420,7 @@ class Trainer(LightningNames):
             return None if return_predictions is False else outputs if len(loaders) > 1 else outputs[0]
 
     def _model_for(self, stage: str, model: Module | None, datamodule: Any) -> Module:
-        if datamodule is not None:
-            self.datamodule = datamodule
+        self.datamodule = datamodule if datamodule is not None else self.datamodule
         if model is None and self._module is None:
             raise ConfigError(f"{stage}() got no model and none was fitted: pass the model, {stage}(model, ...).")
         return model if model is not None else self._module
@@ -490,9 +491,7 @@ class Trainer(LightningNames):
         self.global_step, self.current_epoch = loop.global_step, loop.resume_epoch
         if self.datamodule is not None and state.get("datamodule"):
             self.datamodule.load_state_dict(state["datamodule"])
-        module.on_load_checkpoint(state)
-        for cb in self.callbacks:
-            cb.on_load_checkpoint(self, module, state)
+        hooks.on_load_checkpoint(self, module, state)
         self.print0(f"Resumed from {path} at epoch {self.current_epoch}, global step {self.global_step}.")
         return loop.batches_to_skip, rng
 
