@@ -507,3 +507,50 @@ def test_devices_in_lightnings_forms(tmp_path):
         assert ls.Trainer(accelerator="gpu", devices=given, logger=False).num_devices == count, given
     with pytest.raises(ls.ConfigError, match="select these GPUs with CUDA_VISIBLE_DEVICES=1 and pass devices=1"):
         ls.Trainer(accelerator="gpu", devices=[1], logger=False)
+
+
+@pytest.mark.parametrize("mode, batches", [
+    ("max_size_cycle", [(0, 10), (1, 11), (2, 10)]),  # the shorter loader starts over
+    ("min_size", [(0, 10), (1, 11)]),
+    ("max_size", [(0, 10), (1, 11), (2, None)]),  # None for the loader that ran out
+])
+def test_combined_loader_modes(mode, batches):
+    from lightspeed.utilities import CombinedLoader
+
+    combined = CombinedLoader({"x": [0, 1, 2], "y": [10, 11]}, mode)
+    assert len(combined) == len(batches)
+    assert [(b["x"], b["y"]) for b in combined] == batches
+    assert [tuple(b) for b in CombinedLoader([[0, 1, 2], [10, 11]], mode)] == batches  # a list gives lists
+    with pytest.raises(ls.ConfigError, match=r"CombinedLoader\(mode='sequential'\) is not valid for training"):
+        CombinedLoader([[0]], "sequential")
+
+
+def test_two_training_loaders_as_a_dict_on_two_ranks(tmp_path):
+    run = launch([str(ROOT / "tests" / "combined_script.py"), str(tmp_path)], tmp_path, "python")
+    assert run.returncode == 0, run.stderr[-3000:]
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert r0["step"] == r1["step"] == 8  # 32 samples of "a" / 2 ranks / batch 4 = 4 steps an epoch, 2 epochs
+    for epoch in (0, 1):
+        a0, a1 = r0["seen"][f"{epoch}/a"], r1["seen"][f"{epoch}/a"]
+        assert sorted(a0 + a1) == list(range(32))  # each rank its own half of "a"
+        b0, b1 = r0["seen"][f"{epoch}/b"], r1["seen"][f"{epoch}/b"]
+        assert b0[:8] == b0[8:] and b1[:8] == b1[8:] and sorted(b0[:8] + b1[:8]) == list(range(16))  # cycled
+    assert r0["seen"]["0/a"] != r0["seen"]["1/a"]  # "a" shuffles anew each epoch (its sampler's set_epoch)
+
+
+def test_grad_norm_logged_before_the_optimizer_step(tmp_path):
+    from lightspeed.utilities import grad_norm
+
+    class LogsNorms(Regress):
+        def on_before_optimizer_step(self, optimizer):
+            self.norms = grad_norm(self.layer, norm_type=2)
+            self.log_dict(self.norms)
+
+    model = LogsNorms()
+    make_trainer(tmp_path, max_steps=1).fit(model, regression_data())
+    weight, bias = model.layer.weight, model.layer.bias
+    assert set(model.norms) == {"grad_2.0_norm/weight", "grad_2.0_norm/bias", "grad_2.0_norm_total"}
+    total = torch.stack([model.norms["grad_2.0_norm/weight"], model.norms["grad_2.0_norm/bias"]]).norm()
+    assert torch.allclose(model.norms["grad_2.0_norm_total"], total) and weight.grad is None and bias.grad is None
+    with pytest.raises(ValueError, match="norm_type=0"):
+        grad_norm(model, 0)

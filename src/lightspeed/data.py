@@ -219,7 +219,81 @@ def with_distributed_sampler(loader: DataLoader, dist_info: Any, seed: int) -> D
     return DataLoader(loader.dataset, **kwargs)
 
 
+class CombinedLoader:
+    """Several loaders as one, Lightning's way: `fit(model, {"a": loader_a, "b": loader_b})` (or a list) trains
+    on batches `{"a": batch_a, "b": batch_b}` (`[batch_a, batch_b]` for a list); a training loader can also be
+    built as `CombinedLoader(iterables, mode)` and returned from `train_dataloader()`.
+
+    mode "max_size_cycle" (the default): as many batches as the longest loader, the shorter ones starting over;
+    "min_size": as many as the shortest; "max_size": as many as the longest, None in place of a finished loader.
+    The Trainer gives each loader its DistributedSampler (and pinning) as it would a single one (`map`)."""
+
+    MODES = ("max_size_cycle", "min_size", "max_size")
+
+    def __init__(self, iterables: Any, mode: str = "max_size_cycle"):
+        if mode not in self.MODES:
+            raise ConfigError(f"CombinedLoader(mode={mode!r}) is not valid for training: use one of {self.MODES}.")
+        if not isinstance(iterables, (dict, list, tuple)) or not iterables:
+            raise ConfigError(f"CombinedLoader(iterables={iterables!r:.100}) is not valid: expected a non-empty dict "
+                              "or list of loaders.")
+        self.iterables, self.mode = iterables, mode
+        self._keys = list(iterables) if isinstance(iterables, dict) else None
+        self._loaders = list(iterables.values()) if isinstance(iterables, dict) else list(iterables)
+
+    def map(self, fn: Callable[[Any], Any]) -> CombinedLoader:
+        """The same combination of `fn(loader)` for each loader."""
+        mapped = [fn(loader) for loader in self._loaders]
+        return CombinedLoader(dict(zip(self._keys, mapped)) if self._keys is not None else mapped, self.mode)
+
+    def __len__(self) -> int:
+        lengths = [len(loader) for loader in self._loaders]  # TypeError for an unsized one: num_batches -> inf
+        return min(lengths) if self.mode == "min_size" else max(lengths)
+
+    @property
+    def batch_size(self) -> int | None:
+        return getattr(self._loaders[0], "batch_size", None)
+
+    def set_epoch(self, epoch: int) -> None:
+        for loader in self._loaders:
+            set_epoch(loader, epoch)
+
+    def __iter__(self) -> Iterator:
+        iterators = [iter(loader) for loader in self._loaders]
+        finished = [False] * len(iterators)
+        try:
+            total: int | float = len(self)
+        except TypeError:
+            total = float("inf")
+        count = 0
+        while count < total:
+            batch = []
+            for i, it in enumerate(iterators):
+                try:
+                    batch.append(next(it))
+                    continue
+                except StopIteration:
+                    finished[i] = True
+                if self.mode == "min_size" or all(finished):
+                    return
+                if self.mode == "max_size":
+                    batch.append(None)
+                    continue
+                iterators[i] = iter(self._loaders[i])  # max_size_cycle: this one starts over
+                batch.append(next(iterators[i]))
+            count += 1
+            yield dict(zip(self._keys, batch)) if self._keys is not None else batch
+
+
+def combined(train: Any) -> Any:
+    """fit's training data as one loader: a dict or list of loaders becomes a CombinedLoader (Lightning's
+    "max_size_cycle"); anything else is returned as it is."""
+    return CombinedLoader(train) if isinstance(train, (dict, list, tuple)) else train
+
+
 def set_epoch(loader: Any, epoch: int) -> None:
+    if isinstance(loader, CombinedLoader):
+        loader.set_epoch(epoch)
+        return
     sampler = getattr(loader, "sampler", None)
     if hasattr(sampler, "set_epoch"):
         sampler.set_epoch(epoch)

@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import DataLoader, SequentialSampler
 
 from . import hooks
-from .data import num_batches
+from .data import combined, num_batches
 from .errors import ConfigError
 from .metrics import infer_batch_size
 from .module import Module
@@ -46,7 +46,7 @@ def without_shuffle(loader: Any) -> Any:
 def fit_loaders(module: Module, datamodule: Any, train: Any, val: Any, overfit: bool) -> tuple[Any, list]:
     """(the training loader, the validation loaders) for `fit`. Raises ConfigError when there is no training data."""
     source = datamodule if datamodule is not None else module
-    train = train if train is not None else source.train_dataloader()
+    train = combined(train if train is not None else source.train_dataloader())  # a dict / list: CombinedLoader
     if train is None:
         raise ConfigError(f"fit needs training data: pass train_dataloaders= or define train_dataloader() on "
                           f"{type(source).__name__}.")

@@ -79,7 +79,8 @@ class LightningNames:
     lr_scheduler_configs = property(lambda self: self.strategy.schedulers)  # specs.SchedulerConfig each
 
     # ------------------------------------------------------------------ the data, and how many batches of it
-    train_dataloader = property(lambda self: self._loaders.get("train"))  # with its DistributedSampler, if any
+    train_dataloader = property(lambda self: getattr(  # with its DistributedSampler; several: their dict / list
+        self._loaders.get("train"), "iterables", self._loaders.get("train")))
     val_dataloaders = property(lambda self: _one_or_list(self._loaders.get("validate")))
     test_dataloaders = property(lambda self: _one_or_list(self._loaders.get("test")))
     predict_dataloaders = property(lambda self: _one_or_list(self._loaders.get("predict")))

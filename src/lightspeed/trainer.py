@@ -24,8 +24,8 @@ from . import hooks
 from .callbacks import Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint, Timer
 from .checkpoint import Checkpointer, resolve
 from .config import TrainerConfig, check_sync_batchnorm, read_back, trainer_flags
-from .data import (BatchMover, accumulation_windows, check_batch_counts, num_batches, resumed_iterator, set_epoch,
-                   validation_interval, with_distributed_sampler)
+from .data import (BatchMover, CombinedLoader, accumulation_windows, check_batch_counts, num_batches,
+                   resumed_iterator, set_epoch, validation_interval, with_distributed_sampler)
 from .distributed import broadcast_from_rank0
 from .errors import ConfigError
 from .kernels import compile_step, compiled_frames, compiled_ran, unwrap_compiled
@@ -224,6 +224,8 @@ class Trainer(LightningNames):
     def _distribute(self, loaders: Any) -> Any:
         if isinstance(loaders, list):
             return [self._distribute(loader) for loader in loaders]
+        if isinstance(loaders, CombinedLoader):  # several training loaders: each as a single one would be
+            return loaders.map(self._distribute)
         if self.cfg.use_distributed_sampler:
             loaders = with_distributed_sampler(loaders, self.dist, self.cfg.seed or 0)
         return self.move.loader(loaders)
