@@ -123,7 +123,8 @@ def test_max_time_stops_fit_and_its_time_travels_in_the_checkpoint(tmp_path, cap
     assert trainer.max_epochs == -1 and trainer.estimated_stepping_batches == float("inf")  # time is the limit
     trainer.fit(Slow(), regression_data(n=4000))  # 1000 steps an epoch: only the time limit can stop it
     timer = next(c for c in trainer.callbacks if isinstance(c, Timer))
-    assert 4 <= trainer.global_step < 40, trainer.global_step  # ≈ 0.4 s / 0.05 s, with room for a slow host
+    # ≈ 0.4 s / 0.05 s, with room for a slow host; on a GPU the first steps also pay CUDA's start-up
+    assert (4 if accelerator == "cpu" else 1) <= trainer.global_step < 40, trainer.global_step
     assert timer.time_elapsed() >= 0.4 and timer.time_remaining() <= 0 and timer.end_time() is not None
     assert "the time limit 0:00:00.400000 was reached" in capsys.readouterr().out
 

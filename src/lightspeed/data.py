@@ -285,9 +285,11 @@ class CombinedLoader:
 
 
 def combined(train: Any) -> Any:
-    """fit's training data as one loader: a dict or list of loaders becomes a CombinedLoader (Lightning's
-    "max_size_cycle"); anything else is returned as it is."""
-    return CombinedLoader(train) if isinstance(train, (dict, list, tuple)) else train
+    """fit's training data as one loader: a dict or list of DataLoaders becomes a CombinedLoader (Lightning's
+    "max_size_cycle"); anything else (a loader, a list of batches) is returned as it is."""
+    several = isinstance(train, (dict, list, tuple)) and train and all(
+        isinstance(v, DataLoader) for v in (train.values() if isinstance(train, dict) else train))
+    return CombinedLoader(train) if several else train
 
 
 def set_epoch(loader: Any, epoch: int) -> None:
