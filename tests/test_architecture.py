@@ -16,12 +16,12 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "lightspeed"
 LAYERS: dict[int, set[str]] = {
     0: {"errors", "specs", "launch", "rng", "heartbeat"},  # plain data types, the launch environment, RNG, heartbeat
     1: {"distributed", "config", "data", "metrics", "memory", "checkpoint_io", "precision", "optim", "progress",
-        "loggers", "report", "kernels", "plan_probe", "plan_chart", "utilities", "summary", "datamodule", "guard",
+        "loggers", "report", "kernels", "plan_probe", "plan_chart", "utilities", "summary", "guard",
         "preemption"},
     # process-group helpers and small utilities; plan (below) imports strategies.host_memory
     2: {"strategies", "plan"},  # every backend (strategies.*), and the planner that chooses among them
     3: {"checkpoint", "conversion", "module", "callbacks", "run_metrics", "hparams", "hooks", "eval_loaders", "inputs",
-        "lightning_names",
+        "lightning_names", "datamodule",
         "micro_batch"},
     # the schema owner, the user-facing Module, callbacks, hooks and what they draw; the micro-batch finder
     4: {"trainer"},  # the loop

@@ -555,3 +555,34 @@ def test_grad_norm_logged_before_the_optimizer_step(tmp_path):
     assert torch.allclose(model.norms["grad_2.0_norm_total"], total) and weight.grad is None and bias.grad is None
     with pytest.raises(ValueError, match="norm_type=0"):
         grad_norm(model, 0)
+
+
+class WithHparams(Regress):
+    def __init__(self, width: int = 4):
+        super().__init__()
+        self.save_hyperparameters()
+
+
+class Data(ls.LightningDataModule):
+    def __init__(self, batch_size: int = 4, root: str = "/data"):
+        super().__init__()
+        self.save_hyperparameters(ignore="root")
+
+    def train_dataloader(self):
+        return regression_data(batch_size=self.hparams.batch_size)
+
+
+def test_datamodule_save_hyperparameters_from_datasets_and_prepare_data_per_node(tmp_path):
+    dm = Data(batch_size=8)
+    assert dm.hparams == {"batch_size": 8} and dm.hparams_initial == {"batch_size": 8}
+    model = WithHparams(width=3)
+    logger = ls.CSVLogger(tmp_path)
+    make_trainer(tmp_path, max_steps=2, logger=logger).fit(model, datamodule=dm)
+    saved = (tmp_path / "lightspeed_logs" / "version_0" / "hparams.yaml").read_text()
+    assert "batch_size: 8" in saved and "width: 3" in saved  # the DataModule's and the Module's, together
+
+    x = torch.randn(12, 4)
+    built = ls.LightningDataModule.from_datasets(TensorDataset(x, x[:, :1]), val_dataset=TensorDataset(x, x[:, :1]),
+                                                 batch_size=4)
+    assert len(built.train_dataloader()) == 3 and isinstance(built.train_dataloader().sampler, RandomSampler)
+    assert built.test_dataloader() is None and len(built.val_dataloader()) == 3

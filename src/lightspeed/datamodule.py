@@ -13,15 +13,21 @@ when fit resumes.
 
 from __future__ import annotations
 
+import copy
+import inspect
 import weakref
 from typing import Any, Callable
 
+from torch.utils.data import DataLoader
+
+from . import hparams as _hparams
 from .data import move_to_device
 from .distributed import barrier
 
 
 def prepare_data_once(prepare: Callable[[], None], local_rank: int) -> None:
-    """Runs `prepare` on local rank 0 (once per node), then holds every rank at a barrier until it is done."""
+    """Runs `prepare` on local rank 0 (once per node; pass the global rank for once in all), then holds every rank
+    at a barrier until it is done."""
     if local_rank == 0:
         prepare()
     barrier()
@@ -30,7 +36,46 @@ def prepare_data_once(prepare: Callable[[], None], local_rank: int) -> None:
 class LightningDataModule:
     """Override `prepare_data`, `setup(stage)`, the `*_dataloader` methods you need, and `teardown(stage)`.
 
-    `save_hyperparameters` is not provided here; keep the DataModule's arguments as attributes."""
+    `save_hyperparameters()` in `__init__` keeps its arguments in `self.hparams`, as the Module's does; fit sends
+    them to the loggers with the Module's. `prepare_data_per_node = False` runs `prepare_data` once in all
+    (global rank 0) rather than once per node."""
+
+    prepare_data_per_node = True
+
+    @property
+    def hparams(self) -> _hparams.AttributeDict:
+        return self.__dict__.setdefault("_hparams", _hparams.AttributeDict())
+
+    @property
+    def hparams_initial(self) -> _hparams.AttributeDict:
+        return _hparams.AttributeDict(copy.deepcopy(self.__dict__.get("_hparams_initial", {})))
+
+    def save_hyperparameters(self, *names: Any, ignore: str | list[str] | None = None, frame: Any = None,
+                             logger: bool = True) -> None:
+        """Stores the arguments of the calling `__init__` (all, or `names`, minus `ignore`) in `self.hparams`."""
+        args = _hparams.init_arguments(frame or inspect.currentframe().f_back, self)
+        self.hparams.update(_hparams.select(args, names, ignore))
+        self.__dict__["_hparams_initial"] = copy.deepcopy(dict(self.hparams))
+        self.__dict__["_log_hyperparams"] = logger
+
+    @classmethod
+    def from_datasets(cls, train_dataset: Any = None, val_dataset: Any = None, test_dataset: Any = None,
+                      predict_dataset: Any = None, batch_size: int = 1, num_workers: int = 0,
+                      **datamodule_kwargs: Any) -> LightningDataModule:
+        """Lightning's shortcut: a DataModule whose loaders batch the given datasets (the training one shuffled;
+        a list of datasets gives a list of loaders)."""
+        def loaders(data: Any, shuffle: bool) -> Any:
+            if isinstance(data, (list, tuple)):
+                return [loaders(d, shuffle) for d in data]
+            return DataLoader(data, batch_size=batch_size, shuffle=shuffle, num_workers=num_workers)
+
+        dm = cls(**datamodule_kwargs)
+        for hook, data, shuffle in (("train_dataloader", train_dataset, True), ("val_dataloader", val_dataset, False),
+                                    ("test_dataloader", test_dataset, False),
+                                    ("predict_dataloader", predict_dataset, False)):
+            if data is not None:
+                setattr(dm, hook, lambda data=data, shuffle=shuffle: loaders(data, shuffle))
+        return dm
 
     @property
     def trainer(self) -> Any:

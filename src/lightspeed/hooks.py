@@ -62,12 +62,19 @@ def fit_start(trainer: Any, module: Module) -> Callable[[Any, int], tuple]:
     depth = summary.max_depth if summary is not None else 1 if trainer.cfg.enable_model_summary else 0
     if trainer.is_global_zero and depth:
         print_table(summary_table(module, depth))
-    send = module.hparams and module.__dict__.get("_log_hyperparams", True)  # save_hyperparameters(logger=)
-    for lg in trainer.loggers if trainer.is_global_zero and send else []:
-        lg.log_hyperparams(dict(module.hparams))
+    params = {**_logged_hparams(trainer.datamodule), **_logged_hparams(module)}  # the DataModule's too, as Lightning
+    for lg in trainer.loggers if trainer.is_global_zero and params else []:
+        lg.log_hyperparams(params)
     if accepts(module.training_step, 2, "batch_idx"):
         return lambda batch, batch_idx: (batch, batch_idx)
     return lambda batch, batch_idx: (batch,)
+
+
+def _logged_hparams(owner: Any) -> dict:
+    """What `save_hyperparameters` stored on a Module or DataModule, unless it was called with logger=False."""
+    if owner is None or not owner.__dict__.get("_log_hyperparams", True):
+        return {}
+    return dict(getattr(owner, "hparams", {}))
 
 
 def loss_of(out: Any) -> torch.Tensor:
@@ -252,8 +259,9 @@ def setup(trainer: Any, module: Module, datamodule: Any, stage: str) -> None:
     DataModule's `setup`, the Module's `setup`. The caller then configures the model."""
     if datamodule is not None:
         datamodule.trainer = trainer  # as in Lightning: its hooks may read trainer.training, trainer.current_epoch...
-        prepare_data_once(datamodule.prepare_data, trainer.local_rank)
-    prepare_data_once(module.prepare_data, trainer.local_rank)
+        prepare_data_once(datamodule.prepare_data, trainer.local_rank if datamodule.prepare_data_per_node else
+                          trainer.global_rank)  # prepare_data_per_node=False: once in all
+    prepare_data_once(module.prepare_data, trainer.local_rank if module.prepare_data_per_node else trainer.global_rank)
     for cb in trainer.callbacks:
         cb.setup(trainer, module, stage)
     if datamodule is not None:

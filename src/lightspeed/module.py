@@ -59,6 +59,8 @@ class Module(torch.nn.Module):
     def test_dataloader(self) -> Any: return None
     def predict_dataloader(self) -> Any: return None
 
+    prepare_data_per_node = True  # False: prepare_data runs once in all (global rank 0), not once per node
+
     # ----------------------------------------------------------------- hooks (override as needed)
     # Each has one call site (trainer.py or hooks.py); the Module's runs before the callbacks'.
     def prepare_data(self) -> None:
