@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import torch
@@ -326,8 +327,14 @@ def test_configure_callbacks_replaces_the_trainers_and_callbacks_see_the_checkpo
     mine, sees = ls.EarlyStopping("val_loss", patience=99), SeesLoad()
     trainer = make_trainer(tmp_path, max_epochs=2, limit_train_batches=2, callbacks=[mine, sees],
                            enable_checkpointing=True)
-    trainer.fit(Brings(patience=7), regression_data(), regression_data(n=8))
+    model = Brings(patience=7)
+    trainer.fit(model, regression_data(), regression_data(n=8))
     assert "Brings.configure_callbacks replaces the Trainer's EarlyStopping" in capsys.readouterr().out
+    best = trainer.checkpoint_callback.best_model_path
+    # "best" is resolved before test's configure_callbacks brings a fresh ModelCheckpoint, as in Lightning
+    trainer.test(model, regression_data(n=8), ckpt_path="best", verbose=False)
+    assert best and trainer.ckpt_path == str(Path(best).resolve())
+    assert trainer.callbacks is trainer._checkpointer.callbacks  # replaced in place: the Checkpointer sees them
     assert mine not in trainer.callbacks and trainer.early_stopping_callback.patience == 7
     assert isinstance(trainer.callbacks[-1], ls.ModelCheckpoint) and len(trainer.checkpoint_callbacks) == 1
     assert trainer.checkpoint_callback.monitor == "val_loss"  # the Module's, not the Trainer's default one

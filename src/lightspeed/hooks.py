@@ -151,7 +151,8 @@ def attach_module_callbacks(trainer: Any, module: Module) -> None:
     if replaced:
         trainer.print0(f"{type(module).__name__}.configure_callbacks replaces the Trainer's {', '.join(replaced)}.")
     merged = [cb for cb in trainer.callbacks if type(cb) not in types] + extra
-    trainer.callbacks = sorted(merged, key=lambda cb: isinstance(cb, ModelCheckpoint))  # stable: checkpoints last
+    # in place: the Checkpointer holds this list; sorted is stable, so only checkpoint callbacks move (last)
+    trainer.callbacks[:] = sorted(merged, key=lambda cb: isinstance(cb, ModelCheckpoint))
 
 
 def start_evaluation(trainer: Any, module: Module, stage: str) -> None:

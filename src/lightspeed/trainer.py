@@ -140,7 +140,6 @@ class Trainer(LightningNames):
         finalised; on an exception the `on_exception` hooks run and the strategy is torn down before it propagates."""
         status, module = "failed", unwrap_compiled(self, module)  # Lightning's trainer.fit(torch.compile(model))
         self._fn, self._status = fn, "running"
-        hooks.attach_module_callbacks(self, module)  # Lightning's configure_callbacks
         anomaly = torch.autograd.set_detect_anomaly(True) if self.cfg.detect_anomaly else contextlib.nullcontext()
         try:
             yield module
@@ -171,6 +170,7 @@ class Trainer(LightningNames):
         self.strategy.check(spec)
         best = self.checkpoint_callback.best_model_path if self.checkpoint_callback else None
         path = resolve(ckpt_path, self.checkpoint_dir, best, verify=self._env.rank == 0) if ckpt_path else None
+        hooks.attach_module_callbacks(self, module)  # configure_callbacks, once "best" is resolved (as Lightning)
         self._launch(spec)
         path = broadcast_from_rank0(path) if ckpt_path else None  # every rank loads what rank 0 resolved
         self._ckpt_path = str(path) if path else None
