@@ -1,6 +1,7 @@
 """Two training loaders as a dict, on 2 ranks: `python tests/combined_script.py <out_dir>` (test_lightning_names.py).
 
-Each rank writes <out_dir>/rank<r>.json: the sample indices it trained on from each loader, per epoch.
+Each rank writes <out_dir>/rank<r>.json: the sample indices it trained on from each loader, per epoch. In the
+second epoch rank 1 alone asks to skip the rest (on_train_batch_start returns -1 at batch 2): both ranks stop.
 """
 
 import json
@@ -27,6 +28,9 @@ class TwoSources(L.LightningModule):
         for name, (idx, x) in batch.items():
             self.seen.setdefault(f"{self.current_epoch}/{name}", []).extend(idx.tolist())
         return sum(self.layer(x).pow(2).mean() for _, x in batch.values())
+
+    def on_train_batch_start(self, batch, batch_idx):
+        return -1 if (self.global_rank, self.current_epoch, batch_idx) == (1, 1, 2) else None
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.01)

@@ -13,7 +13,6 @@ when fit resumes.
 
 from __future__ import annotations
 
-import copy
 import inspect
 import weakref
 from typing import Any, Callable
@@ -46,17 +45,12 @@ class LightningDataModule:
     def hparams(self) -> _hparams.AttributeDict:
         return self.__dict__.setdefault("_hparams", _hparams.AttributeDict())
 
-    @property
-    def hparams_initial(self) -> _hparams.AttributeDict:
-        return _hparams.AttributeDict(copy.deepcopy(self.__dict__.get("_hparams_initial", {})))
+    hparams_initial = property(_hparams.initial)
 
     def save_hyperparameters(self, *names: Any, ignore: str | list[str] | None = None, frame: Any = None,
                              logger: bool = True) -> None:
         """Stores the arguments of the calling `__init__` (all, or `names`, minus `ignore`) in `self.hparams`."""
-        args = _hparams.init_arguments(frame or inspect.currentframe().f_back, self)
-        self.hparams.update(_hparams.select(args, names, ignore))
-        self.__dict__["_hparams_initial"] = copy.deepcopy(dict(self.hparams))
-        self.__dict__["_log_hyperparams"] = logger
+        _hparams.store(self, frame or inspect.currentframe().f_back, names, ignore, logger)
 
     @classmethod
     def from_datasets(cls, train_dataset: Any = None, val_dataset: Any = None, test_dataset: Any = None,

@@ -17,6 +17,7 @@ import torch
 from . import heartbeat
 from .callbacks import Callback, ModelCheckpoint, ModelSummary
 from .data import move_to_device
+from .distributed import AgreedMax
 from .datamodule import LightningDataModule, prepare_data_once
 from .errors import ConfigError
 from .inputs import checked_callbacks
@@ -173,13 +174,21 @@ def call(trainer: Any, module: Module, *names: str) -> None:
 
 
 def on_train_batch_start(trainer: Any, module: Module, batch: Any, batch_idx: int) -> bool:
-    """The hooks; True once the Module's returned -1 in this epoch (Lightning's way to skip the epoch's rest)."""
+    """The hooks; True once the Module's returned -1 in this epoch on any rank (Lightning's way to skip the
+    epoch's rest). The ranks agree through one MAX reduction per call, made only when the Module overrides the
+    hook; under NCCL it answers one call late (distributed.AgreedMax), so the host never waits for the GPU."""
     heartbeat.note_step(trainer.global_step)  # no I/O: the heartbeat thread publishes it (heartbeat.py)
     skip = module.on_train_batch_start(batch, batch_idx)
     for cb in trainer.callbacks:
         cb.on_train_batch_start(trainer, module, batch, batch_idx)
-    if isinstance(skip, int) and not isinstance(skip, bool) and skip == -1:
-        trainer.skips_rest = True  # the loop ends the epoch: before this window, or after it when inside one
+    if is_overridden(module, "on_train_batch_start"):  # a -1 on any rank ends the epoch on every rank, together
+        mine = isinstance(skip, int) and not isinstance(skip, bool) and skip == -1
+        epoch, agreed = vars(trainer).get("_skip_vote") or (None, None)
+        if epoch != trainer.current_epoch:  # a fresh vote each epoch (under NCCL, AgreedMax answers a call late)
+            epoch, agreed = trainer.current_epoch, AgreedMax()
+            vars(trainer)["_skip_vote"] = (epoch, agreed)
+        if agreed(int(mine)):
+            trainer.skips_rest = True  # the loop ends the epoch: before this window, or after it when inside one
     return trainer.skips_rest
 
 

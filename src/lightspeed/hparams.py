@@ -14,6 +14,7 @@ DCP shards offline, so (unlike Lightning) no conversion step comes first.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import os
 from pathlib import Path
@@ -72,6 +73,23 @@ def select(args: dict[str, Any], names: tuple, ignore: str | list[str] | None) -
         raise ConfigError(f"save_hyperparameters{tuple(names)} names {unknown}, which are not arguments of "
                           f"__init__: those are {sorted(args)}.")
     return {k: v for k, v in args.items() if (not names or k in names) and k not in ignore}
+
+
+def store(owner: Any, frame: FrameType, names: tuple, ignore: str | list[str] | None, logger: bool) -> None:
+    """`save_hyperparameters` of a Module or DataModule: the arguments of the `__init__` running in `frame` (all,
+    or `names`, minus `ignore`) into `owner.hparams`, a copy kept as `hparams_initial`, and whether the loggers
+    get them (`logger`). A dict passed whole is remembered by its parameter name, for load_from_checkpoint."""
+    args = init_arguments(frame, owner)
+    owner.hparams.update(select(args, names, ignore))
+    owner.__dict__["_hparams_initial"] = copy.deepcopy(dict(owner.hparams))
+    if len(names) == 1 and isinstance(names[0], dict):
+        owner.__dict__["_hparams_name"] = dict_argument(args, names[0])
+    owner.__dict__["_log_hyperparams"] = logger
+
+
+def initial(owner: Any) -> AttributeDict:
+    """`hparams_initial`: the hyper-parameters as `save_hyperparameters` stored them, later changes aside."""
+    return AttributeDict(copy.deepcopy(owner.__dict__.get("_hparams_initial", {})))
 
 
 def checkpoint_dir(path: str | os.PathLike) -> Path:

@@ -5,7 +5,6 @@ Porting from Lightning is one import: `from lightspeed import LightningModule`.
 
 from __future__ import annotations
 
-import copy
 import weakref
 from typing import Any
 
@@ -194,8 +193,7 @@ class Module(torch.nn.Module):
     logger = property(lambda self: self._trainer.logger if self._trainer is not None else None)
     loggers = property(lambda self: list(self._trainer.loggers) if self._trainer is not None else [])
     on_gpu = property(lambda self: self.device.type == "cuda")
-    hparams_initial = property(  # the hyper-parameters as save_hyperparameters stored them, later changes aside
-        lambda self: _hparams.AttributeDict(copy.deepcopy(self.__dict__.get("_hparams_initial", {}))))
+    hparams_initial = property(_hparams.initial)  # as save_hyperparameters stored them, later changes aside
 
     @property
     def example_input_array(self) -> Any:
@@ -265,12 +263,7 @@ class Module(torch.nn.Module):
         """Stores the arguments of the calling `__init__` (all, or `names`, minus `ignore`) in `self.hparams`."""
         import inspect
 
-        args = _hparams.init_arguments(frame or inspect.currentframe().f_back, self)
-        self.hparams.update(_hparams.select(args, names, ignore))
-        self.__dict__["_hparams_initial"] = copy.deepcopy(dict(self.hparams))  # Lightning's hparams_initial
-        if len(names) == 1 and isinstance(names[0], dict):  # the dict passed whole: load_from_checkpoint does too
-            self.__dict__["_hparams_name"] = _hparams.dict_argument(args, names[0])
-        self.__dict__["_log_hyperparams"] = logger
+        _hparams.store(self, frame or inspect.currentframe().f_back, names, ignore, logger)
 
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path: Any, map_location: Any = None, strict: bool = True,
