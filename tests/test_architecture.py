@@ -25,7 +25,7 @@ LAYERS: dict[int, set[str]] = {
         "micro_batch"},
     # the schema owner, the user-facing Module, callbacks, hooks and what they draw; the micro-batch finder
     4: {"trainer"},  # the loop
-    5: {"__init__", "cli", "examples"},  # the package's face
+    5: {"__init__", "commands", "examples"},  # the package's face
 }
 
 

@@ -57,9 +57,9 @@ def test_overhead_benchmark_prints_ratio(tmp_path):
     assert "ratio to plain loop" in proc.stdout and "lightspeed Trainer" in proc.stdout
 
 
-@pytest.mark.slow  # tests/test_cli.py runs the demo (and inspect, report) by default
+@pytest.mark.slow  # tests/test_commands.py runs the demo (and inspect, report) by default
 def test_demo_trains_and_shows_summary(tmp_path):
-    proc = _run(["-m", "lightspeed.cli", "demo", "--size", "tiny", "--max-steps", "12", "--root", str(tmp_path / "d")],
+    proc = _run(["-m", "lightspeed.commands", "demo", "--size", "tiny", "--max-steps", "12", "--root", str(tmp_path / "d")],
                 tmp_path)
     out = proc.stdout
     for row in ("strategy", "deepspeed_stage_2", "tokens/s", "peak memory", "first loss", "last loss", "checkpoint"):
@@ -80,7 +80,7 @@ def test_demo_trains_and_shows_summary(tmp_path):
 def test_demo_runs_as_it_is_on_a_gpu_machine(tmp_path):
     """`make demo` on a GPU machine uses every GPU CUDA sees. The default was 2 devices, which stopped a one-GPU
     machine with "devices=2 is not valid"."""
-    proc = _run(["-m", "lightspeed.cli", "demo", "--size", "tiny", "--max-steps", "12", "--root", str(tmp_path / "d")],
+    proc = _run(["-m", "lightspeed.commands", "demo", "--size", "tiny", "--max-steps", "12", "--root", str(tmp_path / "d")],
                 tmp_path)
     assert re.search(rf"devices\s*│\s*{torch.cuda.device_count()} × cuda", proc.stdout), proc.stdout[-3000:]
 

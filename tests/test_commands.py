@@ -1,7 +1,7 @@
 """The command line as a user meets it: help with defaults and choices, one-line errors with exit status 2, the
 demo's output (a header row, relative uncut paths, one checkpoint per step, the report's path), inspect, report, env.
 
-    OMP_NUM_THREADS=1 .venv/bin/python -m pytest -q tests/test_cli.py
+    OMP_NUM_THREADS=1 .venv/bin/python -m pytest -q tests/test_commands.py
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from lightspeed.cli import build_parser, main
+from lightspeed.commands import build_parser, main
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
@@ -22,7 +22,7 @@ COMMANDS = ("demo", "convert", "inspect", "report", "env", "plan")
 
 
 def _cli(args: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lightspeed.cli", *args], cwd=cwd, env=ENV, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "lightspeed.commands", *args], cwd=cwd, env=ENV, capture_output=True,
                           text=True, timeout=timeout)
 
 
