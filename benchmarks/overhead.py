@@ -1,10 +1,11 @@
-"""Trainer overhead on CPU: a hand-written PyTorch loop vs `Trainer.fit` on the same GPT, data and optimizer.
+"""Trainer overhead on CPU: a hand-written PyTorch loop vs `Trainer.fit` on the same GPT, data and
+optimizer.
 
     .venv/bin/python benchmarks/overhead.py [--size small] [--steps 60] [--repeats 3]
 
-Both loops run in this process, alternating (loop, trainer, loop, trainer, ...) so machine drift hits both alike.
-Each reports the median time per optimizer step after a warm-up; the table gives the ratio trainer / loop.
-Target: ≤ 1.03 (≤3% overhead).
+Both loops run in this process, alternating (loop, trainer, loop, trainer, ...) so machine drift
+hits both alike. Each reports the median time per optimizer step after a warm-up; the table gives
+the ratio trainer / loop. Target: ≤ 1.03 (≤3% overhead).
 """
 
 from __future__ import annotations
@@ -20,13 +21,16 @@ from rich.table import Table
 from torch.utils.data import DataLoader
 
 import lightspeed as ls
-from lightspeed.examples.gpt import SIZES, GPTModule, RandomTokens
+from lightspeed.demos.gpt import SIZES, GPTModule, RandomTokens
 
 WARMUP = 5
 
 
 def make_data(cfg, batch_size: int, steps: int) -> DataLoader:
-    return DataLoader(RandomTokens(cfg.vocab_size, cfg.block_size, batch_size * (steps + WARMUP)), batch_size=batch_size)
+    return DataLoader(
+        RandomTokens(cfg.vocab_size, cfg.block_size, batch_size * (steps + WARMUP)),
+        batch_size=batch_size,
+    )
 
 
 def plain_loop(cfg, loader: DataLoader) -> list[float]:
@@ -44,7 +48,7 @@ def plain_loop(cfg, loader: DataLoader) -> list[float]:
         opt.step()
         opt.zero_grad(set_to_none=True)
         stamps.append(time.perf_counter())
-    return [b - a for a, b in zip(stamps, stamps[1:])][WARMUP - 1:]
+    return [b - a for a, b in zip(stamps, stamps[1:])][WARMUP - 1 :]
 
 
 class StepTimer(ls.Callback):
@@ -58,15 +62,25 @@ class StepTimer(ls.Callback):
 def trainer_loop(cfg, loader: DataLoader) -> list[float]:
     torch.manual_seed(0)
     timer = StepTimer()
-    trainer = ls.Trainer(devices=1, accelerator="cpu", max_epochs=1, gradient_clip_val=1.0, callbacks=[timer],
-                         logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    trainer = ls.Trainer(
+        devices=1,
+        accelerator="cpu",
+        max_epochs=1,
+        gradient_clip_val=1.0,
+        callbacks=[timer],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+    )
     trainer.fit(GPTModule(cfg), loader)
     diffs = [b - a for a, b in zip(timer.stamps, timer.stamps[1:])]
-    return diffs[WARMUP - 1:]
+    return diffs[WARMUP - 1 :]
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--size", default="small", choices=sorted(SIZES))
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--batch-size", type=int, default=16)
@@ -79,11 +93,18 @@ def main() -> None:
         plain += plain_loop(cfg, loader)
         lightspeed += trainer_loop(cfg, loader)
     p_med, l_med = statistics.median(plain), statistics.median(lightspeed)
-    table = Table(title=f"Trainer overhead, GPT '{args.size}', batch {args.batch_size}, CPU ({torch.get_num_threads()} threads)")
+    table = Table(
+        title=(
+            f"Trainer overhead, GPT '{args.size}', batch {args.batch_size}, CPU "
+            f"({torch.get_num_threads()} threads)"
+        )
+    )
     for col in ("loop", "median ms/step", "steps timed", "ratio to plain loop"):
         table.add_column(col, justify="right")
     table.add_row("plain PyTorch", f"{p_med * 1e3:.2f}", str(len(plain)), "1.000")
-    table.add_row("lightspeed Trainer", f"{l_med * 1e3:.2f}", str(len(lightspeed)), f"{l_med / p_med:.3f}")
+    table.add_row(
+        "lightspeed Trainer", f"{l_med * 1e3:.2f}", str(len(lightspeed)), f"{l_med / p_med:.3f}"
+    )
     Console().print(table)
 
 

@@ -1,5 +1,5 @@
-"""An autoencoder: encode 28x28 images to 8 numbers and decode them back; fit, then test the reconstruction.
-    python examples/autoencoder.py --devices 2 --strategy deepspeed_stage_2
+"""An autoencoder: encode 28x28 images to 8 numbers and decode them back; fit, then test the
+reconstruction. python examples/autoencoder.py --devices 2 --strategy deepspeed_stage_2
 """
 
 import argparse
@@ -42,15 +42,21 @@ class AutoEncoder(L.LightningModule):
 
 
 def images(n: int, seed: int) -> DataLoader:
-    return DataLoader(TensorDataset(torch.rand(n, 1, 28, 28, generator=torch.Generator().manual_seed(seed))),
-                      batch_size=32)
+    return DataLoader(
+        TensorDataset(torch.rand(n, 1, 28, 28, generator=torch.Generator().manual_seed(seed))),
+        batch_size=32,
+    )
 
 
 def main(args):
     L.seed_everything(7)
     model = AutoEncoder()
-    trainer = L.Trainer(accelerator=args.accelerator, devices=args.devices, strategy=args.strategy,
-                        max_epochs=args.max_epochs)
+    trainer = L.Trainer(
+        accelerator=args.accelerator,
+        devices=args.devices,
+        strategy=args.strategy,
+        max_epochs=args.max_epochs,
+    )
     trainer.fit(model, images(256, 0), images(64, 1))
     results = trainer.test(model, images(64, 2))
     if trainer.is_global_zero:
@@ -60,7 +66,9 @@ def main(args):
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--strategy", default="auto")
-    parser.add_argument("--accelerator", default="auto", help="cpu, gpu or auto (a GPU when there is one)")
+    parser.add_argument(
+        "--accelerator", default="auto", help="cpu, gpu or auto (a GPU when there is one)"
+    )
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--max_epochs", type=int, default=2)
     main(parser.parse_args())

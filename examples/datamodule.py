@@ -1,5 +1,5 @@
-"""A LightningDataModule: the data's preparation, splits and loaders in one class, handed to fit and test.
-    python examples/datamodule.py --devices 2 --strategy ddp
+"""A LightningDataModule: the data's preparation, splits and loaders in one class, handed to fit and
+test. python examples/datamodule.py --devices 2 --strategy ddp
 """
 
 import argparse
@@ -67,8 +67,12 @@ class LinearRegression(L.LightningModule):
 def main(args):
     L.seed_everything(1)
     dm, model = RegressionData(), LinearRegression()
-    trainer = L.Trainer(accelerator=args.accelerator, devices=args.devices, strategy=args.strategy,
-                        max_epochs=args.max_epochs)
+    trainer = L.Trainer(
+        accelerator=args.accelerator,
+        devices=args.devices,
+        strategy=args.strategy,
+        max_epochs=args.max_epochs,
+    )
     trainer.fit(model, datamodule=dm)
     results = trainer.test(model, datamodule=dm)
     if trainer.is_global_zero:
@@ -78,7 +82,9 @@ def main(args):
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--strategy", default="auto")
-    parser.add_argument("--accelerator", default="auto", help="cpu, gpu or auto (a GPU when there is one)")
+    parser.add_argument(
+        "--accelerator", default="auto", help="cpu, gpu or auto (a GPU when there is one)"
+    )
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--max_epochs", type=int, default=5)
     main(parser.parse_args())

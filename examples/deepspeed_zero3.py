@@ -1,6 +1,7 @@
-"""DeepSpeed ZeRO stage 3 through the strategy object: parameters, gradients and optimizer states are split
-across the ranks, and layers built in `configure_model` are created directly in their shards.
-`--strategy deepspeed` (the default) uses `DeepSpeedStrategy(stage=3)`; any other name is passed to the Trainer.
+"""DeepSpeed ZeRO stage 3 through the strategy object: parameters, gradients and optimizer states
+are split across the ranks, and layers built in `configure_model` are created directly in their
+shards. `--strategy deepspeed` (the default) uses `DeepSpeedStrategy(stage=3)`; any other name is
+passed to the Trainer.
     python examples/deepspeed_zero3.py --devices 2
 """
 
@@ -44,8 +45,12 @@ def main(args):
     x = torch.randn(256, 16, generator=g)
     data = DataLoader(TensorDataset(x, x.pow(2).mean(1, keepdim=True)), batch_size=16, shuffle=True)
     strategy = DeepSpeedStrategy(stage=3) if args.strategy == "deepspeed" else args.strategy
-    trainer = L.Trainer(accelerator=args.accelerator, devices=args.devices, strategy=strategy,
-                        max_epochs=args.max_epochs)
+    trainer = L.Trainer(
+        accelerator=args.accelerator,
+        devices=args.devices,
+        strategy=strategy,
+        max_epochs=args.max_epochs,
+    )
     trainer.fit(DeepMLP(), data)
     if trainer.is_global_zero:
         print(f"result: train_loss={float(trainer.callback_metrics['train_loss']):.4f}")
@@ -54,7 +59,9 @@ def main(args):
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--strategy", default="deepspeed")
-    parser.add_argument("--accelerator", default="auto", help="cpu, gpu or auto (a GPU when there is one)")
+    parser.add_argument(
+        "--accelerator", default="auto", help="cpu, gpu or auto (a GPU when there is one)"
+    )
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--max_epochs", type=int, default=1)
     main(parser.parse_args())

@@ -1,6 +1,8 @@
-"""A GAN with manual optimization: a generator and a discriminator, each with its own optimizer, stepped by hand.
+"""A GAN with manual optimization: a generator and a discriminator, each with its own optimizer,
+stepped by hand.
     python examples/gan.py --devices 2 --strategy deepspeed_stage_2
-    python examples/gan.py --devices 2 --strategy deepspeed_stage_2 --ckpt_path checkpoints/last   # resume
+    python examples/gan.py --devices 2 --strategy deepspeed_stage_2 --ckpt_path checkpoints/last   #
+    resume
 
 Under DeepSpeed each optimizer gets its own engine; the script is the same under every strategy.
 """
@@ -20,7 +22,9 @@ class Generator(nn.Module):
     def __init__(self, latent_dim: int, img_shape: tuple):
         super().__init__()
         self.img_shape = img_shape
-        self.net = nn.Sequential(nn.Linear(latent_dim, 128), nn.LeakyReLU(0.2), nn.Linear(128, 28 * 28), nn.Tanh())
+        self.net = nn.Sequential(
+            nn.Linear(latent_dim, 128), nn.LeakyReLU(0.2), nn.Linear(128, 28 * 28), nn.Tanh()
+        )
 
     def forward(self, z):
         return self.net(z).view(z.shape[0], *self.img_shape)
@@ -47,7 +51,10 @@ class GAN(L.LightningModule):
         return self.generator(z)
 
     def training_step(self, batch):
-        imgs, z = batch  # the noise comes with the batch, so every strategy and a resume see the same samples
+        imgs, z = (
+            # the noise comes with the batch, so every strategy and a resume see the same samples
+            batch
+        )
         opt_g, opt_d = self.optimizers()
         real = torch.ones(imgs.size(0), 1).type_as(imgs)
         fake = torch.zeros(imgs.size(0), 1).type_as(imgs)
@@ -88,10 +95,17 @@ def images_and_noise(n: int, latent_dim: int) -> DataLoader:
 def main(args):
     L.seed_everything(7)
     model = GAN()
-    checkpoint = ModelCheckpoint(dirpath="checkpoints", every_n_train_steps=args.save_every, save_last=True,
-                                 save_top_k=-1)
-    trainer = L.Trainer(accelerator=args.accelerator, devices=args.devices, strategy=args.strategy,
-                        max_steps=args.max_steps, log_every_n_steps=1, callbacks=[checkpoint])
+    checkpoint = ModelCheckpoint(
+        dirpath="checkpoints", every_n_train_steps=args.save_every, save_last=True, save_top_k=-1
+    )
+    trainer = L.Trainer(
+        accelerator=args.accelerator,
+        devices=args.devices,
+        strategy=args.strategy,
+        max_steps=args.max_steps,
+        log_every_n_steps=1,
+        callbacks=[checkpoint],
+    )
     trainer.fit(model, images_and_noise(256, model.hparams.latent_dim), ckpt_path=args.ckpt_path)
     if trainer.is_global_zero:
         print(f"result: d_loss={float(trainer.callback_metrics['d_loss']):.4f}")
@@ -100,7 +114,9 @@ def main(args):
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--strategy", default="auto")
-    parser.add_argument("--accelerator", default="auto", help="cpu, gpu or auto (a GPU when there is one)")
+    parser.add_argument(
+        "--accelerator", default="auto", help="cpu, gpu or auto (a GPU when there is one)"
+    )
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--max_steps", type=int, default=8)
     parser.add_argument("--save_every", type=int, default=4)

@@ -1,5 +1,5 @@
-"""A learning-rate schedule returned as Lightning's dict (stepped every optimizer step), with LearningRateMonitor
-writing the learning rate to the logger.
+"""A learning-rate schedule returned as Lightning's dict (stepped every optimizer step), with
+LearningRateMonitor writing the learning rate to the logger.
     python examples/lr_scheduler.py --devices 2 --strategy fsdp
 """
 
@@ -30,8 +30,13 @@ class Classifier(L.LightningModule):
     def configure_optimizers(self):
         optimizer = torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
         warmup = self.hparams.warmup
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: min(1.0, (step + 1) / warmup)
+        )
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1},
+        }
 
 
 def main(args):
@@ -39,9 +44,15 @@ def main(args):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(256, 20, generator=g)
     data = DataLoader(TensorDataset(x, x[:, :4].argmax(1)), batch_size=32)
-    trainer = L.Trainer(accelerator=args.accelerator, devices=args.devices, strategy=args.strategy,
-                        max_epochs=args.max_epochs, logger=CSVLogger("logs"), log_every_n_steps=1,
-                        callbacks=[LearningRateMonitor(logging_interval="step")])
+    trainer = L.Trainer(
+        accelerator=args.accelerator,
+        devices=args.devices,
+        strategy=args.strategy,
+        max_epochs=args.max_epochs,
+        logger=CSVLogger("logs"),
+        log_every_n_steps=1,
+        callbacks=[LearningRateMonitor(logging_interval="step")],
+    )
     model = Classifier()
     trainer.fit(model, data)
     if trainer.is_global_zero:
@@ -52,7 +63,9 @@ def main(args):
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--strategy", default="auto")
-    parser.add_argument("--accelerator", default="auto", help="cpu, gpu or auto (a GPU when there is one)")
+    parser.add_argument(
+        "--accelerator", default="auto", help="cpu, gpu or auto (a GPU when there is one)"
+    )
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--max_epochs", type=int, default=1)
     main(parser.parse_args())

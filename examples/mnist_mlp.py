@@ -17,7 +17,9 @@ import lightspeed as L
 def random_mnist(n: int, seed: int) -> TensorDataset:
     g = torch.Generator().manual_seed(seed)
     images = torch.rand(n, 1, 28, 28, generator=g)
-    labels = (images.mean(dim=(1, 2, 3)) * 1000).long() % 10  # a label the model can learn from the pixels
+    labels = (
+        images.mean(dim=(1, 2, 3)) * 1000
+    ).long() % 10  # a label the model can learn from the pixels
     return TensorDataset(images, labels)
 
 
@@ -25,7 +27,9 @@ class MNISTClassifier(L.LightningModule):
     def __init__(self, hidden: int = 64, lr: float = 1e-3):
         super().__init__()
         self.save_hyperparameters()
-        self.net = nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, hidden), nn.ReLU(), nn.Linear(hidden, 10))
+        self.net = nn.Sequential(
+            nn.Flatten(), nn.Linear(28 * 28, hidden), nn.ReLU(), nn.Linear(hidden, 10)
+        )
 
     def forward(self, x):
         return self.net(x)
@@ -51,8 +55,12 @@ def main(args):
     model = MNISTClassifier()
     train = DataLoader(random_mnist(256, 0), batch_size=32, shuffle=True)
     val = DataLoader(random_mnist(64, 1), batch_size=32)
-    trainer = L.Trainer(accelerator=args.accelerator, devices=args.devices, strategy=args.strategy,
-                        max_epochs=args.max_epochs)
+    trainer = L.Trainer(
+        accelerator=args.accelerator,
+        devices=args.devices,
+        strategy=args.strategy,
+        max_epochs=args.max_epochs,
+    )
     trainer.fit(model, train, val)
     if trainer.is_global_zero:
         print(f"result: val_acc={float(trainer.callback_metrics['val_acc']):.4f}")
@@ -61,7 +69,9 @@ def main(args):
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--strategy", default="auto")
-    parser.add_argument("--accelerator", default="auto", help="cpu, gpu or auto (a GPU when there is one)")
+    parser.add_argument(
+        "--accelerator", default="auto", help="cpu, gpu or auto (a GPU when there is one)"
+    )
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--max_epochs", type=int, default=2)
     main(parser.parse_args())

@@ -1,5 +1,6 @@
-"""Inference with `trainer.predict`: fit a small regressor, then predict on new inputs; `predict_step` decides what
-comes back (here the predictions and the inputs' indices, so they can be put back in order).
+"""Inference with `trainer.predict`: fit a small regressor, then predict on new inputs;
+`predict_step` decides what comes back (here the predictions and the inputs' indices, so they can be
+put back in order).
     python examples/predict.py --devices 2 --strategy deepspeed_stage_2
 """
 
@@ -44,12 +45,22 @@ def main(args):
     to_predict = DataLoader(TensorDataset(new_x, torch.arange(40)), batch_size=8)
 
     model = Regressor()
-    trainer = L.Trainer(accelerator=args.accelerator, devices=args.devices, strategy=args.strategy,
-                        max_epochs=args.max_epochs)
+    trainer = L.Trainer(
+        accelerator=args.accelerator,
+        devices=args.devices,
+        strategy=args.strategy,
+        max_epochs=args.max_epochs,
+    )
     trainer.fit(model, train)
-    batches = trainer.predict(model, to_predict)  # this rank's batches, on its device (a GPU's, under gpu)
+    batches = trainer.predict(
+        model, to_predict
+    )  # this rank's batches, on its device (a GPU's, under gpu)
     index = torch.cat([b["index"] for b in batches]).cpu()
-    error = (torch.cat([b["prediction"] for b in batches]).float().cpu() - new_x[index].sum(1)).abs().mean()
+    error = (
+        (torch.cat([b["prediction"] for b in batches]).float().cpu() - new_x[index].sum(1))
+        .abs()
+        .mean()
+    )
     print(f"rank {trainer.global_rank}: {len(index)} predictions, mean abs error {error:.3f}")
     if trainer.is_global_zero:
         print(f"result: predictions={len(index)}")
@@ -58,7 +69,9 @@ def main(args):
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--strategy", default="auto")
-    parser.add_argument("--accelerator", default="auto", help="cpu, gpu or auto (a GPU when there is one)")
+    parser.add_argument(
+        "--accelerator", default="auto", help="cpu, gpu or auto (a GPU when there is one)"
+    )
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--max_epochs", type=int, default=3)
     main(parser.parse_args())

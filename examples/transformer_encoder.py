@@ -1,5 +1,6 @@
-"""A sequence classifier on torch's nn.TransformerEncoder, built in configure_model (how large models are built for
-ZeRO-3 and FSDP: sharded as they are created). nn.TransformerEncoder deep-copies its layer num_layers times.
+"""A sequence classifier on torch's nn.TransformerEncoder, built in configure_model (how large
+models are built for ZeRO-3 and FSDP: sharded as they are created). nn.TransformerEncoder
+deep-copies its layer num_layers times.
     python examples/transformer_encoder.py --devices 2 --strategy deepspeed_stage_3
 """
 
@@ -23,7 +24,9 @@ class Classifier(L.LightningModule):
     def configure_model(self):
         d = self.hparams.d_model
         self.embed = nn.Embedding(VOCAB, d)
-        layer = nn.TransformerEncoderLayer(d, nhead=4, dim_feedforward=2 * d, dropout=0.0, batch_first=True)
+        layer = nn.TransformerEncoderLayer(
+            d, nhead=4, dim_feedforward=2 * d, dropout=0.0, batch_first=True
+        )
         self.encoder = nn.TransformerEncoder(layer, self.hparams.layers, enable_nested_tensor=False)
         self.head = nn.Linear(d, CLASSES)
 
@@ -50,8 +53,14 @@ def sequences(n: int) -> DataLoader:
 def main(args):
     L.seed_everything(7)
     model = Classifier()
-    trainer = L.Trainer(accelerator=args.accelerator, devices=args.devices, strategy=args.strategy,
-                        max_steps=args.max_steps, log_every_n_steps=1, enable_checkpointing=False)
+    trainer = L.Trainer(
+        accelerator=args.accelerator,
+        devices=args.devices,
+        strategy=args.strategy,
+        max_steps=args.max_steps,
+        log_every_n_steps=1,
+        enable_checkpointing=False,
+    )
     trainer.fit(model, sequences(256))
     if trainer.is_global_zero:
         print(f"result: train_loss={float(trainer.callback_metrics['train_loss']):.4f}")
@@ -60,7 +69,9 @@ def main(args):
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--strategy", default="auto")
-    parser.add_argument("--accelerator", default="auto", help="cpu, gpu or auto (a GPU when there is one)")
+    parser.add_argument(
+        "--accelerator", default="auto", help="cpu, gpu or auto (a GPU when there is one)"
+    )
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--max_steps", type=int, default=8)
     main(parser.parse_args())

@@ -1,7 +1,9 @@
-"""Two training loaders as a dict, on 2 ranks: `python tests/combined_script.py <out_dir>` (test_lightning_names.py).
+"""Two training loaders as a dict, on 2 ranks: `python tests/combined_script.py <out_dir>`
+(test_lightning_names.py).
 
-Each rank writes <out_dir>/rank<r>.json: the sample indices it trained on from each loader, per epoch. In the
-second epoch rank 1 alone asks to skip the rest (on_train_batch_start returns -1 at batch 2): both ranks stop.
+Each rank writes <out_dir>/rank<r>.json: the sample indices it trained on from each loader, per
+epoch. In the second epoch rank 1 alone asks to skip the rest (on_train_batch_start returns -1 at
+batch 2): both ranks stop.
 """
 
 import json
@@ -15,7 +17,9 @@ import lightspeed as L
 
 
 def indexed(n: int) -> TensorDataset:
-    return TensorDataset(torch.arange(n), torch.randn(n, 4, generator=torch.Generator().manual_seed(n)))
+    return TensorDataset(
+        torch.arange(n), torch.randn(n, 4, generator=torch.Generator().manual_seed(n))
+    )
 
 
 class TwoSources(L.LightningModule):
@@ -39,8 +43,24 @@ class TwoSources(L.LightningModule):
 if __name__ == "__main__":
     out = Path(sys.argv[1])
     model = TwoSources()
-    trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, default_root_dir=str(out),
-                        enable_progress_bar=False, logger=False, enable_checkpointing=False, seed=0)
-    trainer.fit(model, {"a": DataLoader(indexed(32), batch_size=4, shuffle=True),
-                        "b": DataLoader(indexed(16), batch_size=4)})
-    (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(dict(step=trainer.global_step, seen=model.seen)))
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        max_epochs=2,
+        default_root_dir=str(out),
+        enable_progress_bar=False,
+        logger=False,
+        enable_checkpointing=False,
+        seed=0,
+    )
+    trainer.fit(
+        model,
+        {
+            "a": DataLoader(indexed(32), batch_size=4, shuffle=True),
+            "b": DataLoader(indexed(16), batch_size=4),
+        },
+    )
+    (out / f"rank{trainer.global_rank}.json").write_text(
+        json.dumps(dict(step=trainer.global_step, seen=model.seen))
+    )

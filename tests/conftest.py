@@ -8,19 +8,38 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-# The files with the longest runs go first, so that under `make test`'s two workers (`--dist loadfile` hands out
-# whole files in collection order) no long file starts last while the other worker sits idle. The order is the one
+# The files with the longest runs go first, so that under `make test`'s two workers (`--dist
+# loadfile` hands out
+# whole files in collection order) no long file starts last while the other worker sits idle. The
+# order is the one
 # of measured file times (a full run on 2 cores); the files left out take under 20 s each.
-LONGEST_FIRST = ("test_strategies.py", "test_manual_optimization.py", "test_deepspeed.py", "test_launch.py",
-                 "test_fsdp.py", "test_examples.py", "test_travel.py", "test_plan.py", "test_kernels.py",
-                 "test_guard.py", "test_lifecycle.py", "test_decisions.py", "test_benchmarks_and_demo.py",
-                 "test_trainer.py", "test_ddp.py", "test_no_hangs.py", "test_zero1.py", "test_deepspeed_bf16.py",
-                 "test_lightning_ranks.py")
+LONGEST_FIRST = (
+    "test_strategies.py",
+    "test_manual_optimization.py",
+    "test_deepspeed.py",
+    "test_launch.py",
+    "test_fsdp.py",
+    "test_examples.py",
+    "test_travel.py",
+    "test_plan.py",
+    "test_kernels.py",
+    "test_guard.py",
+    "test_lifecycle.py",
+    "test_decisions.py",
+    "test_benchmarks_and_demo.py",
+    "test_trainer.py",
+    "test_ddp.py",
+    "test_no_hangs.py",
+    "test_zero1.py",
+    "test_deepspeed_bf16.py",
+    "test_lightning_ranks.py",
+)
 
 
 def pytest_configure(config):
     # pytest-xdist orders --dist loadfile's files by their number of tests (most first) unless given
-    # --no-loadscope-reorder; a file of many quick tests is no long run, so keep the order above instead.
+    # --no-loadscope-reorder; a file of many quick tests is no long run, so keep the order above
+    # instead.
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
 
@@ -29,15 +48,23 @@ def pytest_collection_modifyitems(config, items):
     import torch
 
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its own order
-    if torch.cuda.is_available():  # a GPU test parametrized with more `devices` than there are GPUs is skipped
+    items.sort(
+        key=lambda item: rank.get(item.path.name, len(rank))
+    )  # stable: each file keeps its own order
+    if (
+        torch.cuda.is_available()
+    ):  # a GPU test parametrized with more `devices` than there are GPUs is skipped
         have = torch.cuda.device_count()
         for item in items:
             wanted = getattr(item, "callspec", None) and item.callspec.params.get("devices")
             if "gpu" in item.keywords and isinstance(wanted, int) and wanted > have:
-                item.add_marker(pytest.mark.skip(reason=f"needs {wanted} GPUs; this machine has {have}"))
+                item.add_marker(
+                    pytest.mark.skip(reason=f"needs {wanted} GPUs; this machine has {have}")
+                )
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU; this machine has none (run on the GPU machine)")
+    skip = pytest.mark.skip(
+        reason="needs a CUDA GPU; this machine has none (run on the GPU machine)"
+    )
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
@@ -45,9 +72,9 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _restore_environment():
-    """Each test starts from the same environment variables. An in-process DeepSpeed run sets RANK, WORLD_SIZE and
-    LOCAL_RANK (DeepSpeed's engine writes them itself), which a later Trainer in the process would read as a
-    launcher's."""
+    """Each test starts from the same environment variables. An in-process DeepSpeed run sets RANK,
+    WORLD_SIZE and LOCAL_RANK (DeepSpeed's engine writes them itself), which a later Trainer in the
+    process would read as a launcher's."""
     saved = dict(os.environ)
     yield
     os.environ.clear()
@@ -56,10 +83,14 @@ def _restore_environment():
 
 @pytest.fixture(scope="session")
 def shared_run(tmp_path_factory):
-    """`shared_run(**opts)`: `run_workload(**opts)` once per pytest session, shared by the tests (and both xdist
-    workers) that ask for the same options (helpers.SharedRuns). The runs live in this session's temporary folder:
-    under xdist the folder the workers' own folders sit in, which no other session uses."""
+    """`shared_run(**opts)`: `run_workload(**opts)` once per pytest session, shared by the tests
+    (and both xdist
+    workers) that ask for the same options (helpers.SharedRuns). The runs live in this session's
+    temporary folder: under xdist the folder the workers' own folders sit in, which no other session
+    uses."""
     from helpers import SharedRuns
 
     base = tmp_path_factory.getbasetemp()
-    return SharedRuns((base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared-runs")
+    return SharedRuns(
+        (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared-runs"
+    )

@@ -1,8 +1,8 @@
 """Module API on 2 DDP ranks: `python tests/ddp_api_script.py <out_dir>` (test_trainer.py runs it).
 
 With Trainer(devices=2) the script spawns its second rank itself. Each rank writes what it saw to
-<out_dir>/rank<r>.json: sync_dist reductions, its sampler order, its predictions, manual optimization results.
-Two Trainers run in one script, as users do (fit, then another fit).
+<out_dir>/rank<r>.json: sync_dist reductions, its sampler order, its predictions, manual
+optimization results. Two Trainers run in one script, as users do (fit, then another fit).
 """
 
 import json
@@ -63,8 +63,14 @@ class Manual(ls.Module):
 def main(out: str) -> None:
     x = torch.arange(10.0)[:, None]
     data = TensorDataset(x, 2 * x / 10)
-    kw = dict(accelerator="cpu", devices=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-              seed=0)
+    kw = dict(
+        accelerator="cpu",
+        devices=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        seed=0,
+    )
     trainer = ls.Trainer(max_epochs=1, **kw)
     model = Logs()
     trainer.fit(model, DataLoader(data, batch_size=1, shuffle=False))
@@ -74,15 +80,25 @@ def main(out: str) -> None:
 
     manual = Manual()
     trainer2 = ls.Trainer(max_steps=5, **kw)
-    # Rank-dependent data: without DDP's gradient all-reduce the two ranks' weights would drift apart.
-    trainer2.fit(manual, DataLoader(TensorDataset(x / 10, (trainer.global_rank + 1) * x / 10), batch_size=1))
-    # shuffle=True: a DistributedSampler that reshuffles each epoch (set_epoch), the ranks splitting the data.
+    # Rank-dependent data: without DDP's gradient all-reduce the two ranks' weights would drift
+    # apart.
+    trainer2.fit(
+        manual, DataLoader(TensorDataset(x / 10, (trainer.global_rank + 1) * x / 10), batch_size=1)
+    )
+    # shuffle=True: a DistributedSampler that reshuffles each epoch (set_epoch), the ranks splitting
+    # the data.
     shuffled = Logs()
     ls.Trainer(max_epochs=2, **kw).fit(shuffled, DataLoader(data, batch_size=1, shuffle=True))
-    result = dict(global_rank=model.global_rank, train_order=model.order, shuffled_order=shuffled.order,
-                  predictions=[int(v) for p in preds for v in p], manual_losses=manual.losses,
-                  manual_weights=[float(p.detach()) for p in manual.parameters()],
-                  manual_lr=trainer2.strategy.optimizers[0].param_groups[0]["lr"], **metrics)
+    result = dict(
+        global_rank=model.global_rank,
+        train_order=model.order,
+        shuffled_order=shuffled.order,
+        predictions=[int(v) for p in preds for v in p],
+        manual_losses=manual.losses,
+        manual_weights=[float(p.detach()) for p in manual.parameters()],
+        manual_lr=trainer2.strategy.optimizers[0].param_groups[0]["lr"],
+        **metrics,
+    )
     with open(f"{out}/rank{trainer.global_rank}.json", "w") as f:
         json.dump(result, f)
 

@@ -1,8 +1,9 @@
-"""A float-input regression model: `python tests/float_input_script.py <out.json> <strategy> <precision>`.
+"""A float-input regression model: `python tests/float_input_script.py <out.json> <strategy>
+<precision>`.
 
-The batch is float features and float targets (no token ids), so under DeepSpeed's bf16 engine the strategy must
-cast them to the weights' dtype. Rank 0 writes the per-step global-mean losses and the dtype the first layer's
-weight had during training.
+The batch is float features and float targets (no token ids), so under DeepSpeed's bf16 engine the
+strategy must cast them to the weights' dtype. Rank 0 writes the per-step global-mean losses and the
+dtype the first layer's weight had during training.
 """
 
 import json
@@ -17,7 +18,9 @@ from lightspeed import LightningModule, Trainer, seed_everything
 class Regression(LightningModule):
     def __init__(self):
         super().__init__()
-        self.net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)
+        )
         self.losses: list[float] = []
         self.weight_dtype = None
 
@@ -38,9 +41,18 @@ def main(out: str, strategy: str, precision: str) -> None:
     x = torch.randn(256, 8)
     y = x @ torch.linspace(-1, 1, 8).unsqueeze(1)
     model = Regression()
-    trainer = Trainer(accelerator="cpu", devices=2, strategy=strategy, precision=precision, max_epochs=1,
-                      enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
-                      logger=False, num_sanity_val_steps=0)
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=strategy,
+        precision=precision,
+        max_epochs=1,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        logger=False,
+        num_sanity_val_steps=0,
+    )
     trainer.fit(model, DataLoader(TensorDataset(x, y), batch_size=8))
     if trainer.global_rank == 0:
         with open(out, "w") as f:

@@ -1,11 +1,12 @@
 """The one helper that starts real ranks: `launch` runs a script as N ranks under a chosen launcher.
 
-Launchers: "python" (a plain `python script.py`; with `devices > 1` the Trainer spawns the other local ranks
-itself), "torchrun" (`--nproc-per-node N`), "torchrun-nodes" (N torchrun processes of one rank each, joined with
-`--nnodes N --node-rank i` on 127.0.0.1: how multi-node is tested on one machine), "slurm" (N processes carrying
-the variables `srun` sets; no srun binary needed) and "deepspeed" (the `deepspeed --num_gpus N` runner).
-Every rank uses gloo on 127.0.0.1 with a free port. Nothing in torch.distributed is mocked.
-`run_workload` runs tests/workload.py through `launch` and returns rank 0's JSON result.
+Launchers: "python" (a plain `python script.py`; with `devices > 1` the Trainer spawns the other
+local ranks itself), "torchrun" (`--nproc-per-node N`), "torchrun-nodes" (N torchrun processes of
+one rank each, joined with `--nnodes N --node-rank i` on 127.0.0.1: how multi-node is tested on one
+machine), "slurm" (N processes carrying the variables `srun` sets; no srun binary needed) and
+"deepspeed" (the `deepspeed --num_gpus N` runner). Every rank uses gloo on 127.0.0.1 with a free
+port. Nothing in torch.distributed is mocked. `run_workload` runs tests/workload.py through `launch`
+and returns rank 0's JSON result.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ LAUNCHERS = ("python", "torchrun", "torchrun-nodes", "slurm", "deepspeed")
 
 @dataclass
 class Launched:
-    """What the launched ranks left: the exit code (the first non-zero one), their joint output, the wall time."""
+    """What the launched ranks left: the exit code (the first non-zero one), their joint output, the
+    wall time."""
 
     returncode: int
     stdout: str
@@ -35,47 +37,140 @@ class Launched:
     seconds: float
 
 
-def _commands(script: list[str], launcher: str, nproc: int, port: int) -> list[tuple[list[str], dict]]:
+def _commands(
+    script: list[str], launcher: str, nproc: int, port: int
+) -> list[tuple[list[str], dict]]:
     py = sys.executable
     if launcher == "python":
         return [([py, *script], {})]
     if launcher == "torchrun":
-        return [([py, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
-                  "--master-port", str(port), *script], {})]
+        return [
+            (
+                [
+                    py,
+                    "-m",
+                    "torch.distributed.run",
+                    "--nproc-per-node",
+                    str(nproc),
+                    "--master-addr",
+                    "127.0.0.1",
+                    "--master-port",
+                    str(port),
+                    *script,
+                ],
+                {},
+            )
+        ]
     if launcher == "torchrun-nodes":
-        return [([py, "-m", "torch.distributed.run", "--nnodes", str(nproc), "--nproc-per-node", "1",
-                  "--node-rank", str(i), "--master-addr", "127.0.0.1", "--master-port", str(port), *script], {})
-                for i in range(nproc)]
+        return [
+            (
+                [
+                    py,
+                    "-m",
+                    "torch.distributed.run",
+                    "--nnodes",
+                    str(nproc),
+                    "--nproc-per-node",
+                    "1",
+                    "--node-rank",
+                    str(i),
+                    "--master-addr",
+                    "127.0.0.1",
+                    "--master-port",
+                    str(port),
+                    *script,
+                ],
+                {},
+            )
+            for i in range(nproc)
+        ]
     if launcher == "slurm":
-        # lightspeed derives the port from the job id (15000 + id % 20000); pick an id that lands on `port`.
+        # lightspeed derives the port from the job id (15000 + id % 20000); pick an id that lands on
+        # `port`.
         job_id = 20000 * 7 + (port - 15000)
-        return [([py, *script], dict(SLURM_PROCID=str(i), SLURM_LOCALID=str(i), SLURM_NTASKS=str(nproc),
-                                     SLURM_NTASKS_PER_NODE=str(nproc), SLURM_NODELIST="localhost",
-                                     SLURM_NODEID="0", SLURM_JOB_ID=str(job_id), SLURM_JOB_NAME="train"))
-                for i in range(nproc)]
+        return [
+            (
+                [py, *script],
+                dict(
+                    SLURM_PROCID=str(i),
+                    SLURM_LOCALID=str(i),
+                    SLURM_NTASKS=str(nproc),
+                    SLURM_NTASKS_PER_NODE=str(nproc),
+                    SLURM_NODELIST="localhost",
+                    SLURM_NODEID="0",
+                    SLURM_JOB_ID=str(job_id),
+                    SLURM_JOB_NAME="train",
+                ),
+            )
+            for i in range(nproc)
+        ]
     if launcher == "deepspeed":
-        return [([str(Path(py).parent / "deepspeed"), "--num_gpus", str(nproc), "--master_addr", "127.0.0.1",
-                  "--master_port", str(port), *script], {})]
+        return [
+            (
+                [
+                    str(Path(py).parent / "deepspeed"),
+                    "--num_gpus",
+                    str(nproc),
+                    "--master_addr",
+                    "127.0.0.1",
+                    "--master_port",
+                    str(port),
+                    *script,
+                ],
+                {},
+            )
+        ]
     raise ValueError(f"launcher={launcher!r}: use one of {LAUNCHERS}")
 
 
-def launch(script: list[str], cwd: Path, launcher: str = "python", nproc: int = 2, extra_env: dict | None = None,
-           timeout: float = 300) -> Launched:
-    """Starts `script` (argv after `python`) as `nproc` ranks under `launcher`; waits for every process.
+def launch(
+    script: list[str],
+    cwd: Path,
+    launcher: str = "python",
+    nproc: int = 2,
+    extra_env: dict | None = None,
+    timeout: float = 300,
+) -> Launched:
+    """Starts `script` (argv after `python`) as `nproc` ranks under `launcher`; waits for every
+    process.
 
     On timeout every process group is killed and an AssertionError raised (a hang is a failure).
     """
     port = free_port(slurm=launcher == "slurm")
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", **(extra_env or {})}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LIGHTSPEED_SPAWNED", "SLURM_PROCID", "SLURM_NTASKS",
-                *(k for k, v in (extra_env or {}).items() if v is None)):  # None in extra_env: unset
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT / "src"),
+        "OMP_NUM_THREADS": "1",
+        **(extra_env or {}),
+    }
+    for key in (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LIGHTSPEED_SPAWNED",
+        "SLURM_PROCID",
+        "SLURM_NTASKS",
+        *(k for k, v in (extra_env or {}).items() if v is None),
+    ):  # None in extra_env: unset
         env.pop(key, None)
     start = time.monotonic()
     procs = []
     for i, (cmd, more) in enumerate(_commands(script, launcher, nproc, port)):
         out, err = (open(cwd / f".launch-{i}.{s}", "w+") for s in ("out", "err"))
-        procs.append((subprocess.Popen(cmd, cwd=cwd, env={**env, **more}, stdout=out, stderr=err,
-                                       start_new_session=True), out, err))
+        procs.append(
+            (
+                subprocess.Popen(
+                    cmd,
+                    cwd=cwd,
+                    env={**env, **more},
+                    stdout=out,
+                    stderr=err,
+                    start_new_session=True,
+                ),
+                out,
+                err,
+            )
+        )
     try:
         for p, _, _ in procs:
             p.wait(timeout=max(1.0, timeout - (time.monotonic() - start)))
@@ -83,7 +178,9 @@ def launch(script: list[str], cwd: Path, launcher: str = "python", nproc: int = 
         for p, _, _ in procs:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
-        raise AssertionError(f"{launcher} run of {script} hung for {timeout}s:\n{_read(procs)[1][-4000:]}")
+        raise AssertionError(
+            f"{launcher} run of {script} hung for {timeout}s:\n{_read(procs)[1][-4000:]}"
+        )
     finally:
         for p, _, _ in procs:
             _kill_group(p.pid)  # stray ranks of a failed run
@@ -110,17 +207,28 @@ def _read(procs) -> tuple[str, str]:
     return "".join(outs), "".join(errs)
 
 
-def run_workload(tmp_path: Path, timeout: float = 300, launcher: str = "python", nproc: int = 2,
-                 extra_env: dict | None = None, check: bool = True, **opts) -> dict | Launched:
-    """Runs tests/workload.py with `opts`; returns rank 0's JSON result (or the Launched record if check=False).
+def run_workload(
+    tmp_path: Path,
+    timeout: float = 300,
+    launcher: str = "python",
+    nproc: int = 2,
+    extra_env: dict | None = None,
+    check: bool = True,
+    **opts,
+) -> dict | Launched:
+    """Runs tests/workload.py with `opts`; returns rank 0's JSON result (or the Launched record if
+    check=False).
 
-    `launcher="in-process"` runs a one-device workload inside the test process: no interpreter start-up.
+    `launcher="in-process"` runs a one-device workload inside the test process: no interpreter
+    start-up.
     """
     out = tmp_path / f"result-{len(list(tmp_path.glob('result-*')))}.json"
     opts.setdefault("root", str(tmp_path))
     opts["out"] = str(out)
     if launcher == "in-process":
-        assert opts.get("devices", 1) == 1, "in-process runs are for one device; start ranks with a launcher"
+        assert opts.get("devices", 1) == 1, (
+            "in-process runs are for one device; start ranks with a launcher"
+        )
         import workload
 
         workload.main(opts)
@@ -129,17 +237,21 @@ def run_workload(tmp_path: Path, timeout: float = 300, launcher: str = "python",
     if not check:
         return run
     if run.returncode != 0:
-        raise AssertionError(f"workload failed ({run.returncode}):\n{run.stdout[-3000:]}\n{run.stderr[-6000:]}")
+        raise AssertionError(
+            f"workload failed ({run.returncode}):\n{run.stdout[-3000:]}\n{run.stderr[-6000:]}"
+        )
     return json.loads(out.read_text())
 
 
 class SharedRuns:
-    """Workload runs made once and shared: `runs(**opts)` is `run_workload(root, **opts)` for a folder of its own,
-    made by the first caller with these exact options; later callers (in any process) read its result. The result
-    gains "root", the run's folder (its checkpoints); a string option may name a file there as "{root}/name".
+    """Workload runs made once and shared: `runs(**opts)` is `run_workload(root, **opts)` for a
+    folder of its own, made by the first caller with these exact options; later callers (in any
+    process) read its result. The result gains "root", the run's folder (its checkpoints); a string
+    option may name a file there as "{root}/name".
 
-    Each run has a lock file: two processes never make the same run, and one waits only for the run it needs.
-    The folder must belong to one pytest session (conftest's `shared_run`), so that every session runs afresh.
+    Each run has a lock file: two processes never make the same run, and one waits only for the run
+    it needs. The folder must belong to one pytest session (conftest's `shared_run`), so that every
+    session runs afresh.
     """
 
     def __init__(self, store: Path):
@@ -150,15 +262,17 @@ class SharedRuns:
         return self._get(opts, wait=True)
 
     def all(self, many: list[dict]) -> list[dict]:
-        """The runs of `many`, making first those no other process is making: a process that goes through the
-        same runs in another order then seldom waits for this one."""
+        """The runs of `many`, making first those no other process is making: a process that goes
+        through the same runs in another order then seldom waits for this one."""
         got: dict[int, dict] = {}
         while len(got) < len(many):
             pending = [i for i in range(len(many)) if i not in got]
             for i in pending:
                 if (result := self._get(many[i], wait=False)) is not None:
                     got[i] = result
-            if all(i not in got for i in pending):  # every one is being made elsewhere: wait for the first
+            if all(
+                i not in got for i in pending
+            ):  # every one is being made elsewhere: wait for the first
                 got[pending[0]] = self._get(many[pending[0]], wait=True)
         return [got[i] for i in range(len(many))]
 
@@ -173,7 +287,10 @@ class SharedRuns:
                 if not done.exists():
                     root.mkdir(exist_ok=True)
                     (root / "shared-options.json").write_text(key)
-                    given = {k: v.replace("{root}", str(root)) if isinstance(v, str) else v for k, v in opts.items()}
+                    given = {
+                        k: v.replace("{root}", str(root)) if isinstance(v, str) else v
+                        for k, v in opts.items()
+                    }
                     (root / "shared-result.tmp").write_text(json.dumps(run_workload(root, **given)))
                     (root / "shared-result.tmp").rename(done)
         except Timeout:
@@ -182,7 +299,8 @@ class SharedRuns:
 
 
 def free_port(slurm: bool = False) -> int:
-    """A free TCP port on 127.0.0.1 (for SLURM, one in the range lightspeed derives from a job id)."""
+    """A free TCP port on 127.0.0.1 (for SLURM, one in the range lightspeed derives from a job
+    id)."""
     import socket
 
     for _ in range(200):
@@ -204,4 +322,6 @@ def assert_close_losses(a: list[float], b: list[float], rtol: float, what: str =
     assert len(a) == len(b) and a, f"{what}: {len(a)} vs {len(b)} steps"
     worst = max(range(len(a)), key=lambda i: abs(a[i] - b[i]) / max(abs(b[i]), 1e-12))
     rel = abs(a[worst] - b[worst]) / max(abs(b[worst]), 1e-12)
-    assert rel <= rtol, f"{what}: step {worst} differs by {rel:.2e} (> {rtol:.0e}): {a[worst]} vs {b[worst]}"
+    assert rel <= rtol, (
+        f"{what}: step {worst} differs by {rel:.2e} (> {rtol:.0e}): {a[worst]} vs {b[worst]}"
+    )

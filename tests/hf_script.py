@@ -1,8 +1,10 @@
-"""A Hugging Face model trained as Lightning users write it: `python tests/hf_script.py '<json options>'`.
+"""A Hugging Face model trained as Lightning users write it: `python tests/hf_script.py '<json
+options>'`.
 
-Options: model ("gpt2": tied head; "llama": RMSNorm, rotary, untied), strategy, devices, out (JSON for rank 0),
-steps, export (a folder: rank 0 writes the consolidated weights there as model.safetensors + config.json, the
-layout `from_pretrained` reads). The model is built in configure_model, from a config: nothing is downloaded.
+Options: model ("gpt2": tied head; "llama": RMSNorm, rotary, untied), strategy, devices, out (JSON
+for rank 0), steps, export (a folder: rank 0 writes the consolidated weights there as
+model.safetensors + config.json, the layout `from_pretrained` reads). The model is built in
+configure_model, from a config: nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import lightspeed as ls
-from lightspeed.checkpoint_io import save_weights
+from lightspeed.checkpoint.io import save_weights
 
 VOCAB, SEQ = 64, 16
 
@@ -24,12 +26,28 @@ def hf_config(kind: str):
     if kind == "gpt2":
         from transformers import GPT2Config
 
-        return GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=VOCAB, n_positions=SEQ, resid_pdrop=0.0,
-                          embd_pdrop=0.0, attn_pdrop=0.0)
+        return GPT2Config(
+            n_layer=2,
+            n_head=2,
+            n_embd=32,
+            vocab_size=VOCAB,
+            n_positions=SEQ,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        )
     from transformers import LlamaConfig
 
-    return LlamaConfig(num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, hidden_size=32,
-                       intermediate_size=64, vocab_size=VOCAB, max_position_embeddings=SEQ, tie_word_embeddings=False)
+    return LlamaConfig(
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        hidden_size=32,
+        intermediate_size=64,
+        vocab_size=VOCAB,
+        max_position_embeddings=SEQ,
+        tie_word_embeddings=False,
+    )
 
 
 class CausalLM(ls.LightningModule):
@@ -60,9 +78,17 @@ def main(opts: dict) -> None:
     data = DataLoader(TensorDataset(ids), batch_size=8 // devices)
     module = CausalLM(opts["model"])
     module.losses = []
-    trainer = ls.Trainer(strategy=opts["strategy"], devices=devices, accelerator="cpu", max_steps=opts.get("steps", 6),
-                         logger=False, enable_progress_bar=False, enable_checkpointing=False, seed=0,
-                         default_root_dir=opts["root"])
+    trainer = ls.Trainer(
+        strategy=opts["strategy"],
+        devices=devices,
+        accelerator="cpu",
+        max_steps=opts.get("steps", 6),
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        seed=0,
+        default_root_dir=opts["root"],
+    )
     trainer.fit(module, data)
     ckpt = trainer.save_checkpoint(Path(opts["root"]) / "final")
     if not trainer.is_global_zero:
@@ -71,7 +97,9 @@ def main(opts: dict) -> None:
         out = Path(opts["export"])
         out.mkdir(parents=True, exist_ok=True)
         state = ls.full_state_dict(ckpt)
-        save_weights({k.removeprefix("model."): v for k, v in state.items()}, out / "model.safetensors")
+        save_weights(
+            {k.removeprefix("model."): v for k, v in state.items()}, out / "model.safetensors"
+        )
         hf_config(opts["model"]).save_pretrained(out)
     Path(opts["out"]).write_text(json.dumps({"losses": module.losses}))
 

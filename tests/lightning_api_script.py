@@ -1,9 +1,10 @@
 """Lightning's surface on 2 ranks: `python tests/lightning_api_script.py <out_dir> <strategy>`
 (test_lightning_ranks.py runs it under ddp, deepspeed_stage_3 and fsdp).
 
-Each rank writes <out_dir>/rank<r>.json: what rank_zero_only returned, the DataModule's setup calls, the model
-summary's counts, the validation metric names with two loaders, and its predictions. prepare_data appends the
-rank to <out_dir>/prepared.txt (it must run once on this node). The fit saves checkpoints under <out_dir>.
+Each rank writes <out_dir>/rank<r>.json: what rank_zero_only returned, the DataModule's setup calls,
+the model summary's counts, the validation metric names with two loaders, and its predictions.
+prepare_data appends the rank to <out_dir>/prepared.txt (it must run once on this node). The fit
+saves checkpoints under <out_dir>.
 """
 
 import json
@@ -15,8 +16,8 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightspeed import Callback, CSVLogger, LightningDataModule, LightningModule, Trainer
+from lightspeed.report.summary import summarize
 from lightspeed.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy
-from lightspeed.summary import summarize
 from lightspeed.utilities import rank_zero_only
 
 OUT = Path(sys.argv[1]) if __name__ == "__main__" else Path(".")  # the test imports Net from here
@@ -44,10 +45,21 @@ class Data(LightningDataModule):
     def setup(self, stage):
         self.stages.append(stage)
 
-    def on_before_batch_transfer(self, batch, dataloader_idx):  # every batch of every loop, on each rank
+    def on_before_batch_transfer(
+        self, batch, dataloader_idx
+    ):  # every batch of every loop, on each rank
         t = self.trainer
-        state = "train" if t.training else "sanity" if t.sanity_checking else "validate" if t.validating else \
-            "predict" if t.predicting else "?"
+        state = (
+            "train"
+            if t.training
+            else "sanity"
+            if t.sanity_checking
+            else "validate"
+            if t.validating
+            else "predict"
+            if t.predicting
+            else "?"
+        )
         self.transfers.append(f"{state}/{dataloader_idx}")
         return batch
 
@@ -68,7 +80,9 @@ class Net(LightningModule):
 
     def configure_model(self):
         if not hasattr(self, "body"):
-            self.body = torch.nn.Sequential(torch.nn.Linear(8, self.hparams.hidden), torch.nn.Tanh())
+            self.body = torch.nn.Sequential(
+                torch.nn.Linear(8, self.hparams.hidden), torch.nn.Tanh()
+            )
             self.head = torch.nn.Linear(self.hparams.hidden, 1)
 
     def forward(self, x):
@@ -84,7 +98,9 @@ class Net(LightningModule):
         return self(batch[0]).tolist()
 
     @rank_zero_only
-    def on_fit_start(self):  # log_dir read on rank 0 alone: in Lightning a collective, so DDP froze (#18148)
+    def on_fit_start(
+        self,
+    ):  # log_dir read on rank 0 alone: in Lightning a collective, so DDP froze (#18148)
         self.log_dir_at_start = self.trainer.log_dir
 
     def configure_optimizers(self):
@@ -98,16 +114,27 @@ class Steps(Callback):
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         if trainer.is_last_batch:
-            self.names = dict(model=type(trainer.model).__name__, module=trainer.lightning_module is module,
-                              train_batches=trainer.num_training_batches, val_batches=trainer.num_val_batches,
-                              val_loaders=len(trainer.val_dataloaders), node_rank=trainer.node_rank,
-                              local_rank=trainer.local_rank, state=[trainer.state.fn, trainer.state.stage],
-                              last_batch_idx=batch_idx, log_dir=trainer.log_dir,
-                              experiment=type(trainer.logger.experiment).__name__,  # CSVLogger on rank 0 only
-                              gathered=module.all_gather({"rank": torch.tensor([trainer.global_rank + 0.5])})[
-                                  "rank"].tolist(),
-                              gathered_with_grads=module.all_gather(torch.ones(2) * trainer.global_rank,
-                                                                    sync_grads=True).sum(1).tolist())
+            self.names = dict(
+                model=type(trainer.model).__name__,
+                module=trainer.lightning_module is module,
+                train_batches=trainer.num_training_batches,
+                val_batches=trainer.num_val_batches,
+                val_loaders=len(trainer.val_dataloaders),
+                node_rank=trainer.node_rank,
+                local_rank=trainer.local_rank,
+                state=[trainer.state.fn, trainer.state.stage],
+                last_batch_idx=batch_idx,
+                log_dir=trainer.log_dir,
+                experiment=type(trainer.logger.experiment).__name__,  # CSVLogger on rank 0 only
+                gathered=module.all_gather({"rank": torch.tensor([trainer.global_rank + 0.5])})[
+                    "rank"
+                ].tolist(),
+                gathered_with_grads=module.all_gather(
+                    torch.ones(2) * trainer.global_rank, sync_grads=True
+                )
+                .sum(1)
+                .tolist(),
+            )
 
     def on_before_optimizer_step(self, trainer, module, optimizer):
         self.counts["before_optimizer_step"] += 1
@@ -120,9 +147,11 @@ class Steps(Callback):
 
 
 # Lightning's strategy classes, as a Lightning script builds them
-STRATEGIES = {"ddp": lambda: DDPStrategy(find_unused_parameters=False),
-              "deepspeed_stage_3": lambda: DeepSpeedStrategy(stage=3, logging_batch_size_per_gpu=4),
-              "fsdp": lambda: FSDPStrategy(sharding_strategy="FULL_SHARD")}
+STRATEGIES = {
+    "ddp": lambda: DDPStrategy(find_unused_parameters=False),
+    "deepspeed_stage_3": lambda: DeepSpeedStrategy(stage=3, logging_batch_size_per_gpu=4),
+    "fsdp": lambda: FSDPStrategy(sharding_strategy="FULL_SHARD"),
+}
 
 
 @rank_zero_only
@@ -132,16 +161,36 @@ def on_rank_zero():
 
 if __name__ == "__main__":
     dm, model, steps = Data(), Net(), Steps()
-    if os.environ.get("RANK") == "1":  # rank 1 starts after rank 0 made version_0: alone, it would count version_1
+    if (
+        os.environ.get("RANK") == "1"
+    ):  # rank 1 starts after rank 0 made version_0: alone, it would count version_1
         (OUT / "logs" / "lightspeed_logs" / "version_0").mkdir(parents=True, exist_ok=True)
-    trainer = Trainer(accelerator="cpu", devices=2, strategy=STRATEGIES[sys.argv[2]](), max_epochs=1,
-                      default_root_dir=str(OUT), enable_progress_bar=False, logger=CSVLogger(OUT / "logs"), seed=0,
-                      num_sanity_val_steps=1, callbacks=[steps])
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=STRATEGIES[sys.argv[2]](),
+        max_epochs=1,
+        default_root_dir=str(OUT),
+        enable_progress_bar=False,
+        logger=CSVLogger(OUT / "logs"),
+        seed=0,
+        num_sanity_val_steps=1,
+        callbacks=[steps],
+    )
     trainer.fit(model, datamodule=dm)
     summary = summarize(model)
     preds = trainer.predict(datamodule=dm)
-    result = dict(rank=trainer.global_rank, zero_only=on_rank_zero(), stages=dm.stages, summary=summary,
-                  metrics=sorted(trainer.callback_metrics), preds=preds, step=trainer.global_step,
-                  hooks=steps.counts, strategy=trainer.strategy.name, names=steps.names,
-                  transfers={k: dm.transfers.count(k) for k in sorted(set(dm.transfers))})
+    result = dict(
+        rank=trainer.global_rank,
+        zero_only=on_rank_zero(),
+        stages=dm.stages,
+        summary=summary,
+        metrics=sorted(trainer.callback_metrics),
+        preds=preds,
+        step=trainer.global_step,
+        hooks=steps.counts,
+        strategy=trainer.strategy.name,
+        names=steps.names,
+        transfers={k: dm.transfers.count(k) for k in sorted(set(dm.transfers))},
+    )
     (OUT / f"rank{trainer.global_rank}.json").write_text(json.dumps(result))

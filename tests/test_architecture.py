@@ -1,9 +1,11 @@
-"""The import contract: layers only point down, and there are no import cycles (function-level imports count).
+"""The import contract: layers only point down, and there are no import cycles (function-level
+imports count).
 
     .venv/bin/python -m pytest -q tests/test_architecture.py
 
-Every module of src/lightspeed is assigned a layer below. A module may import modules of its own layer or of
-lower ones. A new module must be given a layer here, so the contract cannot be bypassed by adding files.
+Every module of src/lightspeed is assigned a layer below. A module may import modules of its own
+layer or of lower ones. A new module must be given a layer here, so the contract cannot be bypassed
+by adding files.
 """
 
 from __future__ import annotations
@@ -13,19 +15,31 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "lightspeed"
 
+# The package DAG, bottom to top: a package (or top-level module) may import its own layer's and
+# lower ones'.
 LAYERS: dict[int, set[str]] = {
-    0: {"errors", "specs", "launch", "rng", "heartbeat"},  # plain data types, the launch environment, RNG, heartbeat
-    1: {"distributed", "config", "data", "metrics", "memory", "checkpoint_io", "precision", "optim", "progress",
-        "loggers", "report", "kernels", "plan_probe", "plan_chart", "utilities", "summary", "guard",
-        "preemption"},
-    # process-group helpers and small utilities; plan (below) imports strategies.host_memory
-    2: {"strategies", "plan"},  # every backend (strategies.*), and the planner that chooses among them
-    3: {"checkpoint", "conversion", "module", "callbacks", "run_metrics", "hparams", "hooks", "eval_loaders", "inputs",
-        "lightning_names", "datamodule",
-        "micro_batch"},
-    # the schema owner, the user-facing Module, callbacks, hooks and what they draw; the micro-batch finder
-    4: {"trainer"},  # the loop
-    5: {"__init__", "commands", "examples"},  # the package's face
+    0: {
+        "errors",
+        "specs",
+    },  # plain data types: ConfigError, RunSpec, LoopState, StepStats, TrainerView
+    1: {
+        "runtime"
+    },  # the launch environment (read once), process groups, RNG, heartbeat, preemption, guard
+    2: {"data"},  # loaders, samplers, combined loaders, accumulation windows, batch transfer
+    3: {
+        "utilities",
+        "config",
+    },  # Lightning's utility names; the Trainer's flags, checked and frozen
+    4: {"perf"},  # fused optimizers, compile, mixed precision and the shared clip-then-step
+    5: {"checkpoint"},  # the Checkpointer, file formats, one reader per on-disk layout
+    6: {"loggers"},
+    7: {"report"},  # the run report, the model summary, the progress bar
+    8: {"strategies"},  # the protocol, the registry, one file per backend, strategies/deepspeed/
+    9: {"core"},  # LightningModule, LightningDataModule, hparams and saving, the self.log store
+    10: {"callbacks"},
+    11: {"plan"},  # the memory forecast, probes, the micro-batch finder
+    12: {"hooks", "eval_loaders", "inputs", "lightning_names", "trainer"},  # the loop
+    13: {"__init__", "cli", "commands", "demos", "tuner"},  # the package's face
 }
 
 
@@ -39,7 +53,9 @@ def _layer(module: str) -> int:
     for layer, names in LAYERS.items():
         if top in names:
             return layer
-    raise AssertionError(f"module lightspeed.{module} has no layer in tests/test_architecture.py: give it one")
+    raise AssertionError(
+        f"module lightspeed.{module} has no layer in tests/test_architecture.py: give it one"
+    )
 
 
 def _imports(path: Path) -> set[str]:
@@ -58,8 +74,12 @@ def _imports(path: Path) -> set[str]:
                 names = [f"{target}.{a.name}" if target else a.name for a in node.names]
             else:
                 continue
-            for name in names:  # `from . import x` imports the module x; `from .x import y` the module x
-                found.add(name if _exists(name) else name.rsplit(".", 1)[0] if "." in name else name)
+            for (
+                name
+            ) in names:  # `from . import x` imports the module x; `from .x import y` the module x
+                found.add(
+                    name if _exists(name) else name.rsplit(".", 1)[0] if "." in name else name
+                )
             if target and _exists(target):
                 found.add(target)
         elif isinstance(node, ast.Import):
@@ -79,13 +99,18 @@ def _graph() -> dict[str, set[str]]:
     for path in sorted(SRC.rglob("*.py")):
         name = _name(path)
         graph[name.removesuffix(".__init__") if name.endswith(".__init__") else name] = {
-            m for m in _imports(path)}
+            m for m in _imports(path)
+        }
     return graph
 
 
 def test_layers_only_point_down():
-    upward = [f"lightspeed.{m} (layer {_layer(m)}) imports lightspeed.{dep} (layer {_layer(dep)})"
-              for m, deps in _graph().items() for dep in deps if _layer(dep) > _layer(m)]
+    upward = [
+        f"lightspeed.{m} (layer {_layer(m)}) imports lightspeed.{dep} (layer {_layer(dep)})"
+        for m, deps in _graph().items()
+        for dep in deps
+        if _layer(dep) > _layer(m)
+    ]
     assert upward == [], "\n".join(upward)
 
 
@@ -97,7 +122,11 @@ def test_no_import_cycles():
         state[node] = 1
         for dep in sorted(graph.get(node, ())):
             if state.get(dep) == 1:
-                cycles.append(" -> ".join(stack[stack.index(dep):] + [dep]) if dep in stack else f"{node}->{dep}")
+                cycles.append(
+                    " -> ".join(stack[stack.index(dep) :] + [dep])
+                    if dep in stack
+                    else f"{node}->{dep}"
+                )
             elif dep not in state:
                 visit(dep, stack + [dep])
         state[node] = 2
@@ -111,6 +140,34 @@ def test_no_import_cycles():
 def test_the_contract_sees_imports():
     # A self-check, so that a parser bug cannot make the two tests above pass vacuously.
     graph = _graph()
-    assert {"distributed", "precision", "specs", "checkpoint_io"} <= graph["strategies.ddp"]
-    assert "rng" in graph["strategies.common"] and "checkpoint" in graph["callbacks"]
+    assert {"runtime.distributed", "perf.precision", "specs", "checkpoint.io"} <= graph[
+        "strategies.ddp"
+    ]
+    assert (
+        "runtime.rng" in graph["strategies.common"]
+        and "checkpoint.checkpointer" in graph["callbacks"]
+    )
     assert "strategies" in graph["trainer"] and "trainer" in graph["__init__"]
+
+
+def test_only_the_deepspeed_package_imports_deepspeed():
+    # DeepSpeed's internals change between releases: one package holds every use, so one package
+    # follows them.
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        if path.is_relative_to(SRC / "strategies" / "deepspeed"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
+            found += [
+                f"{path.relative_to(SRC)}:{node.lineno} imports {n}"
+                for n in names
+                if n.split(".")[0] == "deepspeed"
+            ]
+    assert found == [], "\n".join(found)

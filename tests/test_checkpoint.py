@@ -1,4 +1,5 @@
-"""Checkpoints: atomic saves (a crash mid-save never becomes `last`), clear errors for broken ones, precision.
+"""Checkpoints: atomic saves (a crash mid-save never becomes `last`), clear errors for broken ones,
+precision.
 
     OMP_NUM_THREADS=1 .venv/bin/python -m pytest -q tests/test_checkpoint.py
 
@@ -44,22 +45,34 @@ def test_crash_mid_save_never_becomes_last(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         trainer.fit(Regress(), regression_data())
     d = tmp_path / "checkpoints"
-    assert (d / ".tmp-epoch=0-step=4").is_dir() and not (d / ".tmp-epoch=0-step=4" / "meta.json").exists()
+    assert (d / ".tmp-epoch=0-step=4").is_dir() and not (
+        d / ".tmp-epoch=0-step=4" / "meta.json"
+    ).exists()
     assert not (d / "epoch=0-step=4").exists()
     assert (d / "last").resolve() == (d / "epoch=0-step=2").resolve()
     with pytest.raises(ls.ConfigError, match=r"\.tmp-epoch=0-step=4.*not a lightspeed checkpoint"):
-        make_trainer(tmp_path, max_steps=6).fit(Regress(), regression_data(), ckpt_path=d / ".tmp-epoch=0-step=4")
+        make_trainer(tmp_path, max_steps=6).fit(
+            Regress(), regression_data(), ckpt_path=d / ".tmp-epoch=0-step=4"
+        )
     # Resuming from `last` takes the complete step-2 checkpoint; the next save clears the debris.
-    resumed = make_trainer(tmp_path, max_steps=6, callbacks=[ls.ModelCheckpoint(every_n_train_steps=2,
-                                                                                save_top_k=-1)])
+    resumed = make_trainer(
+        tmp_path, max_steps=6, callbacks=[ls.ModelCheckpoint(every_n_train_steps=2, save_top_k=-1)]
+    )
     model = Regress()
     resumed.fit(model, regression_data(), ckpt_path="last")
     assert model.calls.count("training_step") == 4 and resumed.global_step == 6
     assert not (d / ".tmp-epoch=0-step=4").exists()
-    assert sorted(p.name for p in d.iterdir()) == ["epoch=0-step=2", "epoch=0-step=4", "epoch=0-step=6", "last"]
+    assert sorted(p.name for p in d.iterdir()) == [
+        "epoch=0-step=2",
+        "epoch=0-step=4",
+        "epoch=0-step=6",
+        "last",
+    ]
 
 
-@pytest.mark.parametrize("victim", ["model.safetensors", "optimizer.pt", "trainer.pt", "rng-rank0.pt"])
+@pytest.mark.parametrize(
+    "victim", ["model.safetensors", "optimizer.pt", "trainer.pt", "rng-rank0.pt"]
+)
 def test_truncated_file_is_named(saved, victim, tmp_path):
     ckpt = saved / "last"
     file = ckpt.resolve() / victim
@@ -77,12 +90,17 @@ def test_not_a_checkpoint(saved, tmp_path):
     broken = tmp_path / "broken"
     shutil.copytree(saved / "last", broken)
     (broken / "meta.json").write_text("{ not json")
-    for path, why in [(plain, "not a lightspeed checkpoint"), (other, "format='something-else'"),
-                      (broken, "meta.json is not valid JSON"), (tmp_path / "nope", "does not exist")]:
+    for path, why in [
+        (plain, "not a lightspeed checkpoint"),
+        (other, "format='something-else'"),
+        (broken, "meta.json is not valid JSON"),
+        (tmp_path / "nope", "does not exist"),
+    ]:
         with pytest.raises(ls.ConfigError, match=why) as err:
             make_trainer(tmp_path, max_steps=4).fit(Regress(), regression_data(), ckpt_path=path)
         assert str(path) in str(err.value)
-    # A requeued job killed before its first save: "last" warns and starts fresh (a missing path stays an error).
+    # A requeued job killed before its first save: "last" warns and starts fresh (a missing path
+    # stays an error).
     trainer = make_trainer(tmp_path / "empty", max_steps=4)
     with pytest.warns(UserWarning, match="nothing saved .* starting from scratch"):
         trainer.fit(Regress(), regression_data(), ckpt_path="last")
@@ -92,10 +110,18 @@ def test_not_a_checkpoint(saved, tmp_path):
 def test_checkpoint_contents(saved):
     ckpt = (saved / "last").resolve()
     meta = json.loads((ckpt / "meta.json").read_text())
-    assert meta["format"] == "lightspeed-checkpoint" and meta["global_step"] == 3 and meta["strategy"] == "single"
+    assert (
+        meta["format"] == "lightspeed-checkpoint"
+        and meta["global_step"] == 3
+        and meta["strategy"] == "single"
+    )
     state = torch.load(ckpt / "trainer.pt", weights_only=False)
     assert (state["global_step"], state["epoch"], state["batches_done"]) == (3, 0, 3)
-    assert set(torch.load(ckpt / "rng-rank0.pt", weights_only=False)) >= {"python", "numpy", "torch"}
+    assert set(torch.load(ckpt / "rng-rank0.pt", weights_only=False)) >= {
+        "python",
+        "numpy",
+        "torch",
+    }
 
 
 @pytest.fixture(scope="module")
@@ -103,8 +129,16 @@ def precision_runs(tmp_path_factory):
     runs = {}
     for precision in ("bf16-mixed", "16-mixed", "bf16-true"):
         tmp = tmp_path_factory.mktemp(precision)
-        runs[precision] = run_workload(tmp, launcher="in-process", precision=precision, max_steps=20, batch_size=8,
-                                       limit_train_batches=4, lr=1e-2, save_to=str(tmp / "final"))
+        runs[precision] = run_workload(
+            tmp,
+            launcher="in-process",
+            precision=precision,
+            max_steps=20,
+            batch_size=8,
+            limit_train_batches=4,
+            lr=1e-2,
+            save_to=str(tmp / "final"),
+        )
         runs[precision]["dir"] = tmp / "final"
     return runs
 
@@ -120,8 +154,13 @@ def test_grad_scaler_state_in_checkpoint(precision_runs):
     state = torch.load(precision_runs["16-mixed"]["dir"] / "optimizer.pt", weights_only=False)
     scaler = state["precision"]["scaler"]
     assert scaler["scale"] > 0 and scaler["_growth_tracker"] >= 0
-    assert torch.load(precision_runs["bf16-mixed"]["dir"] / "optimizer.pt", weights_only=False)["precision"] == {}
-    from lightspeed.checkpoint_io import load_weights
+    assert (
+        torch.load(precision_runs["bf16-mixed"]["dir"] / "optimizer.pt", weights_only=False)[
+            "precision"
+        ]
+        == {}
+    )
+    from lightspeed.checkpoint.io import load_weights
 
     weights = load_weights(precision_runs["bf16-true"]["dir"] / "model.safetensors")
     assert {t.dtype for t in weights.values()} == {torch.bfloat16}

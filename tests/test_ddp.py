@@ -2,19 +2,23 @@
 
     OMP_NUM_THREADS=1 .venv/bin/python -m pytest -q tests/test_ddp.py
 
-Every run: 6 optimizer steps of 2 micro-batches (accumulation 2), batch 4 per rank, AdamW at lr 3e-3.
+Every run: 6 optimizer steps of 2 micro-batches (accumulation 2), batch 4 per rank, AdamW at lr
+3e-3.
 
 Tolerances (relative, per micro-batch loss):
-  - fp16 / bf16 compression: 1e-3. Compression rounds each averaged gradient to 11 (fp16) or 8 (bf16)
-    significant bits, a relative error of at most 2^-9 ≈ 2e-3 per element, and Adam's update is a ratio of
-    gradient moments, so the weights move by at most that fraction of a 3e-3 step; the loss moves far less.
-    Observed on this machine: ≤1e-5 for both. A broken hook (wrong scaling, no averaging) misses it by orders.
+  - fp16 / bf16 compression: 1e-3. Compression rounds each averaged gradient to 11 (fp16) or 8
+  (bf16)
+    significant bits, a relative error of at most 2^-9 ≈ 2e-3 per element, and Adam's update is a
+    ratio of gradient moments, so the weights move by at most that fraction of a 3e-3 step; the loss
+    moves far less. Observed on this machine: ≤1e-5 for both. A broken hook (wrong scaling, no
+    averaging) misses it by orders.
   - A counting hook that all-reduces plainly: bit-identical to DDP without a hook.
 """
 
 from __future__ import annotations
 
 import pytest
+
 from helpers import assert_close_losses, run_workload
 
 RUN = dict(devices=2, batch_size=4, accumulate=2, max_steps=6)
@@ -37,13 +41,15 @@ def test_compression_hooks_match_plain_ddp(tmp_path, plain, hook):
 def test_powersgd_trains(tmp_path, plain):
     out = run_workload(tmp_path, ddp_comm_hook="powersgd", **RUN)
     losses = out["losses"]
-    # PowerSGD all-reduces plainly for its first 2 iterations (start_powerSGD_iter=2), then compresses.
+    # PowerSGD all-reduces plainly for its first 2 iterations (start_powerSGD_iter=2), then
+    # compresses.
     assert losses[:4] == plain["losses"][:4] and losses[4:] != plain["losses"][4:]
     assert sum(losses[-4:]) / 4 < sum(losses[:4]) / 4 and losses[-1] < losses[0], losses
 
 
 def test_no_all_reduce_on_accumulation_steps(tmp_path, plain):
-    # The hook notes how many micro-batches had run when it was called: with accumulation 2, only the
+    # The hook notes how many micro-batches had run when it was called: with accumulation 2, only
+    # the
     # backward of micro-batches 2, 4, ..., 12 (the window ends) may communicate.
     out = run_workload(tmp_path, ddp_comm_hook="count", **RUN)
     calls = out["comm_hook_calls"]

@@ -1,12 +1,14 @@
-"""Decisions every rank must share are taken once (rank 0) and broadcast, under ddp, deepspeed_stage_2 and fsdp.
+"""Decisions every rank must share are taken once (rank 0) and broadcast, under ddp,
+deepspeed_stage_2 and fsdp.
 
     .venv/bin/python -m pytest -q tests/test_decisions.py
 
-The metric `score` is logged without sync_dist and differs between the 2 ranks: it improves every epoch on
-rank 0 and never on rank 1. `ModelCheckpoint(monitor="score", save_top_k=1)` names its checkpoints after the
-metric, `EarlyStopping(monitor="score", patience=1)` watches it. Decided per rank, the names differ (a rank-1
-shard lands in a leftover folder), the save happens on one rank only (a hang) and one rank stops alone (a crash).
-Decided on rank 0: every epoch runs on both ranks, every checkpoint is complete and resumes on 2 ranks.
+The metric `score` is logged without sync_dist and differs between the 2 ranks: it improves every
+epoch on rank 0 and never on rank 1. `ModelCheckpoint(monitor="score", save_top_k=1)` names its
+checkpoints after the metric, `EarlyStopping(monitor="score", patience=1)` watches it. Decided per
+rank, the names differ (a rank-1 shard lands in a leftover folder), the save happens on one rank
+only (a hang) and one rank stops alone (a crash). Decided on rank 0: every epoch runs on both ranks,
+every checkpoint is complete and resumes on 2 ranks.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from helpers import ROOT, launch
 
 SCRIPT = r"""
@@ -48,16 +51,23 @@ def test_checkpoint_and_stop_decided_on_rank0(tmp_path, strategy):
     script.write_text(SCRIPT.format(tests=str(ROOT / "tests")))
 
     def run(*args: str) -> dict:
-        done = launch([str(script), strategy, *args], cwd=tmp_path, nproc=1, timeout=240,
-                      extra_env={"DS_ACCELERATOR": "cpu"})
+        done = launch(
+            [str(script), strategy, *args],
+            cwd=tmp_path,
+            nproc=1,
+            timeout=240,
+            extra_env={"DS_ACCELERATOR": "cpu"},
+        )
         line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT")), None)
         assert done.returncode == 0 and line, done.stdout[-2000:] + done.stderr[-4000:]
-        return json.loads(line[len("RESULT"):])
+        return json.loads(line[len("RESULT") :])
 
     first = run("3")
     assert first["epochs"] == 3  # rank 1's score never improves; rank 0's does, and rank 0 decides
     assert first["best"].endswith("epoch=2-score=8.0")
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
-    assert names == ["epoch=2-score=8.0", "last"], names  # no leftover .tmp- folder from a rank's own name
+    assert names == ["epoch=2-score=8.0", "last"], (
+        names
+    )  # no leftover .tmp- folder from a rank's own name
     resumed = run("4", "last")  # complete on both ranks: it resumes
     assert resumed["epochs"] == 4 and resumed["step"] == 8

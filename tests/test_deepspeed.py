@@ -1,15 +1,18 @@
-"""DeepSpeed strategy on 2 CPU ranks (gloo, DeepSpeed's CPU accelerator): parity, checkpoints, stage-3 sharding,
-the configure_deepspeed hook, and every bad input (precision="16-mixed" among them: DeepSpeed has no fp16 on CPU).
-Real ranks via tests/workload.py; nothing is mocked.
+"""DeepSpeed strategy on 2 CPU ranks (gloo, DeepSpeed's CPU accelerator): parity, checkpoints,
+stage-3 sharding, the configure_deepspeed hook, and every bad input (precision="16-mixed" among
+them: DeepSpeed has no fp16 on CPU). Real ranks via tests/workload.py; nothing is mocked.
 
-The training runs share one shape: 5 batches per epoch, 2 epochs, accumulation 2 (so each epoch ends with a
-partial window of one batch), clipping at 1.0, 6 optimizer steps, global batch 8.
+The training runs share one shape: 5 batches per epoch, 2 epochs, accumulation 2 (so each epoch ends
+with a partial window of one batch), clipping at 1.0, 6 optimizer steps, global batch 8.
 
 Tolerances (fp32, relative, per micro-batch loss):
-  - DDP vs ZeRO 1/2/3 (2 and 3 also with activation checkpointing) and stage-3 optimizer offload: 1e-5.
-    Observed on this machine: 0 (bit-identical) for stages 1, 2, 3; offload (DeepSpeedCPUAdam instead of torch
-    AdamW) ≤1e-6. Only reduction order and the CPU Adam kernel's arithmetic can differ.
-  - Resume: 1e-6 (the same computation replayed from saved state). Consolidated weights: exact outputs.
+  - DDP vs ZeRO 1/2/3 (2 and 3 also with activation checkpointing) and stage-3 optimizer offload:
+  1e-5.
+    Observed on this machine: 0 (bit-identical) for stages 1, 2, 3; offload (DeepSpeedCPUAdam
+    instead of torch AdamW) ≤1e-6. Only reduction order and the CPU Adam kernel's arithmetic can
+    differ.
+  - Resume: 1e-6 (the same computation replayed from saved state). Consolidated weights: exact
+  outputs.
 """
 
 from __future__ import annotations
@@ -21,9 +24,9 @@ import sys
 
 import pytest
 import torch
-from helpers import ROOT, assert_close_losses, run_workload
 
 import lightspeed as ls
+from helpers import ROOT, assert_close_losses, run_workload
 from lightspeed.errors import ConfigError
 
 RUN = dict(devices=2, batch_size=2, accumulate=2, clip=1.0, max_epochs=2, limit_train_batches=5)
@@ -37,10 +40,17 @@ def ddp(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def stage3(tmp_path_factory):
-    """The stage-3 run doubles as the checkpoint run: saves at steps 2, 4, 6, validates, probes the outputs."""
+    """The stage-3 run doubles as the checkpoint run: saves at steps 2, 4, 6, validates, probes the
+    outputs."""
     root = tmp_path_factory.mktemp("stage3")
-    out = run_workload(root, strategy="deepspeed_stage_3", ckpt_every=2, validate=True,
-                       probe=str(root / "probe.pt"), **RUN)
+    out = run_workload(
+        root,
+        strategy="deepspeed_stage_3",
+        ckpt_every=2,
+        validate=True,
+        probe=str(root / "probe.pt"),
+        **RUN,
+    )
     return root, out
 
 
@@ -50,15 +60,24 @@ def test_stage3_parity_sharding_and_steps(ddp, stage3):
     assert len(out["losses"]) == 10 and out["global_step"] == 6 == out["deepspeed"]["global_steps"]
     assert_close_losses(out["losses"], ddp["losses"], PARITY_RTOL, "deepspeed_stage_3 vs ddp")
     shares, total = out["deepspeed"]["local_params"], out["deepspeed"]["total_params"]
-    assert len(shares) == 2 and all(abs(s - total / 2) <= 0.01 * total for s in shares), (shares, total)
+    assert len(shares) == 2 and all(abs(s - total / 2) <= 0.01 * total for s in shares), (
+        shares,
+        total,
+    )
 
 
-@pytest.mark.parametrize("strategy", ["deepspeed_stage_1", "ac_stage_2", "ac_stage_3", "unpinned_stage_3_offload"])
+@pytest.mark.parametrize(
+    "strategy", ["deepspeed_stage_1", "ac_stage_2", "ac_stage_3", "unpinned_stage_3_offload"]
+)
 def test_parity_with_ddp(tmp_path, ddp, strategy):
-    # ac_stage_N goes through the object form with activation checkpointing: recomputation must not change
-    # losses, also under stage 3, where the recomputed forward gathers the partitioned parameters again.
-    # unpinned_stage_3_offload is how the largest model was trained on one H200 (docs/benchmarks.md): ZeRO-3,
-    # optimizer offloaded, pageable host buffers. (The string form "deepspeed_stage_2_offload" is in test_strategies.)
+    # ac_stage_N goes through the object form with activation checkpointing: recomputation must not
+    # change
+    # losses, also under stage 3, where the recomputed forward gathers the partitioned parameters
+    # again.
+    # unpinned_stage_3_offload is how the largest model was trained on one H200
+    # (docs/benchmarks.md): ZeRO-3,
+    # optimizer offloaded, pageable host buffers. (The string form "deepspeed_stage_2_offload" is in
+    # test_strategies.)
     opts = dict(strategy=strategy)
     if strategy.startswith("ac_"):
         opts = dict(ds={"stage": int(strategy[-1]), "ac": True})
@@ -69,11 +88,14 @@ def test_parity_with_ddp(tmp_path, ddp, strategy):
     assert_close_losses(out["losses"], ddp["losses"], PARITY_RTOL, f"{strategy} vs ddp")
     if strategy.endswith("offload"):
         assert out["deepspeed"]["optimizer"] == "DeepSpeedCPUAdam"
-        assert out["deepspeed"]["config"]["zero_optimization"]["offload_optimizer"]["pin_memory"] is False
+        assert (
+            out["deepspeed"]["config"]["zero_optimization"]["offload_optimizer"]["pin_memory"]
+            is False
+        )
 
 
 def test_consolidate_loads_into_plain_gpt(stage3, tmp_path):
-    from lightspeed.examples.gpt import GPT, SIZES
+    from lightspeed.demos.gpt import GPT, SIZES
 
     root, _ = stage3
     sd = ls.full_state_dict(root / "checkpoints")  # the folder: its `last`, step 6
@@ -81,9 +103,13 @@ def test_consolidate_loads_into_plain_gpt(stage3, tmp_path):
     from safetensors.torch import load_file
 
     assert set(load_file(out)) == set(sd)
-    assert "model.lm_head.weight" in sd and torch.equal(sd["model.lm_head.weight"], sd["model.wte.weight"])
+    assert "model.lm_head.weight" in sd and torch.equal(
+        sd["model.lm_head.weight"], sd["model.wte.weight"]
+    )
     model = GPT(dataclasses.replace(SIZES["tiny"], bias=False))  # the workload's model
-    model.load_state_dict({k.removeprefix("model."): v for k, v in load_file(out).items()}, strict=True)
+    model.load_state_dict(
+        {k.removeprefix("model."): v for k, v in load_file(out).items()}, strict=True
+    )
     probe = torch.load(root / "probe.pt")
     with torch.no_grad():
         assert torch.equal(model.eval()(probe["x"]), probe["logits"])
@@ -94,18 +120,23 @@ def test_resume_is_exact_and_evaluation_only_engine(stage3, tmp_path):
     step2 = next((root / "checkpoints").glob("*step=2"))
     resumed = run_workload(tmp_path, strategy="deepspeed_stage_3", resume=str(step2), **RUN)
     assert resumed["global_step"] == 6 == resumed["deepspeed"]["global_steps"]
-    assert_close_losses(resumed["losses"], straight["losses"][4:], RESUME_RTOL, "resumed vs straight")
+    assert_close_losses(
+        resumed["losses"], straight["losses"][4:], RESUME_RTOL, "resumed vs straight"
+    )
     # validate without fit: an engine without an optimizer, weights merged from the ZeRO shards
-    evaluated = run_workload(tmp_path, strategy="deepspeed_stage_3", fit=False, resume=str(root / "checkpoints"),
-                             **RUN)
+    evaluated = run_workload(
+        tmp_path, strategy="deepspeed_stage_3", fit=False, resume=str(root / "checkpoints"), **RUN
+    )
     assert evaluated["deepspeed"]["optimizers"] == 0
     got, want = evaluated["validate"][0]["val_loss"], straight["validate"][0]["val_loss"]
     assert abs(got - want) <= 1e-6 * abs(want), (got, want)
 
 
 def test_configure_deepspeed_hook_changes_buckets_and_optimizer(tmp_path):
-    hook = {"zero_optimization": {"reduce_bucket_size": 12345, "allgather_bucket_size": 23456},
-            "optimizer": {"type": "SGD", "params": {"lr": 0.05, "momentum": 0.9}}}
+    hook = {
+        "zero_optimization": {"reduce_bucket_size": 12345, "allgather_bucket_size": 23456},
+        "optimizer": {"type": "SGD", "params": {"lr": 0.05, "momentum": 0.9}},
+    }
     out = run_workload(tmp_path, strategy="deepspeed_stage_2", devices=1, max_steps=2, ds_hook=hook)
     zero = out["deepspeed"]["config"]["zero_optimization"]
     assert (zero["reduce_bucket_size"], zero["allgather_bucket_size"]) == (12345, 23456)
@@ -118,44 +149,61 @@ def test_errors_raised_at_construction(tmp_path):
     with pytest.raises(ConfigError, match="nvme_path"):
         ls.DeepSpeed(stage=3, offload_optimizer="nvme")
     with pytest.raises(ConfigError, match="nvme_path"):
-        ls.Trainer(strategy="deepspeed_stage_3_offload_nvme", devices=2, accelerator="cpu", logger=False)
+        ls.Trainer(
+            strategy="deepspeed_stage_3_offload_nvme", devices=2, accelerator="cpu", logger=False
+        )
     with pytest.raises(ConfigError, match="does not exist"):
         ls.DeepSpeed(config=str(tmp_path / "missing.json"))
     bad = tmp_path / "bad.json"
-    bad.write_text('{\n  "train_micro_batch_size_per_gpu": 2,\n  "zero_optimization": {stage: 2}\n}\n')
+    bad.write_text(
+        '{\n  "train_micro_batch_size_per_gpu": 2,\n  "zero_optimization": {stage: 2}\n}\n'
+    )
     with pytest.raises(ConfigError, match=r"bad\.json.*line 3"):
         ls.DeepSpeed(config=bad)
     with pytest.raises(ConfigError, match="deepspeed_stage_4.*deepspeed_stage_3_offload"):
         ls.Trainer(strategy="deepspeed_stage_4", devices=2, accelerator="cpu", logger=False)
     with pytest.raises(ConfigError, match="offload_params.*stage=3"):
         ls.DeepSpeed(stage=2, offload_params="cpu")
-    with pytest.raises(ConfigError, match="pin_memory=False needs offload_optimizer or offload_params"):
+    with pytest.raises(
+        ConfigError, match="pin_memory=False needs offload_optimizer or offload_params"
+    ):
         ls.DeepSpeed(stage=3, pin_memory=False)
-    with pytest.raises(ConfigError, match="pin_memory='no' is not valid: use None .pinned on CUDA., True or False"):
+    with pytest.raises(
+        ConfigError, match="pin_memory='no' is not valid: use None .pinned on CUDA., True or False"
+    ):
         ls.DeepSpeed(stage=3, offload_optimizer="cpu", pin_memory="no")
 
 
 def test_deepspeed_missing_gives_install_hint():
     # `import deepspeed` fails in this subprocess as it would without the package.
-    script = ("import sys; sys.modules['deepspeed'] = None\n"
-              "import lightspeed as ls\n"
-              "try:\n    ls.Trainer(strategy='deepspeed_stage_2', devices=2, accelerator='cpu', logger=False)\n"
-              "except ls.ConfigError as e:\n    print('ERR', e)\n")
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                          env={"PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+    script = (
+        "import sys; sys.modules['deepspeed'] = None\n"
+        "import lightspeed as ls\n"
+        "try:\n    ls.Trainer(strategy='deepspeed_stage_2', devices=2, accelerator='cpu', "
+        "logger=False)\n"
+        "except ls.ConfigError as e:\n    print('ERR', e)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
+    )
     assert "ERR" in proc.stdout and "pip install" in proc.stdout, proc.stdout + proc.stderr
 
 
 def test_errors_at_setup(tmp_path):
-    """Errors that need the Trainer's flags or the model: one process, one Trainer per case, one message each."""
+    """Errors that need the Trainer's flags or the model: one process, one Trainer per case, one
+    message each."""
     script = f"""
 import json, sys
-sys.path.insert(0, {str(ROOT / 'tests')!r})
+sys.path.insert(0, {str(ROOT / "tests")!r})
 import torch
 from torch.utils.data import DataLoader
 import lightspeed as ls
 from workload import Workload
-from lightspeed.examples.gpt import SIZES, ByteWindows, stdlib_corpus
+from lightspeed.demos.gpt import SIZES, ByteWindows, stdlib_corpus
 
 data = DataLoader(ByteWindows(stdlib_corpus(20_000), SIZES["tiny"].block_size), batch_size=4)
 cases = [
@@ -180,63 +228,109 @@ for name, flags, opts in cases:
         messages[name] = str(e)
 print("RESULT" + json.dumps(messages))
 """
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                          env={"PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
+    )
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")), None)
     assert line, proc.stdout[-2000:] + proc.stderr[-4000:]
-    messages = json.loads(line[len("RESULT"):])
-    assert "2 optimizers" in messages["two_optimizers"] and "one optimizer" in messages["two_optimizers"]
+    messages = json.loads(line[len("RESULT") :])
+    assert (
+        "2 optimizers" in messages["two_optimizers"]
+        and "one optimizer" in messages["two_optimizers"]
+    )
     assert "gradient_clip_algorithm='value'" in messages["clip_value"]
-    assert "gradient_accumulation_steps=4" in messages["contradiction"] and \
-        "accumulate_grad_batches=2" in messages["contradiction"]
+    assert (
+        "gradient_accumulation_steps=4" in messages["contradiction"]
+        and "accumulate_grad_batches=2" in messages["contradiction"]
+    )
     assert "'optimizer' section" in messages["no_optimizer"]
-    # DeepSpeed's CPU accelerator has no fp16: refused at connect, before the engine, naming what works.
+    # DeepSpeed's CPU accelerator has no fp16: refused at connect, before the engine, naming what
+    # works.
     assert "precision='16-mixed' is not valid with DeepSpeed on cpu" in messages["fp16_cpu"]
     assert "'bf16-mixed'" in messages["fp16_cpu"]
 
 
 def test_host_memory_warning_matches_the_h200_runs():
-    # The three offloaded ZeRO-3 runs of docs/benchmarks.md on the one-GPU host (125 GiB): what trained gets no
-    # warning, what the OS killed does. The estimate is the docstring's bytes per parameter; no DeepSpeed needed.
-    from lightspeed.strategies.host_memory import host_memory_warning
+    # The three offloaded ZeRO-3 runs of docs/benchmarks.md on the one-GPU host (125 GiB): what
+    # trained gets no
+    # warning, what the OS killed does. The estimate is the docstring's bytes per parameter; no
+    # DeepSpeed needed.
+    from lightspeed.strategies.deepspeed.host_memory import host_memory_warning
 
     host = 125 * 2**30
     one_gpu = dict(stage=3, node_share=1.0, host_bytes=host)
     # 5.91B, optimizer offloaded to pageable memory: trained, host peak 102.7 GiB.
-    assert host_memory_warning(5_906_581_504, offload_optimizer="cpu", offload_params=None, pinned=False,
-                               **one_gpu) is None
+    assert (
+        host_memory_warning(
+            5_906_581_504, offload_optimizer="cpu", offload_params=None, pinned=False, **one_gpu
+        )
+        is None
+    )
     # 4.09B, optimizer and parameters offloaded, pinned: trained.
-    assert host_memory_warning(4_094_494_720, offload_optimizer="cpu", offload_params="cpu", pinned=True,
-                               **one_gpu) is None
+    assert (
+        host_memory_warning(
+            4_094_494_720, offload_optimizer="cpu", offload_params="cpu", pinned=True, **one_gpu
+        )
+        is None
+    )
     # 5.77B, the same configuration: killed without a traceback. The warning names the way out.
-    warning = host_memory_warning(5_771_000_000, offload_optimizer="cpu", offload_params="cpu", pinned=True,
-                                  **one_gpu)
-    assert warning is not None and "5.77B" in warning and "pin_memory=False" in warning and "125 GiB" in warning
+    warning = host_memory_warning(
+        5_771_000_000, offload_optimizer="cpu", offload_params="cpu", pinned=True, **one_gpu
+    )
+    assert (
+        warning is not None
+        and "5.77B" in warning
+        and "pin_memory=False" in warning
+        and "125 GiB" in warning
+    )
     # Past what the host holds even unpinned, the advice changes; 8 ranks on 2 nodes hold half each.
-    too_big = host_memory_warning(8_000_000_000, offload_optimizer="cpu", offload_params="cpu", pinned=False,
-                                  **one_gpu)
+    too_big = host_memory_warning(
+        8_000_000_000, offload_optimizer="cpu", offload_params="cpu", pinned=False, **one_gpu
+    )
     assert too_big is not None and "may kill the ranks" in too_big and "nvme" in too_big
-    assert host_memory_warning(8_000_000_000, offload_optimizer="cpu", offload_params="cpu", pinned=False,
-                               stage=3, node_share=0.5, host_bytes=host) is None
+    assert (
+        host_memory_warning(
+            8_000_000_000,
+            offload_optimizer="cpu",
+            offload_params="cpu",
+            pinned=False,
+            stage=3,
+            node_share=0.5,
+            host_bytes=host,
+        )
+        is None
+    )
 
 
 def test_zero3_leaf_modules_are_the_repeated_blocks_and_bad_values_are_refused():
-    """Under stage 3 each repeated block is one ZeRO-3 leaf module (its parameters fetched at once, one hook per
-    block: docs/benchmarks.md measures 1.4x DeepSpeed's default loop on one H200); the stage-3 parity test above runs
-    with them. `leaf_modules=[]` marks nothing; a class that is not in the model, or a non-class, is a ConfigError."""
+    """Under stage 3 each repeated block is one ZeRO-3 leaf module (its parameters fetched at once,
+    one hook per block: docs/benchmarks.md measures 1.4x DeepSpeed's default loop on one H200); the
+    stage-3 parity test above runs with them. `leaf_modules=[]` marks nothing; a class that is not
+    in the model, or a non-class, is a ConfigError."""
     import deepspeed
 
-    from lightspeed.examples.gpt import GPT, SIZES, Block
-    from lightspeed.strategies.zero3 import DS_PREFETCH_BUCKET, mark_leaf_modules, prefetch_bucket
+    from lightspeed.demos.gpt import GPT, SIZES, Block
+    from lightspeed.strategies.deepspeed.zero3 import (
+        DS_PREFETCH_BUCKET,
+        mark_leaf_modules,
+        prefetch_bucket,
+    )
 
     model = GPT(dataclasses.replace(SIZES["tiny"], vocab_size=64))
     largest = mark_leaf_modules(deepspeed, model, None)
     leaves = [m for m in model.modules() if getattr(m, "_z3_leaf", False)]
     assert leaves and all(isinstance(m, Block) for m in leaves) and len(leaves) == model.cfg.n_layer
     assert largest == sum(p.numel() for p in leaves[0].parameters())
-    # The prefetch bucket (GPUs): two blocks ahead, never below DeepSpeed's default; a d=2048 GPT block is 12·d².
-    assert prefetch_bucket(largest) == DS_PREFETCH_BUCKET and prefetch_bucket(12 * 2048**2 + 6 * 2048) == 2 * (
-        12 * 2048**2 + 6 * 2048)
+    # The prefetch bucket (GPUs): two blocks ahead, never below DeepSpeed's default; a d=2048 GPT
+    # block is 12·d².
+    assert prefetch_bucket(largest) == DS_PREFETCH_BUCKET and prefetch_bucket(
+        12 * 2048**2 + 6 * 2048
+    ) == 2 * (12 * 2048**2 + 6 * 2048)
     plain = GPT(dataclasses.replace(SIZES["tiny"], vocab_size=64))
     assert mark_leaf_modules(deepspeed, plain, []) == 0
     assert not any(getattr(m, "_z3_leaf", False) for m in plain.modules())
@@ -247,10 +341,11 @@ def test_zero3_leaf_modules_are_the_repeated_blocks_and_bad_values_are_refused()
 
 
 def test_deepcompile_is_the_flag_or_deepspeeds_own_config_key():
-    """DeepSpeed's DeepCompile is on with `DeepSpeed(deepcompile=True)` or with the config key DeepSpeed users
-    already write, `compile.deepcompile` (DeepSpeed acts on it only once `engine.compile()` is called, which the
-    strategy does); off otherwise. The measured run and the GPU parity test are on CUDA (DeepCompile runs there
-    only; tests/test_gpu.py); the refusals are in test_bad_input_catalogue.py."""
+    """DeepSpeed's DeepCompile is on with `DeepSpeed(deepcompile=True)` or with the config key
+    DeepSpeed users already write, `compile.deepcompile` (DeepSpeed acts on it only once
+    `engine.compile()` is called, which the strategy does); off otherwise. The measured run and the
+    GPU parity test are on CUDA (DeepCompile runs there only; tests/test_gpu.py); the refusals are
+    in test_bad_input_catalogue.py."""
     assert ls.DeepSpeed(stage=3, deepcompile=True).deepcompile is True
     assert ls.DeepSpeed(stage=3, config={"compile": {"deepcompile": True}}).deepcompile is True
     assert ls.DeepSpeed(stage=3, config={"compile": {"deepcompile": False}}).deepcompile is False
@@ -258,25 +353,40 @@ def test_deepcompile_is_the_flag_or_deepspeeds_own_config_key():
 
 
 def test_deepcompile_schedule_is_deepspeeds_default_from_the_engines_step():
-    """The pass schedule `DeepSpeed(deepcompile=True)` hands `engine.compile()` is DeepSpeed's own ZeRO-3 default
-    moved to the engine's step (a resumed engine starts at its checkpoint's step, where DeepSpeed's default, counted
-    from 0, would launch no pass), and DeepSpeed's pass contracts accept it (checked with DeepSpeed's validator and
-    pass registry; a prefetch without the gather pass before it is refused the same way)."""
+    """The pass schedule `DeepSpeed(deepcompile=True)` hands `engine.compile()` is DeepSpeed's own
+    ZeRO-3 default moved to the engine's step (a resumed engine starts at its checkpoint's step,
+    where DeepSpeed's default, counted from 0, would launch no pass), and DeepSpeed's pass contracts
+    accept it (checked with DeepSpeed's validator and pass registry; a prefetch without the gather
+    pass before it is refused the same way)."""
     from deepspeed.compile import backend
     from deepspeed.compile.init_z3 import WARMUP
     from deepspeed.compile.passes import prefetch, selective_gather, zero3_compile
     from deepspeed.compile.passes.contract import PassContractError, validate_schedule
 
-    from lightspeed.strategies.zero3 import (DEEPCOMPILE_WARMUP, PREFETCH, deepcompile_schedule,
-                                             prefetch_where_gathered)
+    from lightspeed.strategies.deepspeed.zero3 import (
+        DEEPCOMPILE_WARMUP,
+        PREFETCH,
+        deepcompile_schedule,
+        prefetch_where_gathered,
+    )
 
     assert DEEPCOMPILE_WARMUP == WARMUP
-    for mod, fn in ((zero3_compile, zero3_compile.add_z3_gather_release), (prefetch, prefetch.schedule_prefetch),
-                    (selective_gather, selective_gather.selective_gather)):
-        backend.register_compile_pass(mod.NAME, fn, mod.CONTRACT)  # what a CUDA engine registers at its start
-    backend.register_compile_pass(PREFETCH, prefetch_where_gathered, prefetch.CONTRACT)  # what start_deepcompile adds
+    for mod, fn in (
+        (zero3_compile, zero3_compile.add_z3_gather_release),
+        (prefetch, prefetch.schedule_prefetch),
+        (selective_gather, selective_gather.selective_gather),
+    ):
+        backend.register_compile_pass(
+            mod.NAME, fn, mod.CONTRACT
+        )  # what a CUDA engine registers at its start
+    backend.register_compile_pass(
+        PREFETCH, prefetch_where_gathered, prefetch.CONTRACT
+    )  # what start_deepcompile adds
     assert deepcompile_schedule(0)[0] == (0, [zero3_compile.NAME])
-    assert deepcompile_schedule(5)[1] == (5 + WARMUP, [zero3_compile.NAME, PREFETCH, selective_gather.NAME])
+    assert deepcompile_schedule(5)[1] == (
+        5 + WARMUP,
+        [zero3_compile.NAME, PREFETCH, selective_gather.NAME],
+    )
     validate_schedule(deepcompile_schedule(5), backend.opt_passes)
     for name in (prefetch.NAME, PREFETCH):
         with pytest.raises(PassContractError, match="requires"):
@@ -284,15 +394,16 @@ def test_deepcompile_schedule_is_deepspeeds_default_from_the_engines_step():
 
 
 def test_deepcompile_prefetch_leaves_graphs_without_gathers_alone():
-    """A graph with no inputs (what a graph break in `training_step` can leave, e.g. a constant built for
-    `self.log`) fails DeepSpeed 0.19's `schedule_prefetch` with a bare AssertionError (seen on an H200); lightspeed's
-    prefetch returns None for it (graph unchanged, as DeepSpeed's pass runner reads None) without running DeepSpeed's
-    pass, and hands a graph that gathers parameters to DeepSpeed's pass."""
+    """A graph with no inputs (what a graph break in `training_step` can leave, e.g. a constant
+    built for `self.log`) fails DeepSpeed 0.19's `schedule_prefetch` with a bare AssertionError
+    (seen on an H200); lightspeed's prefetch returns None for it (graph unchanged, as DeepSpeed's
+    pass runner reads None) without running DeepSpeed's pass, and hands a graph that gathers
+    parameters to DeepSpeed's pass."""
     from types import SimpleNamespace
 
     import torch.fx
 
-    from lightspeed.strategies.zero3 import prefetch_where_gathered
+    from lightspeed.strategies.deepspeed.zero3 import prefetch_where_gathered
 
     class Constant(torch.nn.Module):
         def forward(self):
@@ -302,7 +413,8 @@ def test_deepcompile_prefetch_leaves_graphs_without_gathers_alone():
     assert not [n for n in gm.graph.nodes if n.op == "placeholder"]
     assert prefetch_where_gathered(gm, 0, [], {}, None, 0.0, {}, False) is None
 
-    class Gather:  # stands for torch.ops.dc.allgather_param.default (CUDA-only), which prints under this name
+    # stands for torch.ops.dc.allgather_param.default (CUDA-only), which prints under this name
+    class Gather:
         __name__ = "allgather_param"
 
         def __call__(self, x):
@@ -313,28 +425,40 @@ def test_deepcompile_prefetch_leaves_graphs_without_gathers_alone():
 
     graph = torch.fx.Graph()
     graph.output(graph.call_function(Gather(), (graph.placeholder("w"),)))
-    with pytest.raises(KeyError):  # a graph that gathers reaches DeepSpeed's pass, which looks up its profile
+    with pytest.raises(
+        KeyError
+    ):  # a graph that gathers reaches DeepSpeed's pass, which looks up its profile
         prefetch_where_gathered(SimpleNamespace(graph=graph), 0, [], {}, None, 0.0, {}, False)
 
 
 def test_zero3_with_hooks_on_several_gpus_suggests_deepcompile_where_it_could_run():
-    """Rank 0 is told about `deepcompile=True` where it could replace ZeRO-3's hooks: stage 3 on several CUDA GPUs,
-    nothing DeepCompile refuses (offload, manual optimization, the Trainer's compile, named leaf modules). Nowhere
-    else: one GPU, CPU ranks (every test here), other stages, or with the flag already on."""
-    from lightspeed.launch import DistInfo
+    """Rank 0 is told about `deepcompile=True` where it could replace ZeRO-3's hooks: stage 3 on
+    several CUDA GPUs, nothing DeepCompile refuses (offload, manual optimization, the Trainer's
+    compile, named leaf modules). Nowhere else: one GPU, CPU ranks (every test here), other stages,
+    or with the flag already on."""
+    from lightspeed.runtime.launch import DistInfo
     from lightspeed.specs import RunSpec
-    from lightspeed.strategies.zero3 import deepcompile_hint
+    from lightspeed.strategies.deepspeed.zero3 import deepcompile_hint
 
     def hint(world_size=2, device="cuda", spec=None, **strategy):
         s = ls.DeepSpeed(**{"stage": 3, **strategy})
-        s.spec, s.dist = spec or RunSpec(device_type=device), DistInfo(world_size=world_size, local_world_size=2)
+        s.spec, s.dist = (
+            spec or RunSpec(device_type=device),
+            DistInfo(world_size=world_size, local_world_size=2),
+        )
         s.device = torch.device(device, 0) if device == "cuda" else torch.device(device)
         return deepcompile_hint(s)
 
     line = hint()
     assert "2 GPUs" in line and "deepcompile=True" in line and "docs/benchmarks.md" in line
-    for quiet in (hint(world_size=1), hint(device="cpu"), hint(stage=2), hint(offload_optimizer="cpu"),
-                  hint(deepcompile=True), hint(leaf_modules=[torch.nn.Linear]),
-                  hint(spec=RunSpec(device_type="cuda", compile=True)),
-                  hint(spec=RunSpec(device_type="cuda", automatic_optimization=False))):
+    for quiet in (
+        hint(world_size=1),
+        hint(device="cpu"),
+        hint(stage=2),
+        hint(offload_optimizer="cpu"),
+        hint(deepcompile=True),
+        hint(leaf_modules=[torch.nn.Linear]),
+        hint(spec=RunSpec(device_type="cuda", compile=True)),
+        hint(spec=RunSpec(device_type="cuda", automatic_optimization=False)),
+    ):
         assert quiet is None

@@ -1,13 +1,14 @@
-"""DeepSpeed under precision="bf16-mixed" with float inputs (issue 11's bug: "mat1 and mat2 must have the same
-dtype"). DeepSpeed's bf16 engine keeps bf16 weights, so the strategy casts the batch's float tensors to bf16 on the
-way in. A float-input regression model trains 16 steps on 2 CPU ranks (tests/float_input_script.py); the test
-asserts it ran, the module saw bf16 inputs, and the loss fell to under half its first value (the bf16 weights
-still learn). ~15 s per stage.
+"""DeepSpeed under precision="bf16-mixed" with float inputs (issue 11's bug: "mat1 and mat2 must
+have the same dtype"). DeepSpeed's bf16 engine keeps bf16 weights, so the strategy casts the batch's
+float tensors to bf16 on the way in. A float-input regression model trains 16 steps on 2 CPU ranks
+(tests/float_input_script.py); the test asserts it ran, the module saw bf16 inputs, and the loss
+fell to under half its first value (the bf16 weights still learn). ~15 s per stage.
 """
 
 import json
 
 import pytest
+
 from helpers import ROOT, launch
 
 SCRIPT = ROOT / "tests" / "float_input_script.py"
@@ -27,9 +28,13 @@ def test_bf16_mixed_casts_float_inputs(tmp_path, strategy):
 def test_cast_leaves_integers_alone():
     import torch
 
-    from lightspeed.strategies.deepspeed_config import cast_floats
+    from lightspeed.strategies.deepspeed.config import cast_floats
 
-    batch = {"ids": torch.arange(3), "x": [torch.ones(2)], "pair": (torch.zeros(1, dtype=torch.float64), 7)}
+    batch = {
+        "ids": torch.arange(3),
+        "x": [torch.ones(2)],
+        "pair": (torch.zeros(1, dtype=torch.float64), 7),
+    }
     cast = cast_floats(batch, torch.bfloat16)
     assert cast["ids"].dtype == torch.int64 and cast["x"][0].dtype == torch.bfloat16
     assert cast["pair"][0].dtype == torch.bfloat16 and cast["pair"][1] == 7

@@ -1,17 +1,19 @@
 """A failed DeepSpeed Trainer leaves its process clean: the next Trainer in the same process trains.
 
-The failed Trainer's teardown destroys the process group at once (a successful one leaves it at exit, shared), and
-DeepSpeed caches the groups it met (its world and data-parallel groups); the next Trainer joined a new group while
-DeepSpeed's engine broadcast on the destroyed one: "Group ... is not registered". One process, world size 1, each
-stage; the script runs in a process of its own, so DeepSpeed's global state never reaches the test process.
+The failed Trainer's teardown destroys the process group at once (a successful one leaves it at
+exit, shared), and DeepSpeed caches the groups it met (its world and data-parallel groups); the next
+Trainer joined a new group while DeepSpeed's engine broadcast on the destroyed one: "Group ... is
+not registered". One process, world size 1, each stage; the script runs in a process of its own, so
+DeepSpeed's global state never reaches the test process.
 """
 
 from __future__ import annotations
 
 import pytest
+
 from helpers import launch
 
-SCRIPT = '''
+SCRIPT = """
 import sys
 
 import torch
@@ -50,7 +52,7 @@ except ConfigError as e:
     print("first:", type(e).__name__)
 second = fit(fail=False)
 print(f"second: global_step={second.global_step} loss={float(second.callback_metrics['loss']):.6f}")
-'''
+"""
 
 
 @pytest.mark.parametrize("strategy", ["deepspeed_stage_2", "deepspeed_stage_3"])
@@ -58,5 +60,7 @@ def test_failed_trainer_leaves_the_process_clean(tmp_path, strategy):
     (tmp_path / "two_trainers.py").write_text(SCRIPT)
     run = launch([str(tmp_path / "two_trainers.py"), strategy], tmp_path, nproc=1)
     assert run.returncode == 0, f"{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
-    assert "first: ConfigError" in run.stdout and "second: global_step=2 loss=" in run.stdout, run.stdout[-2000:]
+    assert "first: ConfigError" in run.stdout and "second: global_step=2 loss=" in run.stdout, (
+        run.stdout[-2000:]
+    )
     assert "Traceback" not in run.stderr, run.stderr[-4000:]

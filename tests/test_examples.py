@@ -1,15 +1,17 @@
-"""Every script in examples/ runs on 2 CPU ranks under ddp, deepspeed_stage_2, deepspeed_stage_3 and fsdp, as a user
-would start it (`python examples/x.py --devices 2 --strategy S`), and prints the result it promises.
+"""Every script in examples/ runs on 2 CPU ranks under ddp, deepspeed_stage_2, deepspeed_stage_3 and
+fsdp, as a user would start it (`python examples/x.py --devices 2 --strategy S`), and prints the
+result it promises.
 
-The full matrix is 44 runs of ~10-15 s each. By default each example runs under one strategy, rotating (example i
-under STRATEGIES[i % 4]), so every strategy is covered twice; the other runs (and every cell of the gan and
-transformer_encoder examples, whose own tests run their default cells) are marked `slow` and deselected by
-pyproject's `addopts`. Run them with `pytest -m slow tests/test_examples.py` (or everything with `-m ""`).
+The full matrix is 44 runs of ~10-15 s each. By default each example runs under one strategy,
+rotating (example i under STRATEGIES[i % 4]), so every strategy is covered twice; the other runs
+(and every cell of the gan and transformer_encoder examples, whose own tests run their default
+cells) are marked `slow` and deselected by pyproject's `addopts`. Run them with `pytest -m slow
+tests/test_examples.py` (or everything with `-m ""`).
 
-On a GPU machine (`-m gpu`) the same scripts run on one CUDA GPU (`--accelerator gpu --devices 1`): every example
-under "auto" (which plans the strategy and micro-batch on CUDA) and under its rotating strategy; the other cells
-are `slow`. These are where GPU-only paths meet user code: pinned batch copies, fused optimizers by default,
-bf16/CUDA DeepSpeed engines, the planner's probe.
+On a GPU machine (`-m gpu`) the same scripts run on one CUDA GPU (`--accelerator gpu --devices 1`):
+every example under "auto" (which plans the strategy and micro-batch on CUDA) and under its rotating
+strategy; the other cells are `slow`. These are where GPU-only paths meet user code: pinned batch
+copies, fused optimizers by default, bf16/CUDA DeepSpeed engines, the planner's probe.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from helpers import ROOT, launch
 
 STRATEGIES = ["ddp", "deepspeed_stage_2", "deepspeed_stage_3", "fsdp"]
@@ -28,43 +31,74 @@ def _finite_below(limit):
     return lambda value, cwd: math.isfinite(value) and value < limit
 
 
-def _lr_logged(value, cwd: Path) -> bool:  # warm-up over: the base lr, and LearningRateMonitor wrote a column
+def _lr_logged(
+    value, cwd: Path
+) -> bool:  # warm-up over: the base lr, and LearningRateMonitor wrote a column
     header = next(cwd.glob("logs/**/metrics.csv")).read_text().splitlines()[0]
     return value == pytest.approx(0.1) and any(c.startswith("lr-") for c in header.split(","))
 
 
-# Example, what its "result: name=value" line must satisfy. The order decides the default strategy (i % 4).
+# Example, what its "result: name=value" line must satisfy. The order decides the default strategy
+# (i % 4).
 EXAMPLES = [
     ("mnist_mlp", lambda v, cwd: 0.0 <= v <= 1.0),
-    ("gpt_lm", _finite_below(6.5)),                      # random tokens: about ln(256) = 5.55 is the floor
+    ("gpt_lm", _finite_below(6.5)),  # random tokens: about ln(256) = 5.55 is the floor
     ("autoencoder", _finite_below(0.5)),
-    ("datamodule", _finite_below(0.5)),                  # a learnable linear target; starts near 16
+    ("datamodule", _finite_below(0.5)),  # a learnable linear target; starts near 16
     ("fast_dev_run", lambda v, cwd: v == 1 and not (cwd / "checkpoints").exists()),
     ("lr_scheduler", _lr_logged),
     ("deepspeed_zero3", _finite_below(10.0)),
-    ("hparams_checkpoint", lambda v, cwd: v == 24),     # rebuilt from the checkpoint's hparams, not the default
-    ("predict", lambda v, cwd: v == 20),                 # 40 inputs, half on each rank
-    ("gan", _finite_below(1.0)),                         # BCE of a discriminator near chance: about ln 2
-    ("transformer_encoder", _finite_below(2.0)),         # 4 classes: ln 4 = 1.39 at chance
+    (
+        "hparams_checkpoint",
+        lambda v, cwd: v == 24,
+    ),  # rebuilt from the checkpoint's hparams, not the default
+    ("predict", lambda v, cwd: v == 20),  # 40 inputs, half on each rank
+    ("gan", _finite_below(1.0)),  # BCE of a discriminator near chance: about ln 2
+    ("transformer_encoder", _finite_below(2.0)),  # 4 classes: ln 4 = 1.39 at chance
 ]
-# The GAN (two optimizers, manual): under DDP it needs ddp_find_unused_parameters_true (as under Lightning). Their
-# own tests run the cells that matter by default (gan: tests/test_manual_optimization.py; transformer_encoder:
+# The GAN (two optimizers, manual): under DDP it needs ddp_find_unused_parameters_true (as under
+# Lightning). Their
+# own tests run the cells that matter by default (gan: tests/test_manual_optimization.py;
+# transformer_encoder:
 # tests/test_lightning_zero3.py), so here every cell of these two is slow.
 ELSEWHERE = {"gan", "transformer_encoder"}
 RENAMED = {("gan", "ddp"): "ddp_find_unused_parameters_true"}
-REFUSED: dict[tuple[str, str], str] = {}  # (example, strategy) -> the error a refused cell must print
-CASES = [pytest.param(name, strategy, check, id=f"{name}-{strategy}",
-                      marks=() if strategy == STRATEGIES[i % 4] and name not in ELSEWHERE else [pytest.mark.slow])
-         for i, (name, check) in enumerate(EXAMPLES) for strategy in STRATEGIES]
+REFUSED: dict[
+    tuple[str, str], str
+] = {}  # (example, strategy) -> the error a refused cell must print
+CASES = [
+    pytest.param(
+        name,
+        strategy,
+        check,
+        id=f"{name}-{strategy}",
+        marks=() if strategy == STRATEGIES[i % 4] and name not in ELSEWHERE else [pytest.mark.slow],
+    )
+    for i, (name, check) in enumerate(EXAMPLES)
+    for strategy in STRATEGIES
+]
 
 
 def test_every_example_is_listed():
-    assert sorted(p.stem for p in (ROOT / "examples").glob("*.py")) == sorted(name for name, _ in EXAMPLES)
+    assert sorted(p.stem for p in (ROOT / "examples").glob("*.py")) == sorted(
+        name for name, _ in EXAMPLES
+    )
 
 
-GPU_CASES = [pytest.param(name, strategy, check, id=f"{name}-{strategy}", marks=[
-    pytest.mark.gpu, *(() if strategy in ("auto", STRATEGIES[i % 4]) else [pytest.mark.slow])])
-    for i, (name, check) in enumerate(EXAMPLES) for strategy in ["auto", *STRATEGIES]]
+GPU_CASES = [
+    pytest.param(
+        name,
+        strategy,
+        check,
+        id=f"{name}-{strategy}",
+        marks=[
+            pytest.mark.gpu,
+            *(() if strategy in ("auto", STRATEGIES[i % 4]) else [pytest.mark.slow]),
+        ],
+    )
+    for i, (name, check) in enumerate(EXAMPLES)
+    for strategy in ["auto", *STRATEGIES]
+]
 
 
 @pytest.mark.parametrize("name, strategy, check", CASES)
@@ -84,12 +118,24 @@ def _run_example(tmp_path, name, strategy, check, accelerator: str, devices: int
         strategy = "deepspeed"  # the script's own DeepSpeedStrategy(stage=3)
     refusal = REFUSED.get((name, strategy))
     strategy = RENAMED.get((name, strategy), strategy)
-    run = launch([str(ROOT / "examples" / f"{name}.py"), "--accelerator", accelerator, "--devices", str(devices),
-                  "--strategy", strategy], tmp_path)
+    run = launch(
+        [
+            str(ROOT / "examples" / f"{name}.py"),
+            "--accelerator",
+            accelerator,
+            "--devices",
+            str(devices),
+            "--strategy",
+            strategy,
+        ],
+        tmp_path,
+    )
     if refusal:
         assert run.returncode != 0 and refusal in run.stderr, run.stderr[-3000:]
         return
-    assert run.returncode == 0, f"{name} under {strategy} failed:\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
+    assert run.returncode == 0, (
+        f"{name} under {strategy} failed:\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
+    )
     found = re.findall(r"^result: (\w+)=(\S+)$", run.stdout, re.MULTILINE)
     assert len(found) == 1, f"{name}: expected one result line from rank 0:\n{run.stdout[-2000:]}"
     key, value = found[0]

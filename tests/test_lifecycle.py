@@ -1,13 +1,16 @@
-"""The lifecycle: each protocol method runs once per phase, and a failure ends every entry point cleanly.
+"""The lifecycle: each protocol method runs once per phase, and a failure ends every entry point
+cleanly.
 
     .venv/bin/python -m pytest -q tests/test_lifecycle.py
 
-- Protocol calls are counted on every strategy in a validate -> fit -> test run (one process each, a group of
-  one): check once per entry point, connect and configure_model once, setup once per phase (evaluation, then fit;
-  test reuses fit's), teardown once (at exit), step once per optimizer step.
-- A `training_step` that raises on rank 1 of 2: rank 1's on_exception hooks run, rank 0's progress bar is
-  stopped on the terminal (a pseudo-terminal here, as a person would see it) and its loggers are finalised with
-  status "failed", and the failing traceback is printed once.
+- Protocol calls are counted on every strategy in a validate -> fit -> test run (one process each, a
+group of
+  one): check once per entry point, connect and configure_model once, setup once per phase
+  (evaluation, then fit; test reuses fit's), teardown once (at exit), step once per optimizer step.
+- A `training_step` that raises on rank 1 of 2: rank 1's on_exception hooks run, rank 0's progress
+bar is
+  stopped on the terminal (a pseudo-terminal here, as a person would see it) and its loggers are
+  finalised with status "failed", and the failing traceback is printed once.
 """
 
 from __future__ import annotations
@@ -64,23 +67,52 @@ trainer.save_checkpoint("ckpt")
 trainer.test(model, regression_data(8))
 """
 
-STRATEGIES = ["single", "ddp", "ddp_sharded", "fsdp", "fsdp_grad_op", "deepspeed_stage_1", "deepspeed_stage_2",
-              "deepspeed_stage_3"]
+STRATEGIES = [
+    "single",
+    "ddp",
+    "ddp_sharded",
+    "fsdp",
+    "fsdp_grad_op",
+    "deepspeed_stage_1",
+    "deepspeed_stage_2",
+    "deepspeed_stage_3",
+]
 
 
 @pytest.mark.parametrize("name", STRATEGIES)
 def test_protocol_calls_once_per_phase(tmp_path, name):
     script = tmp_path / "count.py"
     script.write_text(COUNT_SCRIPT.format(tests=str(ROOT / "tests")))
-    proc = subprocess.run([sys.executable, str(script), name], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1",
-                                            "DS_ACCELERATOR": "cpu"})
+    proc = subprocess.run(
+        [sys.executable, str(script), name],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={
+            **os.environ,
+            "PYTHONPATH": str(ROOT / "src"),
+            "OMP_NUM_THREADS": "1",
+            "DS_ACCELERATOR": "cpu",
+        },
+    )
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("COUNTS")), None)
     assert proc.returncode == 0 and line, proc.stdout[-2000:] + proc.stderr[-4000:]
-    c = json.loads(line[len("COUNTS"):])[name]
-    # 4 optimizer steps of 2 micro-batches; validation 2 batches of 4, test 2 batches of 4; one save.
-    once = {"check": 3, "connect": 1, "configure_model": 1, "setup": 2, "teardown": 1, "step": 4, "backward": 8,
-            "forward": 8 + 2 + 2, "save": 1, "load": 0}
+    c = json.loads(line[len("COUNTS") :])[name]
+    # 4 optimizer steps of 2 micro-batches; validation 2 batches of 4, test 2 batches of 4; one
+    # save.
+    once = {
+        "check": 3,
+        "connect": 1,
+        "configure_model": 1,
+        "setup": 2,
+        "teardown": 1,
+        "step": 4,
+        "backward": 8,
+        "forward": 8 + 2 + 2,
+        "save": 1,
+        "load": 0,
+    }
     assert {k: c.get(k, 0) for k in once} == once
 
 
@@ -119,10 +151,19 @@ def test_failure_in_training_step_ends_cleanly(tmp_path):
     script = tmp_path / "boom.py"  # a file: the Trainer re-runs it as rank 1
     script.write_text(FAIL_SCRIPT.format(tests=str(ROOT / "tests")))
     primary, replica = pty.openpty()  # rank 0's stdout is a terminal: rich draws a live bar there
-    proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path,
-                            stdout=replica, stderr=subprocess.PIPE, text=False,
-                            env={**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1",
-                                 "COLUMNS": "120"})
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        stdout=replica,
+        stderr=subprocess.PIPE,
+        text=False,
+        env={
+            **os.environ,
+            "PYTHONPATH": str(ROOT / "src"),
+            "OMP_NUM_THREADS": "1",
+            "COLUMNS": "120",
+        },
+    )
     os.close(replica)
     chunks: list[bytes] = []
 
@@ -143,11 +184,17 @@ def test_failure_in_training_step_ends_cleanly(tmp_path):
     os.close(primary)
     terminal, stderr = b"".join(chunks).decode(errors="replace"), err.decode(errors="replace")
     assert proc.returncode != 0, stderr[-3000:]
-    assert stderr.count("RuntimeError: deliberate failure in training_step on rank 1") == 1, stderr[-4000:]
+    assert stderr.count("RuntimeError: deliberate failure in training_step on rank 1") == 1, stderr[
+        -4000:
+    ]
     assert (tmp_path / "on_exception-rank1.txt").read_text() == "RuntimeError"
-    # rank 0 failed by itself on the dead peer (its launcher's watchdog waited for that), so its callbacks and
+    # rank 0 failed by itself on the dead peer (its launcher's watchdog waited for that), so its
+    # callbacks and
     # loggers saw the failure too
     assert (tmp_path / "on_exception-rank0.txt").exists(), stderr[-3000:]
     assert (tmp_path / "finalized.txt").read_text() == "failed", stderr[-3000:]
-    hide, show = "\x1b[?25l", "\x1b[?25h"  # rich hides the cursor while the bar is live, shows it when stopped
+    hide, show = (
+        "\x1b[?25l",
+        "\x1b[?25h",
+    )  # rich hides the cursor while the bar is live, shows it when stopped
     assert hide in terminal and terminal.rfind(show) > terminal.rfind(hide), terminal[-500:]

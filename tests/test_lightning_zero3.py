@@ -1,7 +1,8 @@
-"""ZeRO-3 builds the model partitioned as it is created (DeepSpeed's zero.Init). A module that deep-copies a layer
+"""ZeRO-3 builds the model partitioned as it is created (DeepSpeed's zero.Init). A module that
+deep-copies a layer
 while it is built, as torch's nn.TransformerEncoder does num_layers times, must train as under DDP:
-examples/transformer_encoder.py on 2 CPU ranks, per-step train_loss within 1e-5 relative (fp32; the reduction order
-differs). About 40 s.
+examples/transformer_encoder.py on 2 CPU ranks, per-step train_loss within 1e-5 relative (fp32; the
+reduction order differs). About 40 s.
 """
 
 from __future__ import annotations
@@ -13,7 +14,16 @@ from helpers import ROOT, assert_close_losses, launch
 
 
 def _losses(cwd: Path, strategy: str) -> list[float]:
-    run = launch([str(ROOT / "examples" / "transformer_encoder.py"), "--devices", "2", "--strategy", strategy], cwd)
+    run = launch(
+        [
+            str(ROOT / "examples" / "transformer_encoder.py"),
+            "--devices",
+            "2",
+            "--strategy",
+            strategy,
+        ],
+        cwd,
+    )
     assert run.returncode == 0, f"{strategy} failed:\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
     log = next(cwd.glob("lightspeed_logs/version_0/metrics.csv"))
     return [float(r["train_loss"]) for r in csv.DictReader(log.open()) if r.get("train_loss")]

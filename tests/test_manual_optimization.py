@@ -1,17 +1,20 @@
-"""Manual optimization (`automatic_optimization = False`) under FSDP2: the user's `manual_backward` reduce-scatters
-the gradients on every backward and `opt.step()` updates the local shards, plain torch. The same module
-(tests/workload.py's `manual` option: zero_grad, manual_backward, step in training_step) must give DDP's losses:
-relative 1e-5 per step, fp32 on 2 CPU ranks (only the reduction order differs). The FSDP checkpoint written by the
-manual run holds every optimizer's state: with two optimizers, a resume replays the same losses. examples/gan.py
-(toggle_optimizer, self(z) then self.discriminator inside training_step) gives DDP's g_loss and d_loss within 1e-5
-under fsdp, and its resume from step 4 replays steps 5-8 exactly.
-Under DeepSpeed stages 2 and 3, one engine holds the one optimizer (opt.step() is engine.step()), with the same
-1e-5 against DDP. Several optimizers get one engine each (stages 1 and 2): examples/gan.py gives DDP's g_loss and
-d_loss per step within 1e-5 relative under deepspeed_stage_2, and a resume from its step-4 checkpoint (one tag per
-engine) replays steps 5-8 within 1e-6; one loss reaching both engines' parameters (the workload's two optimizers)
-matches DDP and resumes too (slow). Under deepspeed_stage_3 each engine partitions only its optimizer's submodules
-(the generator, the discriminator): the GAN gives DDP's losses within 1e-5 and resumes within 1e-6 too, and
-load_from_checkpoint merges both engines' shards into DDP's weights. About 3 min in all.
+"""Manual optimization (`automatic_optimization = False`) under FSDP2: the user's `manual_backward`
+reduce-scatters the gradients on every backward and `opt.step()` updates the local shards, plain
+torch. The same module
+(tests/workload.py's `manual` option: zero_grad, manual_backward, step in training_step) must give
+DDP's losses: relative 1e-5 per step, fp32 on 2 CPU ranks (only the reduction order differs). The
+FSDP checkpoint written by the manual run holds every optimizer's state: with two optimizers, a
+resume replays the same losses. examples/gan.py (toggle_optimizer, self(z) then self.discriminator
+inside training_step) gives DDP's g_loss and d_loss within 1e-5 under fsdp, and its resume from step
+4 replays steps 5-8 exactly. Under DeepSpeed stages 2 and 3, one engine holds the one optimizer
+(opt.step() is engine.step()), with the same 1e-5 against DDP. Several optimizers get one engine
+each (stages 1 and 2): examples/gan.py gives DDP's g_loss and d_loss per step within 1e-5 relative
+under deepspeed_stage_2, and a resume from its step-4 checkpoint (one tag per engine) replays steps
+5-8 within 1e-6; one loss reaching both engines' parameters (the workload's two optimizers) matches
+DDP and resumes too (slow). Under deepspeed_stage_3 each engine partitions only its optimizer's
+submodules (the generator, the discriminator): the GAN gives DDP's losses within 1e-5 and resumes
+within 1e-6 too, and load_from_checkpoint merges both engines' shards into DDP's weights. About 3
+min in all.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from helpers import ROOT, assert_close_losses, launch, run_workload
 
 RUN = dict(devices=2, batch_size=2, max_steps=6, manual=True)
@@ -38,38 +42,60 @@ def test_fsdp_manual_matches_ddp_and_resumes(tmp_path, ddp):
 
 
 def test_fsdp_manual_two_optimizers_checkpoint_holds_both(tmp_path, shared_run):
-    # Two SGD optimizers with momentum over disjoint parameters (a GAN's shape), stepped by hand. The resume from
-    # step 3 replays the straight run only if the checkpoint restored both optimizers' momentum buffers.
+    # Two SGD optimizers with momentum over disjoint parameters (a GAN's shape), stepped by hand.
+    # The resume from
+    # step 3 replays the straight run only if the checkpoint restored both optimizers' momentum
+    # buffers.
     two = dict(RUN, two_optimizers=True)
-    ddp = shared_run(strategy="ddp", **two)  # also the unclipped run of the clip_gradients test below
+    ddp = shared_run(
+        strategy="ddp", **two
+    )  # also the unclipped run of the clip_gradients test below
     fsdp = run_workload(tmp_path, strategy="fsdp", ckpt_every=3, **two)
     assert_close_losses(fsdp["losses"], ddp["losses"], 1e-5, "fsdp vs ddp, manual, two optimizers")
     step3 = sorted(tmp_path.glob("checkpoints/*step=3*"))
     assert len(step3) == 1, list(tmp_path.glob("checkpoints/*"))
     resumed = run_workload(tmp_path, strategy="fsdp", resume=str(step3[0]), **two)
-    assert_close_losses(resumed["losses"], fsdp["losses"][3:], 1e-6, "fsdp manual, resumed at step 3")
+    assert_close_losses(
+        resumed["losses"], fsdp["losses"][3:], 1e-6, "fsdp manual, resumed at step 3"
+    )
 
 
-@pytest.mark.parametrize("strategy", ["deepspeed_stage_2", pytest.param("deepspeed_stage_3", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "strategy", ["deepspeed_stage_2", pytest.param("deepspeed_stage_3", marks=pytest.mark.slow)]
+)
 def test_deepspeed_manual_matches_ddp(tmp_path, ddp, strategy):
-    # One engine, one optimizer: the module's opt.step() is engine.step(), manual_backward is engine.backward.
+    # One engine, one optimizer: the module's opt.step() is engine.step(), manual_backward is
+    # engine.backward.
     out = run_workload(tmp_path, strategy=strategy, **RUN)
     assert out["global_step"] == 6 == out["deepspeed"]["global_steps"]
-    assert_close_losses(out["losses"], ddp["losses"], 1e-5, f"{strategy} vs ddp, manual optimization")
+    assert_close_losses(
+        out["losses"], ddp["losses"], 1e-5, f"{strategy} vs ddp, manual optimization"
+    )
 
 
 def _gan(cwd: Path, strategy: str, *more: str) -> list[tuple[float, float]]:
-    """Runs examples/gan.py on 2 ranks in `cwd`; returns the (g_loss, d_loss) of each step its run logged."""
-    run = launch([str(ROOT / "examples" / "gan.py"), "--devices", "2", "--strategy", strategy, *more], cwd)
-    assert run.returncode == 0, f"gan under {strategy} failed:\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
-    log = sorted(cwd.glob("lightspeed_logs/version_*/metrics.csv"), key=lambda p: int(p.parent.name[8:]))[-1]
-    return [(float(r["g_loss"]), float(r["d_loss"])) for r in csv.DictReader(log.open()) if r["g_loss"]]
+    """Runs examples/gan.py on 2 ranks in `cwd`; returns the (g_loss, d_loss) of each step its run
+    logged."""
+    run = launch(
+        [str(ROOT / "examples" / "gan.py"), "--devices", "2", "--strategy", strategy, *more], cwd
+    )
+    assert run.returncode == 0, (
+        f"gan under {strategy} failed:\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
+    )
+    log = sorted(
+        cwd.glob("lightspeed_logs/version_*/metrics.csv"), key=lambda p: int(p.parent.name[8:])
+    )[-1]
+    return [
+        (float(r["g_loss"]), float(r["d_loss"])) for r in csv.DictReader(log.open()) if r["g_loss"]
+    ]
 
 
 @pytest.fixture(scope="module")
 def gan_ddp_run(tmp_path_factory) -> tuple[Path, list[tuple[float, float]]]:
-    # examples/gan.py: two Adam optimizers, toggle_optimizer around each backward, 8 steps. Under DDP a GAN needs
-    # ddp_find_unused_parameters_true (the toggled-off half gets no gradient), as under Lightning. Returns the
+    # examples/gan.py: two Adam optimizers, toggle_optimizer around each backward, 8 steps. Under
+    # DDP a GAN needs
+    # ddp_find_unused_parameters_true (the toggled-off half gets no gradient), as under Lightning.
+    # Returns the
     # run's folder (its checkpoints) and its (g_loss, d_loss) per step.
     cwd = tmp_path_factory.mktemp("gan_ddp")
     return cwd, _gan(cwd, "ddp_find_unused_parameters_true")
@@ -85,55 +111,84 @@ def test_gan_one_engine_per_optimizer_matches_ddp_and_resumes(tmp_path, gan_ddp)
     ds = _gan(tmp_path, "deepspeed_stage_2")
     assert len(ds) == len(ddp) == 8
     for name, i in (("g_loss", 0), ("d_loss", 1)):
-        assert_close_losses([s[i] for s in ds], [s[i] for s in ddp], 1e-5, f"gan {name}, deepspeed_stage_2 vs ddp")
+        assert_close_losses(
+            [s[i] for s in ds], [s[i] for s in ddp], 1e-5, f"gan {name}, deepspeed_stage_2 vs ddp"
+        )
     step4 = tmp_path / "checkpoints" / "epoch=0-step=4"
     assert (step4 / "deepspeed").is_dir() and (step4 / "deepspeed_1").is_dir()  # one tag per engine
     resumed = _gan(tmp_path, "deepspeed_stage_2", "--ckpt_path", str(step4))
     assert len(resumed) == 4  # steps 5 to 8
     for name, i in (("g_loss", 0), ("d_loss", 1)):
-        assert_close_losses([s[i] for s in resumed], [s[i] for s in ds[4:]], 1e-6, f"gan {name}, resumed at step 4")
+        assert_close_losses(
+            [s[i] for s in resumed], [s[i] for s in ds[4:]], 1e-6, f"gan {name}, resumed at step 4"
+        )
 
 
 def test_gan_under_fsdp_matches_ddp_and_resumes(tmp_path, gan_ddp):
-    # The generator and discriminator are FSDP units of their own (strategies/fsdp.py, find_child_units), so
-    # toggle_optimizer sees the optimizers' shards and self(z) inside training_step gathers only the generator.
+    # The generator and discriminator are FSDP units of their own (strategies/fsdp.py,
+    # find_child_units), so
+    # toggle_optimizer sees the optimizers' shards and self(z) inside training_step gathers only the
+    # generator.
     fsdp = _gan(tmp_path, "fsdp")
     assert len(fsdp) == len(gan_ddp) == 8
     for name, i in (("g_loss", 0), ("d_loss", 1)):
-        assert_close_losses([s[i] for s in fsdp], [s[i] for s in gan_ddp], 1e-5, f"gan {name}, fsdp vs ddp")
+        assert_close_losses(
+            [s[i] for s in fsdp], [s[i] for s in gan_ddp], 1e-5, f"gan {name}, fsdp vs ddp"
+        )
     # Both Adams' moments are in the step-4 checkpoint: the resume replays steps 5-8 bit for bit.
-    resumed = _gan(tmp_path, "fsdp", "--ckpt_path", str(tmp_path / "checkpoints" / "epoch=0-step=4"))
+    resumed = _gan(
+        tmp_path, "fsdp", "--ckpt_path", str(tmp_path / "checkpoints" / "epoch=0-step=4")
+    )
     assert resumed == fsdp[4:]
 
 
 def test_gan_under_plain_ddp_names_the_strategy_to_use(tmp_path):
-    # The discriminator gets no gradient in the generator's backward, which plain DDP cannot reduce; torch's own
+    # The discriminator gets no gradient in the generator's backward, which plain DDP cannot reduce;
+    # torch's own
     # message names a DistributedDataParallel keyword the user never sees.
-    run = launch([str(ROOT / "examples" / "gan.py"), "--devices", "2", "--strategy", "ddp", "--max_steps", "2"],
-                 tmp_path)
-    assert run.returncode != 0 and "strategy='ddp_find_unused_parameters_true'" in run.stderr, run.stderr[-3000:]
+    run = launch(
+        [
+            str(ROOT / "examples" / "gan.py"),
+            "--devices",
+            "2",
+            "--strategy",
+            "ddp",
+            "--max_steps",
+            "2",
+        ],
+        tmp_path,
+    )
+    assert run.returncode != 0 and "strategy='ddp_find_unused_parameters_true'" in run.stderr, (
+        run.stderr[-3000:]
+    )
 
 
 @pytest.mark.slow
 def test_deepspeed_two_optimizers_one_engine_each_and_resume(tmp_path):
-    # One loss reaching both optimizers' parameters: one backward feeds both engines. Each engine saves under its
-    # own tag; the resume from step 3 replays the straight run only if both engines' momentum came back.
+    # One loss reaching both optimizers' parameters: one backward feeds both engines. Each engine
+    # saves under its
+    # own tag; the resume from step 3 replays the straight run only if both engines' momentum came
+    # back.
     two = dict(RUN, two_optimizers=True)
     (tmp_path / "ddp").mkdir()
     ddp = run_workload(tmp_path / "ddp", strategy="ddp", **two)
     ds = run_workload(tmp_path, strategy="deepspeed_stage_2", ckpt_every=3, **two)
     assert ds["deepspeed"]["optimizers"] == 2
-    assert_close_losses(ds["losses"], ddp["losses"], 1e-5, "deepspeed_stage_2 vs ddp, manual, two optimizers")
+    assert_close_losses(
+        ds["losses"], ddp["losses"], 1e-5, "deepspeed_stage_2 vs ddp, manual, two optimizers"
+    )
     step3 = sorted(tmp_path.glob("checkpoints/*step=3*"))
     assert (step3[0] / "deepspeed").is_dir() and (step3[0] / "deepspeed_1").is_dir()
     resumed = run_workload(tmp_path, strategy="deepspeed_stage_2", resume=str(step3[0]), **two)
-    assert_close_losses(resumed["losses"], ds["losses"][3:], 1e-6, "deepspeed_stage_2 manual, resumed at step 3")
+    assert_close_losses(
+        resumed["losses"], ds["losses"][3:], 1e-6, "deepspeed_stage_2 manual, resumed at step 3"
+    )
 
 
 def test_deepspeed_engine_group_refusals():
     # Checked on every rank at setup, before any engine: no process group needed.
     from lightspeed.errors import ConfigError
-    from lightspeed.strategies.deepspeed_multi import check_group, split_module
+    from lightspeed.strategies.deepspeed.multi import check_group, split_module
 
     a, b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
     two = [torch.optim.SGD(a.parameters(), lr=0.1), torch.optim.SGD(b.parameters(), lr=0.1)]
@@ -144,31 +199,58 @@ def test_deepspeed_engine_group_refusals():
     with pytest.raises(ConfigError, match="optimizer 1 .* shares parameters"):
         check_group("32-true", shared, "deepspeed_stage_2")
 
-    # ZeRO-3: each engine wraps the fewest submodules holding exactly its optimizer's parameters, at their paths.
+    # ZeRO-3: each engine wraps the fewest submodules holding exactly its optimizer's parameters, at
+    # their paths.
     net = torch.nn.Module()
     net.gen = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
     net.disc = torch.nn.ModuleDict(dict(body=torch.nn.Linear(2, 2), head=torch.nn.Linear(2, 1)))
-    opts = [torch.optim.SGD([*net.gen.parameters(), *net.disc.head.parameters()], lr=0.1),
-            torch.optim.SGD(net.disc.body.parameters(), lr=0.1)]
+    opts = [
+        torch.optim.SGD([*net.gen.parameters(), *net.disc.head.parameters()], lr=0.1),
+        torch.optim.SGD(net.disc.body.parameters(), lr=0.1),
+    ]
     parts = split_module(net, opts, "deepspeed_stage_3")
     assert [sorted(dict(h.named_parameters())) for h in parts] == [
-        ["module.disc.head.bias", "module.disc.head.weight", "module.gen.0.bias", "module.gen.0.weight",
-         "module.gen.1.bias", "module.gen.1.weight"], ["module.disc.body.bias", "module.disc.body.weight"]]
-    assert parts[0].module.gen is net.gen and parts[1].module.disc.body is net.disc.body  # the user's modules
-    mixed = [torch.optim.SGD([net.gen[0].weight], lr=0.1),
-             torch.optim.SGD([net.gen[0].bias, *net.gen[1].parameters(), *net.disc.parameters()], lr=0.1)]
-    with pytest.raises(ConfigError, match=r"optimizer 0 .* trains 'gen.0.weight', held directly by a module "
-                                          r"\(Linear\).*'deepspeed_stage_3'"):
+        [
+            "module.disc.head.bias",
+            "module.disc.head.weight",
+            "module.gen.0.bias",
+            "module.gen.0.weight",
+            "module.gen.1.bias",
+            "module.gen.1.weight",
+        ],
+        ["module.disc.body.bias", "module.disc.body.weight"],
+    ]
+    assert (
+        parts[0].module.gen is net.gen and parts[1].module.disc.body is net.disc.body
+    )  # the user's modules
+    mixed = [
+        torch.optim.SGD([net.gen[0].weight], lr=0.1),
+        torch.optim.SGD(
+            [net.gen[0].bias, *net.gen[1].parameters(), *net.disc.parameters()], lr=0.1
+        ),
+    ]
+    with pytest.raises(
+        ConfigError,
+        match=r"optimizer 0 .* trains 'gen.0.weight', held directly by a module "
+        r"\(Linear\).*'deepspeed_stage_3'",
+    ):
         split_module(net, mixed, "deepspeed_stage_3")
-    with pytest.raises(ConfigError, match="parameter 'disc.head.weight' is trained by no optimizer"):
-        split_module(net, [opts[1], torch.optim.SGD(net.gen.parameters(), lr=0.1)], "deepspeed_stage_3")
+    with pytest.raises(
+        ConfigError, match="parameter 'disc.head.weight' is trained by no optimizer"
+    ):
+        split_module(
+            net, [opts[1], torch.optim.SGD(net.gen.parameters(), lr=0.1)], "deepspeed_stage_3"
+        )
     net.register_buffer("scale", torch.ones(1))
-    with pytest.raises(ConfigError, match="buffer 'scale' sits outside every optimizer's submodules"):
+    with pytest.raises(
+        ConfigError, match="buffer 'scale' sits outside every optimizer's submodules"
+    ):
         split_module(net, opts, "deepspeed_stage_3")
 
 
 def test_toggle_optimizer_refuses_an_optimizer_of_none_of_its_parameters():
-    # Freezing every parameter would make the backward silently train nothing (FSDP inside a forward shows
+    # Freezing every parameter would make the backward silently train nothing (FSDP inside a forward
+    # shows
     # gathered copies, not the optimizer's shards): an error says so instead.
     from lightspeed import Module
 
@@ -179,7 +261,9 @@ def test_toggle_optimizer_refuses_an_optimizer_of_none_of_its_parameters():
     module.toggle_optimizer(own)
     assert all(p.requires_grad for p in module.parameters())
     module.untoggle_optimizer(own)
-    with pytest.raises(RuntimeError, match="none of the optimizer's 2 parameters is a parameter of Module"):
+    with pytest.raises(
+        RuntimeError, match="none of the optimizer's 2 parameters is a parameter of Module"
+    ):
         module.toggle_optimizer(other)
 
 
@@ -192,7 +276,9 @@ def test_fsdp_manual_units_are_the_called_children():
 
     root = nn.Module()
     root.generator, root.discriminator = nn.Linear(2, 2), nn.Linear(2, 2)
-    root.heads = nn.ModuleList([nn.Linear(2, 2), nn.Linear(2, 2)])  # never called itself: its children are
+    root.heads = nn.ModuleList(
+        [nn.Linear(2, 2), nn.Linear(2, 2)]
+    )  # never called itself: its children are
     root.embed, root.unembed = nn.Embedding(4, 2), nn.Linear(2, 4, bias=False)
     root.unembed.weight = root.embed.weight  # tied: one unit of two modules
     units = find_child_units(root, [root.heads[1]])  # heads[1] is a block unit already
@@ -203,8 +289,10 @@ def test_fsdp_manual_units_are_the_called_children():
 
 
 def test_gan_zero3_one_engine_per_submodule_matches_ddp_and_resumes(tmp_path, gan_ddp_run):
-    # examples/gan.py under deepspeed_stage_3: the generator's engine and the discriminator's each partition their
-    # own network; self.discriminator(self(z)) gathers through both engines' hooks. Same losses as DDP per step.
+    # examples/gan.py under deepspeed_stage_3: the generator's engine and the discriminator's each
+    # partition their
+    # own network; self.discriminator(self(z)) gathers through both engines' hooks. Same losses as
+    # DDP per step.
     import importlib.util
 
     import lightspeed
@@ -213,8 +301,11 @@ def test_gan_zero3_one_engine_per_submodule_matches_ddp_and_resumes(tmp_path, ga
     ds = _gan(tmp_path, "deepspeed_stage_3")
     assert len(ds) == len(ddp) == 8
     for name, i in (("g_loss", 0), ("d_loss", 1)):
-        assert_close_losses([s[i] for s in ds], [s[i] for s in ddp], 1e-5, f"gan {name}, deepspeed_stage_3 vs ddp")
-    # load_from_checkpoint merges both engines' shards into the whole module, equal to DDP's after the same 8 steps.
+        assert_close_losses(
+            [s[i] for s in ds], [s[i] for s in ddp], 1e-5, f"gan {name}, deepspeed_stage_3 vs ddp"
+        )
+    # load_from_checkpoint merges both engines' shards into the whole module, equal to DDP's after
+    # the same 8 steps.
     spec = importlib.util.spec_from_file_location("gan_example", ROOT / "examples" / "gan.py")
     gan = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gan)
@@ -228,45 +319,63 @@ def test_gan_zero3_one_engine_per_submodule_matches_ddp_and_resumes(tmp_path, ga
     resumed = _gan(tmp_path, "deepspeed_stage_3", "--ckpt_path", str(step4))
     assert len(resumed) == 4  # steps 5 to 8
     for name, i in (("g_loss", 0), ("d_loss", 1)):
-        assert_close_losses([s[i] for s in resumed], [s[i] for s in ds[4:]], 1e-6, f"gan {name}, zero3 resumed")
+        assert_close_losses(
+            [s[i] for s in resumed], [s[i] for s in ds[4:]], 1e-6, f"gan {name}, zero3 resumed"
+        )
 
 
 def test_deepspeed_clip_gradients_per_engine_matches_ddp(tmp_path, shared_run):
-    # Lightning's self.clip_gradients(opt, gradient_clip_val=..., gradient_clip_algorithm="norm") before each
-    # opt.step(), two SGD optimizers (one DeepSpeed engine each): each engine clips its own reduced gradient inside
-    # its step, as clip_grad_norm_ over that optimizer's parameters does after DDP's all-reduce. A clip of 0.05 is
+    # Lightning's self.clip_gradients(opt, gradient_clip_val=..., gradient_clip_algorithm="norm")
+    # before each
+    # opt.step(), two SGD optimizers (one DeepSpeed engine each): each engine clips its own reduced
+    # gradient inside
+    # its step, as clip_grad_norm_ over that optimizer's parameters does after DDP's all-reduce. A
+    # clip of 0.05 is
     # below the gradient norms here, so it changes the run: the unclipped DDP run differs.
     from lightspeed.errors import ConfigError
     from lightspeed.specs import RunSpec
-    from lightspeed.strategies.deepspeed import DeepSpeed
-    from lightspeed.strategies.deepspeed_manual import EngineOptimizer
+    from lightspeed.strategies.deepspeed.manual import EngineOptimizer
+    from lightspeed.strategies.deepspeed.strategy import DeepSpeed
 
     with pytest.raises(ConfigError, match="gradient_clip_algorithm='value'.*global norm only"):
         EngineOptimizer(None, None).clip_gradients(1.0, "value")
-    # The Trainer's flag would make every engine clip on its own: refused before launch, as in Lightning.
-    with pytest.raises(ConfigError, match="gradient_clip_val=1.0 is not valid with automatic_optimization=False"):
+    # The Trainer's flag would make every engine clip on its own: refused before launch, as in
+    # Lightning.
+    with pytest.raises(
+        ConfigError, match="gradient_clip_val=1.0 is not valid with automatic_optimization=False"
+    ):
         DeepSpeed(stage=2).check(RunSpec(gradient_clip_val=1.0, automatic_optimization=False))
     clipped = dict(RUN, two_optimizers=True, manual_clip=0.05)
     (tmp_path / "ddp_clip").mkdir()
     ddp = run_workload(tmp_path / "ddp_clip", strategy="ddp", **clipped)
     ds = run_workload(tmp_path, strategy="deepspeed_stage_2", **clipped)
     assert ds["deepspeed"]["optimizers"] == 2
-    assert_close_losses(ds["losses"], ddp["losses"], 1e-5, "deepspeed_stage_2 vs ddp, clip_gradients per optimizer")
-    # Under FSDP2 it is torch's clip_grad_norm_ over the optimizer's sharded (DTensor) gradients: the global norm.
+    assert_close_losses(
+        ds["losses"], ddp["losses"], 1e-5, "deepspeed_stage_2 vs ddp, clip_gradients per optimizer"
+    )
+    # Under FSDP2 it is torch's clip_grad_norm_ over the optimizer's sharded (DTensor) gradients:
+    # the global norm.
     (tmp_path / "fsdp").mkdir()
     fsdp = run_workload(tmp_path / "fsdp", strategy="fsdp", **clipped)
-    assert_close_losses(fsdp["losses"], ddp["losses"], 1e-5, "fsdp vs ddp, clip_gradients per optimizer")
-    free = shared_run(strategy="ddp", **dict(RUN, two_optimizers=True))  # manual_clip=None: no clipping
-    assert max(abs(a - b) for a, b in zip(free["losses"], ddp["losses"])) > 1e-3, (free["losses"], ddp["losses"])
+    assert_close_losses(
+        fsdp["losses"], ddp["losses"], 1e-5, "fsdp vs ddp, clip_gradients per optimizer"
+    )
+    free = shared_run(
+        strategy="ddp", **dict(RUN, two_optimizers=True)
+    )  # manual_clip=None: no clipping
+    assert max(abs(a - b) for a, b in zip(free["losses"], ddp["losses"])) > 1e-3, (
+        free["losses"],
+        ddp["losses"],
+    )
 
 
-VALIDATE_THEN_FIT = '''
+VALIDATE_THEN_FIT = """
 import sys
 sys.path.insert(0, sys.argv[1])
 import torch
 import lightspeed as L
 from gan import GAN, images_and_noise
-from lightspeed.strategies.deepspeed import DeepSpeed
+from lightspeed.strategies.deepspeed.strategy import DeepSpeed
 
 
 class Checked(GAN):
@@ -283,18 +392,28 @@ trainer = L.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_steps=4
 trainer.validate(model, images_and_noise(32, 32))  # one engine over the whole module, evaluation only
 trainer.fit(model, images_and_noise(256, 32))      # then one engine per optimizer over the same submodules
 if trainer.is_global_zero:
-    print(f"losses: {float(trainer.callback_metrics['g_loss'])!r} {float(trainer.callback_metrics['d_loss'])!r}")
-'''
+    print(
+        f"losses: {float(trainer.callback_metrics['g_loss'])!r} "
+        f"{float(trainer.callback_metrics['d_loss'])!r}"
+    )
+"""
 
 
 def test_gan_zero3_validate_then_fit(tmp_path, gan_ddp):
-    # ZeRO-3 caches its backward hooks' functions on each submodule, bound to the engine that wrapped it first:
-    # after an evaluation engine, the generator's and discriminator's engines must bind their own (else the first
-    # layer's parameters stay gathered: "Cannot free a ZeRO-3 parameter while it is still active"). The leaf
-    # modules the evaluation engine used are unmarked for the engine group (a leaf module's gradients are reduced
-    # from its backward hook, which the group's per-engine backward never runs). Same step-4 losses as DDP's run.
+    # ZeRO-3 caches its backward hooks' functions on each submodule, bound to the engine that
+    # wrapped it first:
+    # after an evaluation engine, the generator's and discriminator's engines must bind their own
+    # (else the first
+    # layer's parameters stay gathered: "Cannot free a ZeRO-3 parameter while it is still active").
+    # The leaf
+    # modules the evaluation engine used are unmarked for the engine group (a leaf module's
+    # gradients are reduced
+    # from its backward hook, which the group's per-engine backward never runs). Same step-4 losses
+    # as DDP's run.
     (tmp_path / "validate_then_fit.py").write_text(VALIDATE_THEN_FIT)
     run = launch([str(tmp_path / "validate_then_fit.py"), str(ROOT / "examples")], tmp_path)
     assert run.returncode == 0, f"{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
     g_loss, d_loss = (float(v) for v in run.stdout.split("losses: ")[1].split()[:2])
-    assert_close_losses([g_loss, d_loss], list(gan_ddp[3]), 1e-5, "gan under deepspeed_stage_3 after validate")
+    assert_close_losses(
+        [g_loss, d_loss], list(gan_ddp[3]), 1e-5, "gan under deepspeed_stage_3 after validate"
+    )

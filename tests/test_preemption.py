@@ -1,5 +1,6 @@
-"""Preemption: SIGTERM reaching one rank of a 2-rank DDP job ends it with a checkpoint and status 143, and
-`fit(ckpt_path="last")` continues with the per-step losses of an uninterrupted run (equal to 1e-6 relative).
+"""Preemption: SIGTERM reaching one rank of a 2-rank DDP job ends it with a checkpoint and status
+143, and `fit(ckpt_path="last")` continues with the per-step losses of an uninterrupted run (equal
+to 1e-6 relative).
 
     PYTHONPATH=src .venv/bin/python -m pytest -q tests/test_preemption.py
 """
@@ -13,24 +14,35 @@ import warnings
 import pytest
 
 from helpers import assert_close_losses, run_workload
-from lightspeed.checkpoint import resolve
+from lightspeed.checkpoint.checkpointer import resolve
 from lightspeed.errors import ConfigError
 
 
 def test_sigterm_saves_exits_143_and_resumes_exactly(tmp_path):
     (tmp_path / "ref").mkdir()
     ref = run_workload(tmp_path / "ref", devices=2, strategy="ddp", max_steps=10, shuffle=True)
-    run = run_workload(tmp_path, devices=2, strategy="ddp", max_steps=10, shuffle=True,
-                       sigterm_at={"step": 4, "rank": 1}, check=False)
+    run = run_workload(
+        tmp_path,
+        devices=2,
+        strategy="ddp",
+        max_steps=10,
+        shuffle=True,
+        sigterm_at={"step": 4, "rank": 1},
+        check=False,
+    )
     assert run.returncode == 143, (run.returncode, run.stderr[-3000:])
     assert "received SIGTERM" in run.stdout and "preempted-step=5" in run.stdout, run.stdout[-2000:]
     assert os.readlink(tmp_path / "checkpoints" / "last") == "preempted-step=5"
-    resumed = run_workload(tmp_path, devices=2, strategy="ddp", max_steps=10, shuffle=True, resume="last")
+    resumed = run_workload(
+        tmp_path, devices=2, strategy="ddp", max_steps=10, shuffle=True, resume="last"
+    )
     assert resumed["global_step"] == 10 and len(resumed["losses"]) == 5
     results = [json.loads(p.read_text()) for p in tmp_path.glob("result-*.json")]
     preempted = next(r for r in results if r.get("exit") == 143)
     assert len(preempted["losses"]) == 5
-    assert_close_losses(preempted["losses"] + resumed["losses"], ref["losses"], 1e-6, "preempted + resumed")
+    assert_close_losses(
+        preempted["losses"] + resumed["losses"], ref["losses"], 1e-6, "preempted + resumed"
+    )
 
 
 def test_last_with_nothing_saved_starts_fresh(tmp_path):
@@ -46,7 +58,9 @@ def test_last_dangling_after_a_kill_between_renames(tmp_path):
     ckpts = tmp_path / "checkpoints"
     ckpts.mkdir()
     (ckpts / ".tmp-epoch=1").mkdir()
-    (ckpts / ".tmp-epoch=1" / "meta.json").write_text('{"format": "lightspeed-checkpoint", "files": {}}')
+    (ckpts / ".tmp-epoch=1" / "meta.json").write_text(
+        '{"format": "lightspeed-checkpoint", "files": {}}'
+    )
     os.symlink("epoch=1", ckpts / "last")
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
@@ -58,12 +72,20 @@ def test_last_dangling_after_a_kill_between_renames(tmp_path):
 
 @pytest.mark.gpu
 def test_sigterm_on_gpu_ranks_stops_both_one_step_later(tmp_path):
-    """Under NCCL the check reads the previous step's reduction (no host wait): both ranks stop one step later."""
+    """Under NCCL the check reads the previous step's reduction (no host wait): both ranks stop one
+    step later."""
     import torch
 
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
-    run = run_workload(tmp_path, devices=2, accelerator="gpu", strategy="ddp", max_steps=10,
-                       sigterm_at={"step": 4, "rank": 1}, check=False)
+    run = run_workload(
+        tmp_path,
+        devices=2,
+        accelerator="gpu",
+        strategy="ddp",
+        max_steps=10,
+        sigterm_at={"step": 4, "rank": 1},
+        check=False,
+    )
     assert run.returncode == 143, (run.returncode, run.stderr[-3000:])
     assert "received SIGTERM" in run.stdout and "preempted-step=6" in run.stdout, run.stdout[-2000:]

@@ -1,30 +1,43 @@
-"""One conformance suite and one parity suite, the same test bodies for every strategy (2 CPU ranks, gloo).
+"""One conformance suite and one parity suite, the same test bodies for every strategy (2 CPU ranks,
+gloo).
 
-Each strategy trains the tiny GPT for 30 optimizer steps (2 micro-batches per step, gradient clipping at 1.0,
-global batch 8) with validation, then validates, tests, predicts, saves and consolidates; a second run resumes
-from its step-15 checkpoint. The single-device run is the reference.
+Each strategy trains the tiny GPT for 30 optimizer steps (2 micro-batches per step, gradient
+clipping at 1.0, global batch 8) with validation, then validates, tests, predicts, saves and
+consolidates; a second run resumes from its step-15 checkpoint. The single-device run is the
+reference.
 
 Tolerances (fp32, relative, per step):
-  - torch-native strategies (ddp, ddp_sharded, fsdp, fsdp_grad_op): 1e-5. Only the order of the gradient
+  - torch-native strategies (ddp, ddp_sharded, fsdp, fsdp_grad_op): 1e-5. Only the order of the
+  gradient
     reductions differs from one device.
-  - DeepSpeed stages: 1e-5 as well; ZeRO flattens parameters into buckets and reduces them in its own order,
+  - DeepSpeed stages: 1e-5 as well; ZeRO flattens parameters into buckets and reduces them in its
+  own order,
     which stays within fp32 rounding over 30 steps on this model.
   - Resume: 1e-6 (the same computation replayed from saved state).
-  - Final weights (consolidated), relative Frobenius norm per tensor: 1e-4. Adam divides each update by the
-    root of its second moment, so elements with small gradients turn last-bit reduction differences into
-    visibly larger weight differences than the losses show; 1e-4 is what 30 Adam steps give here.
+  - Final weights (consolidated), relative Frobenius norm per tensor: 1e-4. Adam divides each update
+  by the
+    root of its second moment, so elements with small gradients turn last-bit reduction differences
+    into visibly larger weight differences than the losses show; 1e-4 is what 30 Adam steps give
+    here.
 """
 
 from __future__ import annotations
 
 import pytest
-from helpers import assert_close_losses, run_workload
 from safetensors.torch import load_file
+
+from helpers import assert_close_losses, run_workload
 
 STEPS, ACCUM, RESUME_AT = 30, 2, 15
 STRATEGIES = [
-    "ddp", "ddp_sharded", "fsdp", "fsdp_grad_op",
-    "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_3", "deepspeed_stage_2_offload",
+    "ddp",
+    "ddp_sharded",
+    "fsdp",
+    "fsdp_grad_op",
+    "deepspeed_stage_1",
+    "deepspeed_stage_2",
+    "deepspeed_stage_3",
+    "deepspeed_stage_2_offload",
 ]
 PARITY_RTOL = {s: 1e-5 for s in STRATEGIES}
 RESUME_RTOL = 1e-6
@@ -32,14 +45,29 @@ WEIGHT_RTOL = 1e-4
 
 
 def conformance_run(strategy: str) -> dict:
-    """The options of a strategy's run (tests/workload.py). memory=True: after everything else, one more
-    forward/backward and `lightspeed.memory.measure` on each rank; tests/test_plan.py compares those bytes with
-    the memory forecast, so the same runs serve both files (conftest's `shared_run`)."""
+    """The options of a strategy's run (tests/workload.py). memory=True: after everything else, one
+    more forward/backward and `lightspeed.runtime.memory.measure` on each rank; tests/test_plan.py
+    compares those bytes with the memory forecast, so the same runs serve both files (conftest's
+    `shared_run`)."""
     devices = 1 if strategy == "single" else 2
-    return dict(strategy=strategy, devices=devices, batch_size=8 // (devices * ACCUM), accumulate=ACCUM, clip=1.0,
-                max_steps=STEPS, val=True, validate=True, test=True, predict=True, limit_predict_batches=3,
-                ckpt_every=RESUME_AT, save_to="{root}/final", consolidate="{root}/final.safetensors",
-                memory=devices > 1, launcher="in-process" if devices == 1 else "python")
+    return dict(
+        strategy=strategy,
+        devices=devices,
+        batch_size=8 // (devices * ACCUM),
+        accumulate=ACCUM,
+        clip=1.0,
+        max_steps=STEPS,
+        val=True,
+        validate=True,
+        test=True,
+        predict=True,
+        limit_predict_batches=3,
+        ckpt_every=RESUME_AT,
+        save_to="{root}/final",
+        consolidate="{root}/final.safetensors",
+        memory=devices > 1,
+        launcher="in-process" if devices == 1 else "python",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -60,14 +88,19 @@ def test_conformance(runs, strategy):
     assert r["predict_batches"] == 3
     ckpts = r["root"] / "checkpoints"
     assert (ckpts / f"epoch=0-step={RESUME_AT}" / "meta.json").exists()
-    assert (r["root"] / "last").resolve() == (r["root"] / "final").resolve()  # `last` follows the newest save
+    assert (r["root"] / "last").resolve() == (
+        r["root"] / "final"
+    ).resolve()  # `last` follows the newest save
     weights = load_file(str(r["root"] / "final.safetensors"))
-    assert "model.wte.weight" in weights and "model.lm_head.weight" in weights  # tied weights under both names
+    assert (
+        "model.wte.weight" in weights and "model.lm_head.weight" in weights
+    )  # tied weights under both names
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_parity_with_single_device(runs, strategy):
-    """Per-step losses and the consolidated final weights match one device within the stated tolerance."""
+    """Per-step losses and the consolidated final weights match one device within the stated
+    tolerance."""
     ref, r = runs("single"), runs(strategy)
     assert_close_losses(r["losses"], ref["losses"], PARITY_RTOL[strategy], f"{strategy} vs single")
     w_ref = load_file(str(ref["root"] / "final.safetensors"))
@@ -84,18 +117,40 @@ def test_resume_continues_exactly(runs, strategy, tmp_path):
     r = runs(strategy)
     ckpt = r["root"] / "checkpoints" / f"epoch=0-step={RESUME_AT}"
     devices = 1 if strategy == "single" else 2
-    resumed = run_workload(tmp_path, strategy=strategy, devices=devices, batch_size=8 // (devices * ACCUM),
-                           accumulate=ACCUM, clip=1.0, max_steps=STEPS, resume=str(ckpt),
-                           launcher="in-process" if devices == 1 else "python")
+    resumed = run_workload(
+        tmp_path,
+        strategy=strategy,
+        devices=devices,
+        batch_size=8 // (devices * ACCUM),
+        accumulate=ACCUM,
+        clip=1.0,
+        max_steps=STEPS,
+        resume=str(ckpt),
+        launcher="in-process" if devices == 1 else "python",
+    )
     assert resumed["global_step"] == STEPS
-    assert_close_losses(resumed["losses"], r["losses"][RESUME_AT * ACCUM:], RESUME_RTOL, f"{strategy} resumed")
+    assert_close_losses(
+        resumed["losses"], r["losses"][RESUME_AT * ACCUM :], RESUME_RTOL, f"{strategy} resumed"
+    )
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "ddp_sharded", "fsdp", "deepspeed_stage_2"])
 def test_one_process_runs_every_strategy(runs, strategy, tmp_path):
-    """devices=1 works for strategies that need a process group (a group of one), with single-device losses.
-    In this process (no interpreter to start), but DeepSpeed in its own."""
-    r = run_workload(tmp_path, strategy=strategy, devices=1, batch_size=8 // ACCUM, accumulate=ACCUM, clip=1.0,
-                     max_steps=10, launcher="python" if strategy.startswith("deepspeed") else "in-process")
-    assert_close_losses(r["losses"], runs("single")["losses"][: 10 * ACCUM], PARITY_RTOL[strategy],
-                        f"{strategy} on one process vs single")
+    """devices=1 works for strategies that need a process group (a group of one), with single-device
+    losses. In this process (no interpreter to start), but DeepSpeed in its own."""
+    r = run_workload(
+        tmp_path,
+        strategy=strategy,
+        devices=1,
+        batch_size=8 // ACCUM,
+        accumulate=ACCUM,
+        clip=1.0,
+        max_steps=10,
+        launcher="python" if strategy.startswith("deepspeed") else "in-process",
+    )
+    assert_close_losses(
+        r["losses"],
+        runs("single")["losses"][: 10 * ACCUM],
+        PARITY_RTOL[strategy],
+        f"{strategy} on one process vs single",
+    )

@@ -2,8 +2,8 @@
 
     OMP_NUM_THREADS=1 .venv/bin/python -m pytest -q tests/test_trainer.py
 
-Multi-rank runs go through tests/helpers.py (real gloo ranks on 127.0.0.1); single-device API checks run the
-Trainer in this process on a tiny regression model.
+Multi-rank runs go through tests/helpers.py (real gloo ranks on 127.0.0.1); single-device API checks
+run the Trainer in this process on a tiny regression model.
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ PARITY = dict(max_steps=6, accumulate=2, clip=0.05, shuffle=True, warmup=3)
 
 @pytest.fixture(scope="module")
 def parity_runs(tmp_path_factory):
-    single = run_workload(tmp_path_factory.mktemp("single"), launcher="in-process", devices=1, batch_size=8, **PARITY)
+    single = run_workload(
+        tmp_path_factory.mktemp("single"), launcher="in-process", devices=1, batch_size=8, **PARITY
+    )
     ddp = run_workload(tmp_path_factory.mktemp("ddp"), devices=2, batch_size=4, **PARITY)
     return single, ddp
 
@@ -43,11 +45,18 @@ def test_parity_single_vs_ddp(parity_runs):
 
 # ---------------------------------------------------------------- resume: bit-exact per-step losses
 
-RESUME = dict(max_epochs=2, limit_train_batches=8, accumulate=2, clip=1.0, shuffle=True, dropout=0.1, warmup=4)
+RESUME = dict(
+    max_epochs=2, limit_train_batches=8, accumulate=2, clip=1.0, shuffle=True, dropout=0.1, warmup=4
+)
 
 
 def _resume_runs(root: Path, devices: int, batch_size: int) -> dict:
-    kw = dict(devices=devices, batch_size=batch_size, launcher="in-process" if devices == 1 else "python", **RESUME)
+    kw = dict(
+        devices=devices,
+        batch_size=batch_size,
+        launcher="in-process" if devices == 1 else "python",
+        **RESUME,
+    )
     dirs = {k: root / k for k in ("straight", "split", "mid")}
     for d in dirs.values():
         d.mkdir()
@@ -55,14 +64,18 @@ def _resume_runs(root: Path, devices: int, batch_size: int) -> dict:
     straight = run_workload(dirs["straight"], ckpt_every=3, **kw)
     first = run_workload(dirs["split"], checkpointing=True, **{**kw, "max_epochs": 1})
     second = run_workload(dirs["split"], resume="last", **kw)
-    mid = run_workload(dirs["mid"], resume=str(dirs["straight"] / "checkpoints" / "epoch=0-step=3"), **kw)
+    mid = run_workload(
+        dirs["mid"], resume=str(dirs["straight"] / "checkpoints" / "epoch=0-step=3"), **kw
+    )
     return dict(straight=straight, first=first, second=second, mid=mid)
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["single", "ddp"])
 def resume_runs(request, tmp_path_factory):
     devices = request.param
-    return _resume_runs(tmp_path_factory.mktemp(f"resume{devices}"), devices, batch_size=8 // devices)
+    return _resume_runs(
+        tmp_path_factory.mktemp(f"resume{devices}"), devices, batch_size=8 // devices
+    )
 
 
 def test_resume_after_epoch_is_bit_exact(resume_runs):
@@ -78,7 +91,8 @@ def test_resume_mid_epoch_is_bit_exact(resume_runs):
     assert r["straight"]["losses"][:6] + r["mid"]["losses"] == r["straight"]["losses"]
 
 
-# ---------------------------------------------------------------- the Module API on one device (in process)
+# ---------------------------------------------------------------- the Module API on one device (in
+# process)
 
 
 class Regress(ls.Module):
@@ -104,7 +118,9 @@ class Regress(ls.Module):
 
     def test_step(self, batch, batch_idx):
         x, y = batch
-        self.log_dict({"test_loss": torch.nn.functional.mse_loss(self.layer(x), y), "test_const": 7.0})
+        self.log_dict(
+            {"test_loss": torch.nn.functional.mse_loss(self.layer(x), y), "test_const": 7.0}
+        )
 
     def predict_step(self, batch, batch_idx):
         return batch[0][:, 0].clone()
@@ -122,10 +138,16 @@ class Regress(ls.Module):
             case "dict":
                 return {"optimizer": opt, "lr_scheduler": sched}
             case "dict_step":
-                return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "frequency": 2}}
+                return {
+                    "optimizer": opt,
+                    "lr_scheduler": {"scheduler": sched, "interval": "step", "frequency": 2},
+                }
             case "plateau":
                 plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.5, patience=0)
-                return {"optimizer": opt, "lr_scheduler": {"scheduler": plateau, "monitor": "val_loss"}}
+                return {
+                    "optimizer": opt,
+                    "lr_scheduler": {"scheduler": plateau, "monitor": "val_loss"},
+                }
             case "bogus":
                 return "adam"
 
@@ -162,8 +184,15 @@ def regression_data(n: int = 32, batch_size: int = 4, shuffle: bool = False) -> 
 
 
 def make_trainer(tmp_path, **kw) -> ls.Trainer:
-    base = dict(accelerator="cpu", devices=1, default_root_dir=str(tmp_path), enable_progress_bar=False,
-                enable_checkpointing=False, logger=False, seed=0)
+    base = dict(
+        accelerator="cpu",
+        devices=1,
+        default_root_dir=str(tmp_path),
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        logger=False,
+        seed=0,
+    )
     return ls.Trainer(**{**base, **kw})
 
 
@@ -171,10 +200,24 @@ def test_hook_order_and_loop_counts(tmp_path):
     model = Regress()
     trainer = make_trainer(tmp_path, max_epochs=2, limit_train_batches=3, limit_val_batches=2)
     trainer.fit(model, regression_data(), regression_data())
-    epoch = ["on_train_epoch_start", *["training_step"] * 3, "on_validation_epoch_start",
-             *["validation_step"] * 2, "on_validation_epoch_end", "on_train_epoch_end"]
-    # The sanity check (num_sanity_val_steps=2, as in Lightning): two validation steps, no epoch hooks.
-    assert model.calls == ["on_fit_start", "validation_step", "validation_step", *epoch, *epoch, "on_fit_end"]
+    epoch = [
+        "on_train_epoch_start",
+        *["training_step"] * 3,
+        "on_validation_epoch_start",
+        *["validation_step"] * 2,
+        "on_validation_epoch_end",
+        "on_train_epoch_end",
+    ]
+    # The sanity check (num_sanity_val_steps=2, as in Lightning): two validation steps, no epoch
+    # hooks.
+    assert model.calls == [
+        "on_fit_start",
+        "validation_step",
+        "validation_step",
+        *epoch,
+        *epoch,
+        "on_fit_end",
+    ]
     assert (trainer.global_step, trainer.current_epoch) == (6, 2)
     assert "val_loss" in trainer.callback_metrics and "train_loss_epoch" in trainer.callback_metrics
 
@@ -187,8 +230,16 @@ def test_configure_optimizers_forms(tmp_path, form):
     opt = trainer.strategy.optimizers[0]
     assert len(trainer.strategy.optimizers) == 1 and isinstance(opt, torch.optim.SGD)
     lr = opt.param_groups[0]["lr"]
-    expected = {"optimizer": 0.1, "list": 0.1, "tuple": 0.025, "dict": 0.025, "dict_step": 0.1 * 0.5 ** 4}
-    if form == "plateau":  # stepped on val_loss each epoch; patience 0 halves it whenever val_loss stalls
+    expected = {
+        "optimizer": 0.1,
+        "list": 0.1,
+        "tuple": 0.025,
+        "dict": 0.025,
+        "dict_step": 0.1 * 0.5**4,
+    }
+    if (
+        form == "plateau"
+    ):  # stepped on val_loss each epoch; patience 0 halves it whenever val_loss stalls
         sched = trainer.strategy.schedulers[0]
         assert sched.monitor == "val_loss" and sched.scheduler.last_epoch == 2
     else:
@@ -202,11 +253,15 @@ def test_configure_optimizers_bad_form(tmp_path):
 
 def test_save_checkpoint_before_fit_is_a_config_error(tmp_path):
     trainer = make_trainer(tmp_path, max_steps=1)
-    with pytest.raises(ls.ConfigError, match=r"save_checkpoint\('.*early'\) was called before fit, validate"):
+    with pytest.raises(
+        ls.ConfigError, match=r"save_checkpoint\('.*early'\) was called before fit, validate"
+    ):
         trainer.save_checkpoint(tmp_path / "early")
     assert not (tmp_path / "early").exists()
     trainer.fit(Regress(), regression_data())
-    assert trainer.save_checkpoint(tmp_path / "after").is_dir()  # the same trainer saves once set up
+    assert trainer.save_checkpoint(
+        tmp_path / "after"
+    ).is_dir()  # the same trainer saves once set up
 
 
 class ManualRegress(Regress):
@@ -235,8 +290,9 @@ def test_manual_optimization_single_device(tmp_path):
     trainer.fit(model, regression_data())
     assert trainer.global_step == 5 and len(model.losses) == 5
     assert model.losses[-1] < model.losses[0]
-    # The user stepped the scheduler once per batch; the trainer must not step it again at the epoch's end.
-    assert trainer.strategy.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.1 * 0.9 ** 5)
+    # The user stepped the scheduler once per batch; the trainer must not step it again at the
+    # epoch's end.
+    assert trainer.strategy.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.1 * 0.9**5)
 
 
 def test_validate_test_predict_return_values(tmp_path):
@@ -255,17 +311,25 @@ def test_validate_test_predict_return_values(tmp_path):
 def test_val_check_interval_and_limits(tmp_path):
     def val_runs(**kw) -> int:
         model = Regress()
-        make_trainer(tmp_path, **{"limit_val_batches": 1, **kw}).fit(model, regression_data(), regression_data())
+        make_trainer(tmp_path, **{"limit_val_batches": 1, **kw}).fit(
+            model, regression_data(), regression_data()
+        )
         return model.calls.count("on_validation_epoch_start")
 
-    assert val_runs(max_epochs=1, val_check_interval=0.25) == 4  # 8 batches: after 2, 4, 6 and at the end
+    assert (
+        val_runs(max_epochs=1, val_check_interval=0.25) == 4
+    )  # 8 batches: after 2, 4, 6 and at the end
     assert val_runs(max_epochs=1, val_check_interval=3) == 3  # after batches 3, 6 and at the end
     assert val_runs(max_epochs=4, limit_train_batches=2, check_val_every_n_epoch=2) == 2
     assert val_runs(max_epochs=2, limit_train_batches=0.5, limit_val_batches=0) == 0
     model = Regress()
     trainer = make_trainer(tmp_path, max_epochs=5, max_steps=7, limit_train_batches=0.5)
     trainer.fit(model, regression_data())
-    assert trainer.global_step == 7 and model.calls.count("training_step") == 7 and trainer.current_epoch == 1
+    assert (
+        trainer.global_step == 7
+        and model.calls.count("training_step") == 7
+        and trainer.current_epoch == 1
+    )
 
 
 class Dropout(Regress):
@@ -285,7 +349,8 @@ def test_validation_does_not_move_training_rng(tmp_path):
         torch.manual_seed(0)
         model = Dropout()
         make_trainer(tmp_path, max_epochs=2, limit_val_batches=2, **kw).fit(
-            model, regression_data(shuffle=True), regression_data(shuffle=True))
+            model, regression_data(shuffle=True), regression_data(shuffle=True)
+        )
         return model.losses
 
     assert losses(val_check_interval=0.25) == losses(check_val_every_n_epoch=None) == losses()
@@ -314,7 +379,9 @@ def test_nested_batches_and_module_properties(tmp_path, capsys):
     trainer = make_trainer(tmp_path, max_epochs=1)
     trainer.fit(model, batches)
     assert model.seen == [("dict", "Pair", "tuple")] * 2
-    assert model.global_rank == 0 and model.device == torch.device("cpu") and model.trainer is trainer
+    assert (
+        model.global_rank == 0 and model.device == torch.device("cpu") and model.trainer is trainer
+    )
     model.print("hello from rank", model.global_rank)
     assert "hello from rank 0" in capsys.readouterr().out
 
@@ -336,13 +403,18 @@ def ddp_api(tmp_path_factory):
     assert run.returncode == 0, run.stderr[-5000:]
     import json
 
-    return json.loads((tmp / "rank0.json").read_text()), json.loads((tmp / "rank1.json").read_text()), run
+    return (
+        json.loads((tmp / "rank0.json").read_text()),
+        json.loads((tmp / "rank1.json").read_text()),
+        run,
+    )
 
 
 def test_ddp_sync_dist_and_ranks(ddp_api):
     r0, r1, _ = ddp_api
     assert (r0["global_rank"], r1["global_rank"]) == (0, 1)
-    # Each rank logs rank + 1: sync_dist=True gives the mean, 1.5, on both; without it each keeps its own.
+    # Each rank logs rank + 1: sync_dist=True gives the mean, 1.5, on both; without it each keeps
+    # its own.
     assert r0["synced"] == r1["synced"] == 1.5
     assert (r0["unsynced"], r1["unsynced"]) == (1.0, 2.0)
     # reduce_fx="sum": summed over ranks (1 + 2) and over the epoch's 5 steps.
@@ -351,14 +423,15 @@ def test_ddp_sync_dist_and_ranks(ddp_api):
 
 def test_ddp_sampler_keeps_shuffle_false_and_predict_order(ddp_api):
     r0, r1, _ = ddp_api
-    # 10 samples over 2 ranks without shuffling: rank r sees r, r+2, ...; predictions come back in that order.
+    # 10 samples over 2 ranks without shuffling: rank r sees r, r+2, ...; predictions come back in
+    # that order.
     assert r0["train_order"] == [0, 2, 4, 6, 8] and r1["train_order"] == [1, 3, 5, 7, 9]
     assert r0["predictions"] == [0, 2, 4, 6, 8] and r1["predictions"] == [1, 3, 5, 7, 9]
 
 
 def test_ddp_shuffle_reshuffles_each_epoch(ddp_api):
     r0, r1, _ = ddp_api
-    epochs = [(r0["shuffled_order"][i:i + 5], r1["shuffled_order"][i:i + 5]) for i in (0, 5)]
+    epochs = [(r0["shuffled_order"][i : i + 5], r1["shuffled_order"][i : i + 5]) for i in (0, 5)]
     for a, b in epochs:
         assert sorted(a + b) == list(range(10))  # each epoch: the ranks split the data, no overlap
     assert epochs[0] != epochs[1] and epochs[0][0] != [0, 2, 4, 6, 8]
@@ -366,9 +439,11 @@ def test_ddp_shuffle_reshuffles_each_epoch(ddp_api):
 
 def test_ddp_manual_optimization_keeps_ranks_in_sync(ddp_api):
     r0, r1, _ = ddp_api
-    assert r0["manual_weights"] == r1["manual_weights"]  # DDP averaged the manual_backward gradients
+    assert (
+        r0["manual_weights"] == r1["manual_weights"]
+    )  # DDP averaged the manual_backward gradients
     assert r0["manual_losses"][-1] < r0["manual_losses"][0]
-    assert r0["manual_lr"] == pytest.approx(0.1 * 0.9 ** 5)
+    assert r0["manual_lr"] == pytest.approx(0.1 * 0.9**5)
 
 
 def test_ddp_print_on_rank_zero_only(ddp_api):

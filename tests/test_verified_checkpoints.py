@@ -1,6 +1,6 @@
-"""Verified checkpoints: meta.json records each file's size and CRC-32; `verify(path, full=True)` names a file
-whose bytes changed; a missing optimizer state is an error; an engine's failure on a damaged checkpoint
-(DeepSpeed, DCP) becomes one ConfigError naming the checkpoint and the file.
+"""Verified checkpoints: meta.json records each file's size and CRC-32; `verify(path, full=True)`
+names a file whose bytes changed; a missing optimizer state is an error; an engine's failure on a
+damaged checkpoint (DeepSpeed, DCP) becomes one ConfigError naming the checkpoint and the file.
 
     PYTHONPATH=src .venv/bin/python -m pytest -q tests/test_verified_checkpoints.py
 """
@@ -16,7 +16,7 @@ import pytest
 
 import lightspeed as ls
 from helpers import run_workload
-from lightspeed.checkpoint import verify
+from lightspeed.checkpoint.checkpointer import verify
 from test_trainer import Regress, make_trainer, regression_data
 
 
@@ -54,17 +54,25 @@ def test_missing_optimizer_state_is_an_error(saved, tmp_path):
     meta = json.loads((saved / "meta.json").read_text())  # even when meta.json does not list it
     del meta["files"]["optimizer.pt"]
     (saved / "meta.json").write_text(json.dumps(meta))
-    with pytest.raises(ls.ConfigError, match=r"has no optimizer\.pt: resuming needs the optimizer state"):
+    with pytest.raises(
+        ls.ConfigError, match=r"has no optimizer\.pt: resuming needs the optimizer state"
+    ):
         make_trainer(tmp_path, max_steps=4).fit(Regress(), regression_data(), ckpt_path=saved)
 
 
-@pytest.mark.parametrize("strategy, victim", [("deepspeed_stage_2", "mp_rank_00_model_states.pt"),
-                                              ("fsdp", ".metadata")])
+@pytest.mark.parametrize(
+    "strategy, victim", [("deepspeed_stage_2", "mp_rank_00_model_states.pt"), ("fsdp", ".metadata")]
+)
 def test_engine_failure_names_checkpoint_and_file(tmp_path, shared_run, strategy, victim):
-    # A copy of the step-15 checkpoint of tests/test_strategies.py's 2-rank run (made once per session).
+    # A copy of the step-15 checkpoint of tests/test_strategies.py's 2-rank run (made once per
+    # session).
     from test_strategies import RESUME_AT, conformance_run
 
-    saved = shared_run(**conformance_run(strategy))["root"] / "checkpoints" / f"epoch=0-step={RESUME_AT}"
+    saved = (
+        shared_run(**conformance_run(strategy))["root"]
+        / "checkpoints"
+        / f"epoch=0-step={RESUME_AT}"
+    )
     ckpt = tmp_path / "ckpt"
     shutil.copytree(saved, ckpt)
     file = next(p for p in ckpt.rglob(victim))
@@ -72,8 +80,18 @@ def test_engine_failure_names_checkpoint_and_file(tmp_path, shared_run, strategy
     data = bytearray(file.read_bytes())
     data[: len(data) // 2] = bytes(len(data) // 2)
     file.write_bytes(bytes(data))
-    run = run_workload(tmp_path, devices=2, strategy=strategy, batch_size=2, accumulate=2, max_steps=RESUME_AT + 2,
-                       resume=str(ckpt), check=False)
+    run = run_workload(
+        tmp_path,
+        devices=2,
+        strategy=strategy,
+        batch_size=2,
+        accumulate=2,
+        max_steps=RESUME_AT + 2,
+        resume=str(ckpt),
+        check=False,
+    )
     assert run.returncode != 0
-    assert f"ConfigError: checkpoint {ckpt} could not be loaded by {strategy}" in run.stderr, run.stderr[-3000:]
+    assert f"ConfigError: checkpoint {ckpt} could not be loaded by {strategy}" in run.stderr, (
+        run.stderr[-3000:]
+    )
     assert f"{victim} is corrupt: its CRC-32 differs" in run.stderr, run.stderr[-3000:]

@@ -1,8 +1,9 @@
 """torchmetrics objects logged with `self.log`, as Lightning code does:
-`python tests/torchmetrics_script.py <out_dir> <devices>` (test_lightning_names.py runs it on 1 and 2 ranks).
+`python tests/torchmetrics_script.py <out_dir> <devices>` (test_lightning_names.py runs it on 1 and
+2 ranks).
 
-Each rank writes <out_dir>/rank<r>.json: the logged epoch values, and the counts of right answers and samples it
-saw itself, so the test can check that the epoch value covers every rank's samples.
+Each rank writes <out_dir>/rank<r>.json: the logged epoch values, and the counts of right answers
+and samples it saw itself, so the test can check that the epoch value covers every rank's samples.
 """
 
 import json
@@ -26,9 +27,16 @@ class Classifier(L.LightningModule):
     def __init__(self):
         super().__init__()
         self.net = torch.nn.Linear(4, 3)
-        self.train_acc = torchmetrics.classification.MulticlassAccuracy(num_classes=3, average="micro")
-        self.val_acc = torchmetrics.classification.MulticlassAccuracy(num_classes=3, average="micro")
-        self.seen = {"train": [0, 0], "val": [0, 0]}  # right answers, samples: this rank's, last epoch
+        self.train_acc = torchmetrics.classification.MulticlassAccuracy(
+            num_classes=3, average="micro"
+        )
+        self.val_acc = torchmetrics.classification.MulticlassAccuracy(
+            num_classes=3, average="micro"
+        )
+        self.seen = {
+            "train": [0, 0],
+            "val": [0, 0],
+        }  # right answers, samples: this rank's, last epoch
 
     def training_step(self, batch, batch_idx):
         x, y = batch
@@ -59,9 +67,20 @@ class Classifier(L.LightningModule):
 if __name__ == "__main__":
     out, devices = Path(sys.argv[1]), int(sys.argv[2])
     model = Classifier()
-    trainer = L.Trainer(accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto", max_epochs=2,
-                        default_root_dir=str(out), enable_progress_bar=False, logger=False, seed=0,
-                        num_sanity_val_steps=2, enable_checkpointing=False)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=devices,
+        strategy="ddp" if devices > 1 else "auto",
+        max_epochs=2,
+        default_root_dir=str(out),
+        enable_progress_bar=False,
+        logger=False,
+        seed=0,
+        num_sanity_val_steps=2,
+        enable_checkpointing=False,
+    )
     trainer.fit(model, data(64, 0), data(24, 1))
     logged = {k: float(v) for k, v in trainer.callback_metrics.items() if "acc" in k}
-    (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(dict(logged=logged, seen=model.seen)))
+    (out / f"rank{trainer.global_rank}.json").write_text(
+        json.dumps(dict(logged=logged, seen=model.seen))
+    )

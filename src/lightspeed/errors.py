@@ -6,4 +6,3 @@ class ConfigError(ValueError):
 
     The message names the parameter, the value it got and what is accepted.
     """
-

@@ -1,10 +1,11 @@
-"""Plain data types shared across lightspeed: the ground floor, importing nothing of lightspeed but errors.
+"""Plain data types shared across lightspeed: the ground floor, importing nothing of lightspeed but
+errors.
 
-    RunSpec          the Trainer flags a strategy needs, known before any rank starts
-    SchedulerConfig  one LR scheduler with Lightning's stepping options
-    StepStats        what one optimizer step reports (the loop logs it)
-    LoopState        where the loop is: what a checkpoint must carry to resume exactly
-    TrainerView      the narrow face of the Trainer that callbacks and the Module use
+RunSpec          the Trainer flags a strategy needs, known before any rank starts
+SchedulerConfig  one LR scheduler with Lightning's stepping options
+StepStats        what one optimizer step reports (the loop logs it)
+LoopState        where the loop is: what a checkpoint must carry to resume exactly
+TrainerView      the narrow face of the Trainer that callbacks and the Module use
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ PrecisionName = Literal["32-true", "bf16-mixed", "16-mixed", "bf16-true"]
 
 @dataclass(frozen=True)
 class RunSpec:
-    """The Trainer flags a strategy needs. Known before launch, so `Strategy.check` can refuse them early."""
+    """The Trainer flags a strategy needs. Known before launch, so `Strategy.check` can refuse them
+    early."""
 
     device_type: str = "cpu"
     precision: PrecisionName = "32-true"
@@ -27,7 +29,9 @@ class RunSpec:
     automatic_optimization: bool = True
     seed: int | None = None
     optimizer_kernels: Literal["fused", "as_written"] = "fused"  # kernels.apply_fused_optimizers
-    compile: bool | dict = False  # kernels.apply_compile (a dict: torch.compile options), before a strategy wraps
+    compile: bool | dict = (
+        False  # kernels.apply_compile (a dict: torch.compile options), before a strategy wraps
+    )
     timeout_s: float = 600.0  # how long a collective may wait for a rank before the job fails
 
 
@@ -43,7 +47,8 @@ class SchedulerConfig:
 
 
 class StepStats(TypedDict, total=False):
-    """What `Strategy.step()` returns. Values stay tensors (no host sync) until a logger reads them."""
+    """What `Strategy.step()` returns. Values stay tensors (no host sync) until a logger reads
+    them."""
 
     grad_norm: Any  # the global gradient norm before clipping (a 0-d tensor or float), or None
     step_applied: bool  # False when the backend skipped the step itself (DeepSpeed on an overflow)

@@ -1,83 +1,20 @@
-"""Strategies, and the one place that turns a strategy string into a strategy object."""
+"""Strategies: the protocol (base.py), the string -> object registry (registry.py), one file per
+backend, and DeepSpeed in its own package (the only one that imports `deepspeed`)."""
 
-from __future__ import annotations
+from lightspeed.strategies.base import Strategy
+from lightspeed.strategies.ddp import DDP, ZeRO1
+from lightspeed.strategies.lightning import DDPStrategy, DeepSpeedStrategy, FSDPStrategy
+from lightspeed.strategies.registry import STRATEGIES, build_strategy
+from lightspeed.strategies.single import SingleDevice
 
-from typing import Any, Callable
-
-from ..errors import ConfigError
-from .base import Strategy
-from .ddp import DDP, ZeRO1
-from .lightning import DDPStrategy, DeepSpeedStrategy, FSDPStrategy  # Lightning's names, returning the objects here
-from .single import SingleDevice
-
-
-def _deepspeed(stage: int, offload: str | None = None) -> Callable[[], Any]:
-    def build():
-        from .deepspeed import DeepSpeed
-
-        return DeepSpeed(
-            stage=stage,
-            offload_optimizer=offload,
-            offload_params=offload if stage == 3 else None,
-        )
-
-    return build
-
-
-def _fsdp(reshard_after_forward: bool):
-    def build():
-        from .fsdp import FSDP
-
-        return FSDP(reshard_after_forward=reshard_after_forward)
-
-    return build
-
-
-# Every accepted string; the values build fresh objects so no two Trainers share a strategy.
-STRATEGIES: dict[str, Callable[[], Any]] = {
-    "single": SingleDevice,
-    "single_device": SingleDevice,
-    "ddp": DDP,
-    "ddp_find_unused_parameters_true": lambda: DDP(find_unused_parameters=True),  # Lightning's names
-    "ddp_find_unused_parameters_false": DDP,
-    "ddp_spawn": DDP,
-    "ddp_sharded": ZeRO1,
-    "zero1": ZeRO1,
-    "fsdp": _fsdp(True),
-    "fsdp_grad_op": _fsdp(False),
-    "deepspeed": _deepspeed(2),
-    "deepspeed_stage_1": _deepspeed(1),
-    "deepspeed_stage_1_offload": _deepspeed(1, "cpu"),
-    "deepspeed_stage_2": _deepspeed(2),
-    "deepspeed_stage_2_offload": _deepspeed(2, "cpu"),
-    "deepspeed_stage_3": _deepspeed(3),
-    "deepspeed_stage_3_offload": _deepspeed(3, "cpu"),
-    "deepspeed_stage_3_offload_nvme": _deepspeed(3, "nvme"),
-}
-
-
-def build_strategy(value: Any, world_size: int) -> Strategy:
-    """Returns the strategy object for `Trainer(strategy=value)`.
-
-    "auto" means SingleDevice for one process and DDP for more. A strategy object passes through unchanged.
-    Raises ConfigError naming the value and listing the accepted names.
-    """
-    if value == "auto" or value is None:
-        return SingleDevice() if world_size == 1 else DDP()
-    if isinstance(value, str):
-        key = value.lower()
-        if key not in STRATEGIES:
-            raise ConfigError(
-                f"strategy={value!r} is not valid: use 'auto', one of {', '.join(sorted(STRATEGIES))}, "
-                "or a strategy object such as DeepSpeed(stage=3)."
-            )
-        return STRATEGIES[key]()
-    if isinstance(value, Strategy):
-        return value
-    raise ConfigError(
-        f"strategy={value!r} is not valid: expected a strategy name or an object with the Strategy methods "
-        "(check, connect, configure_model, setup, forward, backward, step, save, load, teardown)."
-    )
-
-
-__all__ = ["DDP", "DDPStrategy", "DeepSpeedStrategy", "FSDPStrategy", "ZeRO1", "SingleDevice", "Strategy", "STRATEGIES", "build_strategy"]
+__all__ = [
+    "DDP",
+    "DDPStrategy",
+    "DeepSpeedStrategy",
+    "FSDPStrategy",
+    "ZeRO1",
+    "SingleDevice",
+    "Strategy",
+    "STRATEGIES",
+    "build_strategy",
+]

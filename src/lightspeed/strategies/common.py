@@ -3,21 +3,23 @@
 from __future__ import annotations
 
 import copy
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 
-from ..distributed import broadcast_from_rank0
-from ..errors import ConfigError
-from ..rng import rng_state, set_rng_state
+from lightspeed.errors import ConfigError
+from lightspeed.runtime.distributed import broadcast_from_rank0
+from lightspeed.runtime.rng import rng_state, set_rng_state
 
 
 class StepRunner(torch.nn.Module):
-    """Lets a wrapper (DDP, the DeepSpeed engine) run any `*_step` of the user's module as its forward.
+    """Lets a wrapper (DDP, the DeepSpeed engine) run any `*_step` of the user's module as its
+    forward.
 
-    Wrappers do their bookkeeping in `forward` (DDP prepares the gradient reducer, ZeRO-3 gathers parameters),
-    so a `training_step` must be entered through the wrapper, not by calling the module directly.
+    Wrappers do their bookkeeping in `forward` (DDP prepares the gradient reducer, ZeRO-3 gathers
+    parameters), so a `training_step` must be entered through the wrapper, not by calling the module
+    directly.
     """
 
     def __init__(self, module: torch.nn.Module):
@@ -29,62 +31,82 @@ class StepRunner(torch.nn.Module):
 
 
 def apply_activation_checkpointing(module: torch.nn.Module, classes) -> None:
-    """Wraps, in place, every submodule of `module` whose type is in `classes` with torch's non-reentrant
-    activation checkpointing: its activations are recomputed in the backward instead of kept.
+    """Wraps, in place, every submodule of `module` whose type is in `classes` with torch's
+    non-reentrant activation checkpointing: its activations are recomputed in the backward instead
+    of kept.
 
-    Non-reentrant checkpointing is torch's recommended form: it works with ZeRO-3 and FSDP parameter hooks and
-    with inputs that do not require grad. `state_dict()` keys stay unchanged (the wrapper's hooks strip its
-    prefix), but `named_parameters()` gain `_checkpoint_wrapped_module.`; `CHECKPOINT_PREFIX` names it.
+    Non-reentrant checkpointing is torch's recommended form: it works with ZeRO-3 and FSDP parameter
+    hooks and with inputs that do not require grad. `state_dict()` keys stay unchanged (the
+    wrapper's hooks strip its prefix), but `named_parameters()` gain `_checkpoint_wrapped_module.`;
+    `CHECKPOINT_PREFIX` names it.
 
     Args:
         module: the model to change.
         classes: block classes (an iterable of types, or one type) to checkpoint, e.g. `[Block]`.
     Raises:
-        ConfigError: if a class is not a type, or no submodule of `module` has that type; the message lists the
+        ConfigError: if a class is not a type, or no submodule of `module` has that type; the
+        message lists the
             candidate block classes (those of modules held in an nn.ModuleList or nn.Sequential).
     """
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         CheckpointImpl,
-        apply_activation_checkpointing as torch_apply,
         checkpoint_wrapper,
+    )
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        apply_activation_checkpointing as torch_apply,
     )
 
     classes = tuple(classes) if isinstance(classes, (list, tuple, set)) else (classes,)
     present = {type(m) for m in module.modules()}
     for cls in classes:
         if not isinstance(cls, type) or cls not in present:
-            candidates = sorted({type(child).__name__ for m in module.modules()
-                                 if isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential)) for child in m})
+            candidates = sorted(
+                {
+                    type(child).__name__
+                    for m in module.modules()
+                    if isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential))
+                    for child in m
+                }
+            )
             raise ConfigError(
-                f"activation_checkpointing={getattr(cls, '__name__', cls)!r} is not valid: no submodule of "
-                f"{type(module).__name__} has that class. Candidate block classes: {', '.join(candidates) or 'none'}."
+                f"activation_checkpointing={getattr(cls, '__name__', cls)!r} is not valid: no "
+                "submodule of "
+                f"{type(module).__name__} has that class. Candidate block classes: "
+                f"{', '.join(candidates) or 'none'}."
             )
     torch_apply(
         module,
-        checkpoint_wrapper_fn=lambda m: checkpoint_wrapper(m, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
+        checkpoint_wrapper_fn=lambda m: checkpoint_wrapper(
+            m, checkpoint_impl=CheckpointImpl.NO_REENTRANT
+        ),
         check_fn=lambda m: isinstance(m, classes),
     )
 
 
 # What `apply_activation_checkpointing` inserts into parameter names (not into state_dict keys).
-CHECKPOINT_PREFIX = "_checkpoint_wrapped_module."
 
 
-def configure_with_plain_twin(module: torch.nn.Module, configure_sharded: Callable[[], None],
-                              twin_fits: Callable[[], bool]) -> tuple[bool, torch.nn.Module | None]:
-    """Same seed, same initial weights under sharded construction (zero.Init, the meta device). Collective.
+def configure_with_plain_twin(
+    module: torch.nn.Module, configure_sharded: Callable[[], None], twin_fits: Callable[[], bool]
+) -> tuple[bool, torch.nn.Module | None]:
+    """Same seed, same initial weights under sharded construction (zero.Init, the meta device).
+    Collective.
 
-    Sharded construction loses what a single-device build does: zero.Init partitions a child's parameters before
-    its parent's init touches them, and the meta device draws no random numbers at all. So `configure_sharded()`
-    builds the model the backend's way and, when rank 0 finds `twin_fits()`, rank 0 also builds a plain twin:
-    a deep copy of the module taken before `configure_model`, configured from the same RNG state, hence with a
-    single-device run's exact weights. Every rank then continues from the RNG state that plain build left, as
-    after a single-device build (dropout masks agree).
+    Sharded construction loses what a single-device build does: zero.Init partitions a child's
+    parameters before its parent's init touches them, and the meta device draws no random numbers at
+    all. So `configure_sharded()`
+    builds the model the backend's way and, when rank 0 finds `twin_fits()`, rank 0 also builds a
+    plain twin: a deep copy of the module taken before `configure_model`, configured from the same
+    RNG state, hence with a single-device run's exact weights. Every rank then continues from the
+    RNG state that plain build left, as after a single-device build (dropout masks agree).
 
-    Returns (whether the twin was built, the twin on rank 0 or None); the caller copies the twin into its shards.
+    Returns (whether the twin was built, the twin on rank 0 or None); the caller copies the twin
+    into its shards.
     """
     rank0 = dist.get_rank() == 0
-    twin = copy.deepcopy(module) if rank0 else None  # the Module holds its Trainer by weak reference: not copied
+    twin = (
+        copy.deepcopy(module) if rank0 else None
+    )  # the Module holds its Trainer by weak reference: not copied
     before = rng_state()
     configure_sharded()
     if not broadcast_from_rank0(rank0 and twin_fits()):

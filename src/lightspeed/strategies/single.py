@@ -7,12 +7,12 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint_io import load_replicated, save_replicated
-from ..kernels import apply_compile, build_optimizers_fast
-from ..launch import DistInfo
-from ..precision import Precision, StepGate, optimizer_step
-from ..specs import RunSpec, StepStats
-from .portable import Portable, optimizer_param_names, write_torch
+from lightspeed.checkpoint.io import load_replicated, save_replicated
+from lightspeed.checkpoint.layouts import Portable, optimizer_param_names, write_torch
+from lightspeed.perf.kernels import apply_compile, build_optimizers_fast
+from lightspeed.perf.precision import Precision, StepGate, optimizer_step
+from lightspeed.runtime.launch import DistInfo
+from lightspeed.specs import RunSpec, StepStats
 
 
 @dataclass
@@ -38,10 +38,13 @@ class SingleDevice:
     def setup(self, module, build_optimizers, micro_batch_size=None) -> None:
         self.module = self.precision.convert_module(module.to(self.device))
         if self.spec.compile:
-            apply_compile(module, options=self.spec.compile, whole=True)  # no hook between blocks to keep
+            apply_compile(
+                module, options=self.spec.compile, whole=True
+            )  # no hook between blocks to keep
         if build_optimizers is not None:
-            self.optimizers, self.schedulers = build_optimizers_fast(build_optimizers, self.spec, backend="torch",
-                                                                     device_type=self.device.type)
+            self.optimizers, self.schedulers = build_optimizers_fast(
+                build_optimizers, self.spec, backend="torch", device_type=self.device.type
+            )
 
     def forward(self, step, *args, sync_grads: bool = True):
         with self.precision.autocast():  # one process: there is no gradient to synchronise
@@ -54,12 +57,22 @@ class SingleDevice:
         return optimizer_step(self.optimizers, self.precision, self.spec, should_step=should_step)
 
     def save(self, path: Path) -> None:
-        save_replicated(path, self.module, self.optimizers, {
-            "precision": self.precision.state_dict(),
-            "param_names": optimizer_param_names(self.module, self.optimizers)})  # read on other strategies
+        save_replicated(
+            path,
+            self.module,
+            self.optimizers,
+            {
+                "precision": self.precision.state_dict(),
+                "param_names": optimizer_param_names(self.module, self.optimizers),
+            },
+        )  # read on other strategies
 
-    def load(self, path: Path, with_optimizer: bool = True, portable: Portable | None = None) -> None:
-        if portable is not None:  # another strategy's checkpoint, in the neutral form (strategies/portable.py)
+    def load(
+        self, path: Path, with_optimizer: bool = True, portable: Portable | None = None
+    ) -> None:
+        if (
+            portable is not None
+        ):  # another strategy's checkpoint, in the neutral form (strategies/portable.py)
             write_torch(portable, self.module, self.optimizers, with_optimizer, path)
             self.precision.load_state_dict(portable.get("precision", {}))
             return

@@ -1,7 +1,8 @@
-"""Lightning's exception names. `MisconfigurationException` is lightspeed's ConfigError itself (not a subclass),
-so `except MisconfigurationException` catches every misconfiguration lightspeed reports."""
+"""Lightning's exception names. `MisconfigurationException` is lightspeed's ConfigError itself (not
+a subclass), so `except MisconfigurationException` catches every misconfiguration lightspeed
+reports."""
 
-from ..errors import ConfigError
+from lightspeed.errors import ConfigError
 
 MisconfigurationException = ConfigError
 

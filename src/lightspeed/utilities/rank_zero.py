@@ -3,9 +3,9 @@
     @rank_zero_only
     def log_something(): ...          # returns None on the other ranks
 
-The rank is the launch's: the process group's when one is up, else what the launch environment says (a rank that
-lightspeed started knows its rank from its first line, before any Trainer exists). `rank_zero_only.rank = n`
-overrides it, as in Lightning.
+The rank is the launch's: the process group's when one is up, else what the launch environment says
+(a rank that lightspeed started knows its rank from its first line, before any Trainer exists).
+`rank_zero_only.rank = n` overrides it, as in Lightning.
 """
 
 from __future__ import annotations
@@ -13,11 +13,12 @@ from __future__ import annotations
 import functools
 import logging
 import warnings
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch.distributed as dist
 
-from ..launch import read_dist_info
+from lightspeed.runtime.launch import read_dist_info
 
 F = TypeVar("F", bound=Callable[..., Any])
 log = logging.getLogger("lightspeed")
@@ -65,6 +66,8 @@ def rank_zero_debug(*args: Any, **kwargs: Any) -> None:
 
 
 @rank_zero_only
-def rank_zero_warn(message: str, category: type[Warning] = UserWarning, stacklevel: int = 4, **kwargs: Any) -> None:
+def rank_zero_warn(
+    message: str, category: type[Warning] = UserWarning, stacklevel: int = 4, **kwargs: Any
+) -> None:
     """warnings.warn on rank 0."""
     warnings.warn(message, category, stacklevel=stacklevel)

@@ -1,14 +1,16 @@
-"""Which arguments a user's hook takes: Lightning passes `batch_idx` (and `dataloader_idx`) only to a step whose
-signature has room for them (its `is_param_in_hook_signature`), so `training_step(self, batch)` is valid."""
+"""Which arguments a user's hook takes: Lightning passes `batch_idx` (and `dataloader_idx`) only to
+a step whose signature has room for them (its `is_param_in_hook_signature`), so `training_step(self,
+batch)` is valid."""
 
 from __future__ import annotations
 
 import inspect
-from typing import Callable
+from collections.abc import Callable
 
 
 def accepts(fn: Callable, n: int, name: str) -> bool:
-    """Whether `fn` takes an n-th positional argument (or has a parameter called `name`, or *args)."""
+    """Whether `fn` takes an n-th positional argument (or has a parameter called `name`, or
+    *args)."""
     params = list(inspect.signature(fn).parameters.values())
     if any(p.kind is p.VAR_POSITIONAL for p in params) or any(p.name == name for p in params):
         return True

@@ -1,6 +1,7 @@
 """Lightning's type aliases, for the annotations ported code carries
-(`from lightning.pytorch.utilities.types import STEP_OUTPUT` becomes `from lightspeed.utilities.types import ...`).
-They describe what lightspeed accepts; nothing checks them at run time."""
+(`from lightning.pytorch.utilities.types import STEP_OUTPUT` becomes `from
+lightspeed.utilities.types import ...`). They describe what lightspeed accepts; nothing checks them
+at run time."""
 
 from __future__ import annotations
 
@@ -9,16 +10,36 @@ from typing import Any, Union
 
 import torch
 
-STEP_OUTPUT = Union[torch.Tensor, Mapping[str, Any], None]  # what training_step / validation_step return
+STEP_OUTPUT = Union[
+    torch.Tensor, Mapping[str, Any], None
+]  # what training_step / validation_step return
 TRAIN_DATALOADERS = Any  # a DataLoader, or a collection of them
 EVAL_DATALOADERS = Any  # a DataLoader, or a sequence of them
-LRSchedulerTypeUnion = Union[torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau]
-LRSchedulerConfigType = Mapping[str, Any]  # {"scheduler": ..., "interval": "step", "frequency": 1, ...}
-OptimizerLRScheduler = Union[  # every form configure_optimizers may return (lightspeed.optim parses them)
-    torch.optim.Optimizer, Sequence[torch.optim.Optimizer],
-    tuple[Sequence[torch.optim.Optimizer], Sequence[Union[LRSchedulerTypeUnion, LRSchedulerConfigType]]],
-    Mapping[str, Any], Iterable[Mapping[str, Any]], None,
+LRSchedulerTypeUnion = Union[
+    torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau
 ]
+LRSchedulerConfigType = Mapping[
+    str, Any
+]  # {"scheduler": ..., "interval": "step", "frequency": 1, ...}
+OptimizerLRScheduler = (
+    Union[  # every form configure_optimizers may return (lightspeed.core.optimizer parses them)
+        torch.optim.Optimizer,
+        Sequence[torch.optim.Optimizer],
+        tuple[
+            Sequence[torch.optim.Optimizer],
+            Sequence[Union[LRSchedulerTypeUnion, LRSchedulerConfigType]],
+        ],
+        Mapping[str, Any],
+        Iterable[Mapping[str, Any]],
+        None,
+    ]
+)
 
-__all__ = ["STEP_OUTPUT", "TRAIN_DATALOADERS", "EVAL_DATALOADERS", "LRSchedulerTypeUnion", "LRSchedulerConfigType",
-           "OptimizerLRScheduler"]
+__all__ = [
+    "STEP_OUTPUT",
+    "TRAIN_DATALOADERS",
+    "EVAL_DATALOADERS",
+    "LRSchedulerTypeUnion",
+    "LRSchedulerConfigType",
+    "OptimizerLRScheduler",
+]

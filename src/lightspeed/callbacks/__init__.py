@@ -1,0 +1,23 @@
+"""Callbacks: hooks into the loop with state that travels in checkpoints, one file each (Lightning's
+paths)."""
+
+from lightspeed.callbacks.callback import Callback
+from lightspeed.callbacks.early_stopping import EarlyStopping
+from lightspeed.callbacks.lr_monitor import LearningRateMonitor
+from lightspeed.callbacks.model_checkpoint import ModelCheckpoint
+from lightspeed.callbacks.model_summary import ModelSummary
+from lightspeed.callbacks.progress import RichProgressBar, TQDMProgressBar
+from lightspeed.callbacks.rich_model_summary import RichModelSummary
+from lightspeed.callbacks.timer import Timer
+
+__all__ = [
+    "Callback",
+    "EarlyStopping",
+    "LearningRateMonitor",
+    "ModelCheckpoint",
+    "ModelSummary",
+    "RichModelSummary",
+    "RichProgressBar",
+    "TQDMProgressBar",
+    "Timer",
+]

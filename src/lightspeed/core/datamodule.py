@@ -1,0 +1,146 @@
+"""`LightningDataModule`: the data of a run in one object, as in Lightning.
+
+    class MNISTData(LightningDataModule):
+        def prepare_data(self): download(...)            # once per node (local rank 0), then every
+        rank waits def setup(self, stage): self.train_set = ...      # on every rank; stage is
+        "fit", "validate", "test", "predict" def train_dataloader(self): return
+        DataLoader(self.train_set, batch_size=32, shuffle=True)
+
+    trainer.fit(model, datamodule=MNISTData())
+
+Its `state_dict()` travels in every checkpoint (trainer.pt, under "datamodule") and
+`load_state_dict` restores it when fit resumes.
+"""
+
+from __future__ import annotations
+
+import inspect
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+from lightspeed.core import saving as _hparams
+from lightspeed.data.loaders import move_to_device
+from lightspeed.runtime.distributed import barrier
+
+
+def prepare_data_once(prepare: Callable[[], None], local_rank: int) -> None:
+    """Runs `prepare` on local rank 0 (once per node; pass the global rank for once in all), then
+    holds every rank at a barrier until it is done."""
+    if local_rank == 0:
+        prepare()
+    barrier()
+
+
+class LightningDataModule:
+    """Override `prepare_data`, `setup(stage)`, the `*_dataloader` methods you need, and
+    `teardown(stage)`.
+
+    `save_hyperparameters()` in `__init__` keeps its arguments in `self.hparams`, as the Module's
+    does; fit sends them to the loggers with the Module's. `prepare_data_per_node = False` runs
+    `prepare_data` once in all (global rank 0) rather than once per node."""
+
+    prepare_data_per_node = True
+
+    @property
+    def hparams(self) -> _hparams.AttributeDict:
+        return self.__dict__.setdefault("_hparams", _hparams.AttributeDict())
+
+    hparams_initial = property(_hparams.initial)
+
+    def save_hyperparameters(
+        self,
+        *names: Any,
+        ignore: str | list[str] | None = None,
+        frame: Any = None,
+        logger: bool = True,
+    ) -> None:
+        """Stores the arguments of the calling `__init__` (all, or `names`, minus `ignore`) in
+        `self.hparams`."""
+        _hparams.store(self, frame or inspect.currentframe().f_back, names, ignore, logger)
+
+    @classmethod
+    def from_datasets(
+        cls,
+        train_dataset: Any = None,
+        val_dataset: Any = None,
+        test_dataset: Any = None,
+        predict_dataset: Any = None,
+        batch_size: int = 1,
+        num_workers: int = 0,
+        **datamodule_kwargs: Any,
+    ) -> LightningDataModule:
+        """Lightning's shortcut: a DataModule whose loaders batch the given datasets (the training
+        one shuffled; a list of datasets gives a list of loaders)."""
+
+        def loaders(data: Any, shuffle: bool) -> Any:
+            if isinstance(data, (list, tuple)):
+                return [loaders(d, shuffle) for d in data]
+            return DataLoader(data, batch_size=batch_size, shuffle=shuffle, num_workers=num_workers)
+
+        dm = cls(**datamodule_kwargs)
+        for hook, data, shuffle in (
+            ("train_dataloader", train_dataset, True),
+            ("val_dataloader", val_dataset, False),
+            ("test_dataloader", test_dataset, False),
+            ("predict_dataloader", predict_dataset, False),
+        ):
+            if data is not None:
+                setattr(dm, hook, lambda data=data, shuffle=shuffle: loaders(data, shuffle))
+        return dm
+
+    @property
+    def trainer(self) -> Any:
+        """The Trainer it was last given to (set when that run starts; None before). A weak
+        reference, as the Module's: a DataModule kept by the user does not keep a finished Trainer
+        and its model alive."""
+        ref = self.__dict__.get("_trainer_ref")
+        return ref() if ref is not None else None
+
+    @trainer.setter
+    def trainer(self, trainer: Any) -> None:
+        self.__dict__["_trainer_ref"] = weakref.ref(trainer) if trainer is not None else None
+
+    def prepare_data(self) -> None:
+        """Download or write to disk: once per node, on local rank 0, before `setup`."""
+
+    def setup(self, stage: str) -> None:
+        """Build datasets on every rank; `stage` is "fit", "validate", "test" or "predict"."""
+
+    def train_dataloader(self) -> Any:
+        return None
+
+    def val_dataloader(self) -> Any:
+        return None
+
+    def test_dataloader(self) -> Any:
+        return None
+
+    def predict_dataloader(self) -> Any:
+        return None
+
+    def teardown(self, stage: str) -> None:
+        """After fit / validate / test / predict, on every rank."""
+
+    def state_dict(self) -> dict:
+        """What to save in checkpoints (default: nothing)."""
+        return {}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restores what `state_dict` returned, when fit resumes from a checkpoint."""
+
+    # Lightning's batch-transfer hooks: one overridden here is used instead of the Module's
+    # (hooks.batch_to_device).
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        return batch
+
+    def transfer_batch_to_device(self, batch: Any, device: Any, dataloader_idx: int) -> Any:
+        return move_to_device(batch, device)
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        return batch
+
+
+DataModule = LightningDataModule

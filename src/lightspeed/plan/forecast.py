@@ -1,0 +1,744 @@
+"""Plan a run before it starts: bytes per device for every strategy, the fastest one that fits, the
+largest micro-batch.
+
+    from lightspeed.plan.forecast import forecast, choose, auto_strategy
+    rows = forecast(module, devices=2, precision="bf16-mixed", micro_batch=8,
+    batch=next(iter(loader))) choice = choose(rows, device_bytes=80 * 2**30, host_bytes=500 * 2**30)
+      # prints the table, marks the choice lightspeed plan examples/train.py:Model --devices 2
+      --micro-batch 8 --device-memory 80GiB
+
+What each term of a `Forecast` means (bytes on the busiest device, i.e. the largest rank):
+- params: the weights this rank keeps between steps (a shard under ZeRO-3/FSDP; DeepSpeed's
+half-precision copy
+  under bf16/fp16).
+- grads: gradients held after backward, where `lightspeed.runtime.memory.measure` reads them: the
+full set for torch DDP
+  and ZeRO-1, this rank's partition for FSDP and DeepSpeed (stage 1 too: it partitions at the step
+  boundary).
+- optim: optimizer states (e.g. AdamW's two moments and its step counters), sharded as the strategy
+shards them.
+- master: DeepSpeed's separate fp32 copy of this rank's weight partition; torch strategies step the
+weights.
+- activations: tensors autograd saves for backward at the target micro-batch, from a measured probe
+(below).
+- buffers: transient framework memory at the backward peak: autocast's half-precision weight cache
+(torch mixed
+  precision), FSDP's gathered units, DeepSpeed's reduce bucket, stage 1's unpartitioned gradients.
+- host: host bytes per rank that offload keeps (fp32 master, moments and gradients; offloaded
+weights).
+
+The model-state terms come from the parameter shapes (the model is built on the meta device, no
+memory), the dtypes the strategy uses, and the optimizer's state layout. Activations come from one
+forward and backward run at micro-batch 1 and 2 on CPU, recording the bytes of every tensor autograd
+saves (weights excluded), then extrapolated linearly: a measured slope per sample, not a constant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib
+import importlib.util
+import math
+import runpy
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import psutil
+import torch
+from rich.console import Console
+
+from lightspeed.config import PRECISION_ALIASES
+from lightspeed.errors import ConfigError
+from lightspeed.plan.chart import gib, render_table, write_chart
+from lightspeed.plan.probe import (
+    Activations,
+    ModelFacts,
+    batch_of,
+    inspect_model,
+    plain_cuda_step,
+    probe_activations,
+    saved_activation_bytes,
+    steps_itself,
+)
+from lightspeed.runtime.memory import cuda_free
+from lightspeed.strategies.deepspeed.config import REDUCE_BUCKET
+from lightspeed.strategies.deepspeed.host_memory import offloaded_bytes_per_param
+
+__all__ = [
+    "Candidate",
+    "Forecast",
+    "Choice",
+    "MicroBatch",
+    "Activations",
+    "ModelFacts",
+    "build_candidates",
+    "inspect_model",
+    "probe_activations",
+    "saved_activation_bytes",
+    "batch_of",
+    "forecast",
+    "forecast_candidate",
+    "choose",
+    "speed_order",
+    "device_memory",
+    "auto_strategy",
+    "find_micro_batch",
+    "largest_micro_batch",
+    "confirm_micro_batch",
+    "plan_cli",
+]
+
+# --------------------------------------------------------------------------------------------------
+# candidates
+
+# The speed model, as one table: relative tokens/s per GPU against DDP (1.00). Calibrated by
+# docs/benchmarks.md:
+# the 2×H200 weak-scaling table (GPT 1.28B, micro-batch 4: ddp 44,561, deepspeed_stage_2 41,025,
+# fsdp 27,951,
+# deepspeed_stage_3 10,881 tok/s per GPU) and the 1×H200 table (stage 1 ≈ stage 2: 53,706 vs 53,841;
+# fsdp_grad_op at the plain loop's speed: 58,804 vs 58,397). ddp_sharded and fsdp_grad_op were not
+# timed on two
+# GPUs: taken from their tier (ZeRO-1 is DDP plus a sharded step; grad-op communicates like ZeRO-2).
+SPEED = {
+    "single": 1.00,
+    "ddp": 1.00,
+    "ddp_sharded": 0.95,
+    "deepspeed_stage_1": 0.92,
+    "deepspeed_stage_2": 0.92,
+    "fsdp_grad_op": 0.92,
+    "fsdp": 0.63,
+    "deepspeed_stage_3": 0.24,
+}
+# Activation checkpointing, from the 1×H200 table: stage 2 45,886 / 53,841; fsdp 43,649 / 57,983.
+AC_SPEED = 0.80
+# Offload, from the 1×H200 table: deepspeed_stage_2_offload 11,764 / 53,841. Offloaded candidates
+# always rank
+# below every on-device one (the issue's order: no sharding > ZeRO-2 > ZeRO-3 > offload).
+OFFLOAD_SPEED = 0.22
+
+NAMED = {
+    "single",
+    "ddp",
+    "ddp_sharded",
+    "fsdp",
+    "fsdp_grad_op",
+    "deepspeed_stage_1",
+    "deepspeed_stage_2",
+    "deepspeed_stage_3",
+    "deepspeed_stage_1_offload",
+    "deepspeed_stage_2_offload",
+    "deepspeed_stage_3_offload",
+}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to run: a base strategy plus optimizer offload, parameter offload, activation
+    checkpointing."""
+
+    strategy: str
+    offload_optimizer: bool = False
+    offload_params: bool = False
+    activation_checkpointing: bool = False
+
+    @property
+    def name(self) -> str:
+        """The Trainer's strategy string where one exists (`deepspeed_stage_3_offload`), else a
+        descriptive one."""
+        base = self.strategy
+        if base.startswith("deepspeed") and self.offload_optimizer:
+            base += (
+                "_offload" if self.offload_params or base != "deepspeed_stage_3" else "_offload_opt"
+            )
+        elif self.offload_optimizer:
+            base += "_offload"
+        return base + ("+ac" if self.activation_checkpointing else "")
+
+    @property
+    def is_named(self) -> bool:
+        """True when `name` is a string `Trainer(strategy=...)` accepts."""
+        return self.name in NAMED
+
+    @property
+    def speed(self) -> float:
+        return (
+            SPEED[self.strategy]
+            * (AC_SPEED if self.activation_checkpointing else 1.0)
+            * (OFFLOAD_SPEED if self.offload_optimizer else 1.0)
+        )
+
+    @property
+    def is_deepspeed(self) -> bool:
+        return self.strategy.startswith("deepspeed")
+
+
+def build_candidates(devices: int, deepspeed: bool = True) -> list[Candidate]:
+    """Every candidate for `devices` ranks: the plain strategies, each with activation
+    checkpointing, and the offloaded ones (DeepSpeed stages 1-3 with the optimizer on the host,
+    stage 3 also with the weights; FSDP with CPU offload of everything)."""
+    plain = ["single"] if devices == 1 else ["ddp", "ddp_sharded", "fsdp_grad_op", "fsdp"]
+    if deepspeed:
+        plain += ["deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_3"]
+    out = []
+    for ac in (False, True):
+        out += [Candidate(s, activation_checkpointing=ac) for s in plain]
+        if deepspeed:
+            out += [
+                Candidate(
+                    f"deepspeed_stage_{k}", offload_optimizer=True, activation_checkpointing=ac
+                )
+                for k in (1, 2, 3)
+            ]
+            out.append(Candidate("deepspeed_stage_3", True, True, ac))
+        # FSDP with CPU offload helps on one device too (docs/benchmarks.md: 4.09B on one 16
+        # GiB-capped H200).
+        out.append(
+            Candidate(
+                "fsdp", offload_optimizer=True, offload_params=True, activation_checkpointing=ac
+            )
+        )
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# forecast
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """Bytes per device for one candidate (see the module doc for what each term means)."""
+
+    candidate: Candidate
+    params: int
+    grads: int
+    optim: int
+    master: int
+    activations: int
+    buffers: int
+    host: int = 0
+    step_buffers: int = 0  # transient bytes of the optimizer step (activations are freed by then)
+    is_accumulating: bool = False  # gradient accumulation: gradients live through the next forward
+
+    @property
+    def model_states(self) -> int:
+        return self.params + self.grads + self.optim + self.master
+
+    @property
+    def device_total(self) -> int:
+        """The forecast peak: the larger of the forward/backward peak and the optimizer step's. The
+        step frees gradients (zero_grad(set_to_none=True)), so a forward's activations and the
+        gradients grow and shrink in turn: the larger of the two counts, unless accumulation keeps
+        the gradients through the next forward."""
+        transient = (
+            self.grads + self.activations
+            if self.is_accumulating
+            else max(self.grads, self.activations)
+        )
+        backward = self.params + self.optim + self.master + self.buffers + transient
+        return max(backward, self.model_states + self.step_buffers)
+
+
+def forecast(
+    module: torch.nn.Module,
+    devices: int,
+    precision: str = "32-true",
+    micro_batch: int = 1,
+    batch: Any = None,
+    candidates: list[Candidate] | None = None,
+    facts: ModelFacts | None = None,
+    accumulate: int = 1,
+) -> list[Forecast]:
+    """Forecasts every candidate (default: `build_candidates(devices)`) for `module` on `devices`
+    ranks.
+
+    Args:
+        module: the user's Module, before `configure_model` (it is not changed: copies are built).
+        devices: the world size. precision: a Trainer precision string. micro_batch: per device.
+        batch: a sample training batch for the activation probe; without one, activations are 0 (not
+        probed). facts: reuse an earlier `inspect_model` result (the probe then runs once).
+        accumulate: the Trainer's accumulate_grad_batches (above 1, gradients and activations
+        coexist).
+    Raises:
+        ConfigError: bad devices, precision or micro_batch, or a module without parameters.
+    """
+    precision = _check(devices, precision, micro_batch)
+    facts = facts or inspect_model(module, batch, precision)
+    candidates = candidates or build_candidates(devices, deepspeed=_has_deepspeed())
+    rows = [forecast_candidate(c, facts, devices, precision, micro_batch) for c in candidates]
+    return [replace(f, is_accumulating=accumulate > 1) for f in rows]
+
+
+def forecast_candidate(
+    c: Candidate, facts: ModelFacts, devices: int, precision: str, micro_batch: int
+) -> Forecast:
+    """One candidate's bytes per device, from `facts`. The formulas follow what each backend
+    allocates."""
+    states, steps = (
+        facts.states_per_param,
+        4 if facts.step_counters else 0,
+    )  # a step counter is an fp32 scalar
+    total, count, half = facts.numel, len(facts.shapes), precision in ("bf16-mixed", "16-mixed")
+    act = facts.activations.at(micro_batch, c.activation_checkpointing)
+    if c.is_deepspeed:
+        return _deepspeed(c, facts, devices, precision, act)
+    w = (
+        2 if precision == "bf16-true" else 4
+    )  # torch strategies keep weights, grads and states in one dtype
+    compute = 2 if half else w
+    if c.strategy in ("single", "ddp", "ddp_sharded"):
+        owned, owned_count = (
+            (total, count)
+            if c.strategy != "ddp_sharded"
+            else zero1_partition(facts.groups, devices)
+        )
+        # Autocast caches a half-precision copy of every weight for the forward; DDP's gradients are
+        # views into
+        # its buckets (gradient_as_bucket_view=True), so the buckets add nothing.
+        return Forecast(
+            c,
+            total * w,
+            total * w,
+            states * owned * w + steps * owned_count,
+            0,
+            act,
+            total * 2 if half else 0,
+        )
+    local = fsdp_local_numel(facts.shapes, devices)
+    # Gathered units: the one computing and the one prefetched (fsdp), or every unit from forward to
+    # backward
+    # (fsdp_grad_op); plus one unit's unsharded gradient before its reduce-scatter.
+    gathered = (
+        2 * facts.unit_numel if c.strategy == "fsdp" else total
+    ) * compute + facts.unit_numel * w
+    states_bytes = (local * w, local * w, states * local * w + steps * count)
+    if (
+        c.offload_optimizer
+    ):  # CPUOffloadPolicy: sharded weights, gradients and states live on the host
+        return Forecast(c, 0, 0, 0, 0, act, gathered, sum(states_bytes))
+    return Forecast(c, *states_bytes, 0, act, gathered)
+
+
+def _deepspeed(c: Candidate, facts: ModelFacts, devices: int, precision: str, act: int) -> Forecast:
+    stage = int(c.strategy[-1])
+    states, steps = facts.states_per_param, 4 if facts.step_counters else 0
+    total = facts.numel
+    wd = (
+        4 if precision == "32-true" else 2
+    )  # DeepSpeed's bf16/fp16 modes keep the module's weights and grads half
+    if stage == 3:  # every parameter partitioned on its own, padded to a multiple of the world size
+        part = sum(math.ceil(math.prod(s) / devices) for s in facts.shapes)
+        params = part * wd
+    # one flat buffer per parameter group, padded to 2 × world size (DeepSpeed's alignment), then
+    # split
+    else:
+        part = sum(
+            _round_up(sum(math.prod(s) for s in g), 2 * devices) // devices for g in facts.groups
+        )
+        params = total * wd
+    bucket = (
+        min(REDUCE_BUCKET[stage], total) * wd
+    )  # DeepSpeed(reduce_bucket_size=None)'s, in elements
+    # Stage 1 keeps whole gradients until the boundary; stage 3 holds a gathered block and the
+    # prefetched next.
+    buffers = bucket + {1: (total - part) * wd, 2: 0, 3: 2 * facts.unit_numel * wd}[stage]
+    grads, optim, master = part * wd, states * part * 4 + steps * len(facts.groups), part * 4
+    if not c.offload_optimizer:
+        # Under bf16/fp16 the step first copies the half-precision gradient partition to fp32 for
+        # the optimizer.
+        step = part * 4 if wd == 2 else 0
+        return Forecast(c, params, grads, optim, master, act, buffers, step_buffers=step)
+    host = offloaded_bytes_per_param(stage, "cpu", "cpu" if c.offload_params else None) * part
+    # Stage 1 reduces and copies gradients to the host only at the boundary: until then this rank's
+    # half-precision
+    # gradients stay on the device (the rest is in `buffers`); stages 2 and 3 move them bucket by
+    # bucket.
+    return Forecast(
+        c, 0 if c.offload_params else params, grads if stage == 1 else 0, 0, 0, act, buffers, host
+    )
+
+
+def zero1_partition(groups: list[list[tuple[int, ...]]], devices: int) -> tuple[int, int]:
+    """(numel, tensor count) of the busiest rank under torch's ZeroRedundancyOptimizer, which hands
+    whole parameters, largest first within each group, to the rank with the fewest elements so
+    far."""
+    sizes, counts = [0] * devices, [0] * devices
+    for group in groups:
+        for numel in sorted((math.prod(s) for s in group), reverse=True):
+            rank = sizes.index(min(sizes))
+            sizes[rank] += numel
+            counts[rank] += 1
+    busiest = max(range(devices), key=lambda r: sizes[r])
+    return sizes[busiest], counts[busiest]
+
+
+def fsdp_local_numel(shapes: list[tuple[int, ...]], devices: int) -> int:
+    """Elements rank 0 (the busiest) holds under FSDP2, which splits each parameter's first
+    dimension into chunks of ceil(rows / world size)."""
+    return sum(min(math.ceil(s[0] / devices), s[0]) * math.prod(s[1:]) if s else 1 for s in shapes)
+
+
+def _round_up(n: int, k: int) -> int:
+    return -(-n // k) * k
+
+
+def _has_deepspeed() -> bool:
+    return importlib.util.find_spec("deepspeed") is not None
+
+
+def _check(devices: int, precision: str, micro_batch: int) -> str:
+    if not isinstance(devices, int) or isinstance(devices, bool) or devices < 1:
+        raise ConfigError(f"devices={devices!r} is not valid: expected an integer ≥ 1.")
+    if not isinstance(micro_batch, int) or isinstance(micro_batch, bool) or micro_batch < 1:
+        raise ConfigError(f"micro_batch={micro_batch!r} is not valid: expected an integer ≥ 1.")
+    if precision not in PRECISION_ALIASES:
+        raise ConfigError(
+            f"precision={precision!r} is not valid: use one of '32-true', 'bf16-mixed', "
+            "'16-mixed', "
+            "'bf16-true'."
+        )
+    return PRECISION_ALIASES[precision]
+
+
+# --------------------------------------------------------------------------------------------------
+# choice
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The chosen forecast, every forecast in speed order, the one-line reason and the rendered
+    table."""
+
+    forecast: Forecast
+    ordered: list[Forecast]
+    reason: str
+    table: Any  # a rich.table.Table
+
+    @property
+    def name(self) -> str:
+        return self.forecast.candidate.name
+
+
+def speed_order(forecasts: list[Forecast]) -> list[Forecast]:
+    """Fastest first by the speed model (`SPEED`); every offloaded candidate after every on-device
+    one."""
+    return sorted(forecasts, key=lambda f: (f.candidate.offload_optimizer, -f.candidate.speed))
+
+
+def choose(
+    forecasts: list[Forecast],
+    device_bytes: float,
+    host_bytes: float,
+    headroom: float = 0.1,
+    show: bool = True,
+) -> Choice:
+    """Takes the fastest candidate whose device total and host bytes fit in (1 - headroom) of the
+    memory given (both per rank). Prints the table with the choice marked and the reason when
+    `show`.
+
+    Raises:
+        ConfigError: if no candidate fits, naming the smallest requirement and the memory available.
+    """
+    if not 0 <= headroom < 1:
+        raise ConfigError(f"headroom={headroom!r} is not valid: expected a fraction in [0, 1).")
+    dev_limit, host_limit = device_bytes * (1 - headroom), host_bytes * (1 - headroom)
+    ordered = speed_order(forecasts)
+    fits = [f for f in ordered if f.device_total <= dev_limit and f.host <= host_limit]
+    if not fits:
+        least = min(ordered, key=lambda f: (f.device_total, f.host))
+        raise ConfigError(
+            f"the model fits under no strategy: the smallest requirement is {least.candidate.name} "
+            "with "
+            f"{gib(least.device_total)} per device and {gib(least.host)} of host memory per rank, "
+            "and "
+            f"{gib(device_bytes)} per device and {gib(host_bytes)} of host memory per rank are "
+            "available "
+            f"({headroom:.0%} kept free). Use more devices, a smaller micro-batch or a smaller "
+            "model."
+        )
+    best = fits[0]
+    faster = ordered[: ordered.index(best)]
+    reason = (
+        f"{best.candidate.name}: the fastest that fits ({gib(best.device_total)} of "
+        f"{gib(dev_limit)} per device"
+    )
+    reason += f", {gib(best.host)} of {gib(host_limit)} host)" if best.host else ")"
+    if faster:
+        reason += f"; {faster[0].candidate.name} needs {gib(faster[0].device_total)}"
+        reason += f" and {gib(faster[0].host)} host" if faster[0].host > host_limit else ""
+    table = render_table(
+        ordered, best, dev_limit, f"Memory plan per device (fits: ≤ {gib(dev_limit)})", host_limit
+    )
+    if show:
+        console = Console(width=160)
+        console.print(table)
+        console.print(f"[bold]chosen:[/bold] {reason}")
+    return Choice(best, ordered, reason, table)
+
+
+def device_memory(
+    device_type: str, world_size: int, memory_budget: float | None = None
+) -> tuple[float, float]:
+    """(bytes per device, host bytes per rank). CUDA: free memory of the current device, honouring
+    set_per_process_memory_fraction; CPU: `memory_budget`, else available host memory / world size.
+    A given `memory_budget` wins on either."""
+    host = psutil.virtual_memory().available / world_size
+    if memory_budget is not None:
+        return float(memory_budget), host
+    if device_type == "cuda":
+        return cuda_free(torch.device("cuda", torch.cuda.current_device())), host
+    return host, host
+
+
+def auto_strategy(
+    module: torch.nn.Module,
+    world_size: int,
+    precision: str = "32-true",
+    micro_batch: int = 1,
+    device_type: str = "cpu",
+    memory_budget: float | None = None,
+    batch: Any = None,
+    headroom: float = 0.1,
+    show: bool = True,
+    facts: ModelFacts | None = None,
+) -> tuple[str, Any]:
+    """`Trainer(strategy="auto")`: the fastest named strategy that fits this machine, and its rich
+    table.
+
+    Only candidates with a Trainer strategy string are considered, so the name can be handed to
+    spawned ranks; on CPU the offloaded ones are left out (the host is the device). Run it once,
+    before ranks start. `facts` reuses an earlier `inspect_model` (the probe then runs once). Raises
+    ConfigError when nothing fits (see `choose`)."""
+    device_bytes, host_bytes = device_memory(device_type, world_size, memory_budget)
+    candidates = [
+        c
+        for c in build_candidates(world_size, deepspeed=_has_deepspeed())
+        if c.is_named and not (device_type == "cpu" and c.offload_optimizer)
+    ]
+    rows = forecast(
+        module, world_size, precision, micro_batch, batch=batch, candidates=candidates, facts=facts
+    )
+    choice = choose(rows, device_bytes, host_bytes, headroom, show=show)
+    return choice.name, choice.table
+
+
+# --------------------------------------------------------------------------------------------------
+# micro-batch
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """The finder's answer: the micro-batch, the forecast's own figure, and how it was confirmed."""
+
+    size: int
+    forecast_size: int
+    note: str
+
+
+def find_micro_batch(
+    module: torch.nn.Module,
+    batch: Any,
+    devices: int,
+    strategy: str,
+    device_bytes: float,
+    precision: str = "32-true",
+    headroom: float = 0.1,
+    max_micro_batch: int = 4096,
+    device_type: str = "cpu",
+    step_fn=None,
+) -> MicroBatch:
+    """The largest micro-batch that fits `device_bytes` (per device, less `headroom`) under
+    `strategy` (a candidate name from `build_candidates`), from the forecast: model states and
+    buffers are fixed, activations grow by the probe's measured bytes per sample.
+
+    On CUDA the forecast is then confirmed by a real step, `step_fn(micro_batch)` (default: a plain
+    single-device forward, backward and optimizer step of a copy of the module): on
+    torch.cuda.OutOfMemoryError the memory is freed and the micro-batch halved until a step
+    succeeds. On CPU the answer is the forecast's only (no step is run: host memory has no
+    out-of-memory error to recover from), and the note says so.
+
+    Raises:
+        ConfigError: unknown strategy, or not even micro-batch 1 fits.
+    """
+    precision = _check(devices, precision, 1)
+    by_name = {c.name: c for c in build_candidates(devices, deepspeed=_has_deepspeed())}
+    if strategy not in by_name:
+        raise ConfigError(
+            f"strategy={strategy!r} is not valid here: use one of {', '.join(sorted(by_name))}."
+        )
+    candidate, facts = by_name[strategy], inspect_model(module, batch, precision)
+    size = largest_micro_batch(
+        candidate, facts, devices, precision, device_bytes, headroom, max_micro_batch
+    )
+    if device_type != "cuda":
+        return MicroBatch(size, size, "forecast only: on CPU no step is run to confirm it")
+    confirmed = confirm_micro_batch(
+        step_fn or (lambda n: plain_cuda_step(module, batch, n, precision)), size
+    )
+    return MicroBatch(
+        confirmed,
+        size,
+        f"confirmed by a real step at {confirmed}"
+        + (f" (the forecast's {size} ran out of memory)" if confirmed < size else ""),
+    )
+
+
+def largest_micro_batch(
+    candidate: Candidate,
+    facts: ModelFacts,
+    devices: int,
+    precision: str,
+    device_bytes: float,
+    headroom: float = 0.1,
+    max_micro_batch: int = 4096,
+) -> int:
+    """The forecast's largest micro-batch for `candidate` within `device_bytes` less `headroom`:
+    model states and buffers are fixed, activations grow by the probe's measured bytes per sample
+    (capped at `max_micro_batch`).
+
+    Raises:
+        ConfigError: not even micro-batch 1 fits, naming what it needs and what is available.
+    """
+    limit = device_bytes * (1 - headroom)
+    fixed = forecast_candidate(candidate, facts, devices, precision, 1)
+    act = facts.activations
+    per_sample = act.ac_per_sample if candidate.activation_checkpointing else act.per_sample
+    base = act.ac_base if candidate.activation_checkpointing else act.base
+    # device_total(b) = states without grads + buffers + max(grads, base + per_sample × b): solve
+    # for b.
+    room = limit - (fixed.params + fixed.optim + fixed.master + fixed.buffers)
+    size = (
+        max_micro_batch
+        if per_sample <= 0
+        else min(max_micro_batch, int((room - base) // per_sample))
+    )
+    if room < fixed.grads or fixed.model_states + fixed.step_buffers > limit or size < 1:
+        raise ConfigError(
+            f"micro_batch: not even 1 fits under {candidate.name}: it needs "
+            f"{gib(fixed.device_total)} per device and {gib(limit)} is available "
+            f"({headroom:.0%} kept free)."
+        )
+    return size
+
+
+def confirm_micro_batch(step_fn, size: int) -> int:
+    """Runs `step_fn(size)`, halving `size` after each torch.cuda.OutOfMemoryError (memory freed in
+    between); returns the first size that ran. Raises the last OutOfMemoryError if even 1 does not
+    fit."""
+    while True:
+        try:
+            step_fn(size)
+            return size
+        except torch.cuda.OutOfMemoryError:
+            if size == 1:
+                raise
+        # Outside the except block: the traceback no longer holds the failed step's frames and
+        # tensors.
+        gc.collect()
+        torch.cuda.empty_cache()
+        size //= 2
+
+
+# --------------------------------------------------------------------------------------------------
+# command line
+
+
+def plan_cli(argv: list[str]) -> int:
+    """`lightspeed plan SCRIPT_OR_MODULE:NAME [--batch NAME] [--devices N] [--precision P]
+    [--micro-batch B] [--device-memory 80GiB] [--host-memory 500GiB] [--headroom 0.1] [--out DIR]`.
+
+    NAME is a Module class or a function (called with no arguments) or a Module instance, in a
+    Python file or an importable module; `--batch` names a sample batch (or a function returning
+    one) beside it for the activation probe. Prints the plan table, marks the choice when
+    --device-memory is given, writes the bar chart to --out. Returns 0, or 2 after printing a
+    ConfigError's message."""
+    p = argparse.ArgumentParser(
+        prog="lightspeed plan",
+        description="Forecast memory per device for each strategy.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("target", help="SCRIPT_OR_MODULE:NAME of the Module class, factory or instance")
+    p.add_argument(
+        "--batch",
+        help="NAME of a sample batch (or a function returning one) in the same file/module",
+    )
+    p.add_argument("--devices", type=int, default=1)
+    p.add_argument("--precision", default="32-true")
+    p.add_argument("--micro-batch", type=int, default=1)
+    p.add_argument("--device-memory", type=parse_bytes, help="bytes per device, e.g. 80GiB")
+    p.add_argument(
+        "--host-memory", type=parse_bytes, help="host bytes per rank (default: available / devices)"
+    )
+    p.add_argument("--headroom", type=float, default=0.1)
+    p.add_argument("--out", default="lightspeed_plan", help="folder for memory_plan.png")
+    args = p.parse_args(argv)
+    console = Console(width=160)
+    try:
+        module, batch = load_target(args.target, args.batch)
+        rows = forecast(module, args.devices, args.precision, args.micro_batch, batch=batch)
+        if args.device_memory is not None:
+            host = args.host_memory or device_memory("cpu", args.devices)[1]
+            limit = args.device_memory * (1 - args.headroom)
+            choose(rows, args.device_memory, host, args.headroom, show=True)
+        else:
+            limit = None
+            console.print(render_table(speed_order(rows), None, None))
+        if batch is None or steps_itself(module):
+            why = (
+                "no --batch given"
+                if batch is None
+                else "manual optimization: training_step steps its optimizers"
+            )
+            console.print(f"activations: not probed ({why}): 0 in the table")
+        console.print(f"chart: {write_chart(rows, args.out, limit)}")
+    except ConfigError as e:
+        console.print(f"[red]error:[/red] {e}", markup=True, highlight=False)
+        return 2
+    return 0
+
+
+def load_target(target: str, batch_name: str | None = None) -> tuple[torch.nn.Module, Any]:
+    """Resolves `SCRIPT_OR_MODULE:NAME` (and an optional batch NAME beside it) to (module, batch).
+    Raises ConfigError naming what is missing."""
+    source, sep, name = target.rpartition(":")
+    if not sep or not source or not name:
+        raise ConfigError(
+            f"target={target!r} is not valid: expected SCRIPT_OR_MODULE:NAME, e.g. train.py:Model."
+        )
+    if source.endswith(".py") or Path(source).is_file():
+        if not Path(source).is_file():
+            raise ConfigError(f"target={target!r} is not valid: the file {source} does not exist.")
+        scope = runpy.run_path(
+            source, run_name="__lightspeed_plan__"
+        )  # not "__main__": its training does not run
+    else:
+        try:
+            scope = vars(importlib.import_module(source))
+        except ImportError as e:
+            raise ConfigError(
+                f"target={target!r} is not valid: cannot import {source} ({e})."
+            ) from None
+    for wanted in (name, batch_name):
+        if wanted is not None and wanted not in scope:
+            raise ConfigError(f"{wanted!r} is not defined in {source}.")
+    obj = scope[name]
+    module = obj if isinstance(obj, torch.nn.Module) else obj()
+    if not isinstance(module, torch.nn.Module):
+        raise ConfigError(
+            f"target={target!r} is not valid: {name} gave {type(module).__name__}, not a Module."
+        )
+    batch = scope[batch_name] if batch_name else None
+    return module, batch() if callable(batch) else batch
+
+
+def parse_bytes(text: str) -> float:
+    """'16GiB', '16G', '512MiB', '1e9' -> bytes (binary units; a bare number is bytes)."""
+    units = {"k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+    t = text.strip().lower().removesuffix("b").removesuffix("i")
+    try:
+        return float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
+    except ValueError:
+        raise ConfigError(
+            f"memory size {text!r} is not valid: use bytes or a size such as 16GiB."
+        ) from None

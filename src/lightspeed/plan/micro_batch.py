@@ -1,0 +1,534 @@
+"""`Trainer(micro_batch="auto")`: the largest micro-batch that fits, from the memory forecast,
+confirmed by real training steps.
+
+    class Model(ls.Module):
+        def __init__(self, batch_size=4): ...; self.batch_size = batch_size
+        def train_dataloader(self): return DataLoader(data, batch_size=self.batch_size)
+    ls.Trainer(micro_batch="auto").fit(Model())     # writes the size found into model.batch_size
+
+Two steps, split by the launch:
+1. `plan_fit`, in every process before any rank starts: one activation probe (`plan.inspect_model`)
+serves the
+   strategy choice (`strategy="auto"`) and the micro-batch forecast (`plan.largest_micro_batch`)
+   under the strategy that will run.
+2. `confirm`, once the ranks run and before the real model is built: rank 0's forecast is broadcast;
+each trial
+   builds a copy of the Module on a copy of the (connected, not yet configured) strategy and runs
+   two real training steps at that micro-batch. An out-of-memory error (CUDA's, or on CPU an
+   allocation past the `memory_budget` this module enforces) frees the copy, its gradients and
+   optimizer state, empties the CUDA cache and retries smaller: halving ("power"), or halving and
+   then bisecting between the last size that ran and the first that did not ("binsearch", the
+   default, also called "auto"). Each trial's outcome is min-reduced over the ranks, so every rank
+   takes the same size. The user's model, optimizer and RNG are untouched: training then runs
+   exactly as with that batch size written by hand.
+
+Where the size goes (Lightning's `Tuner.scale_batch_size` does the same): the first of
+`datamodule.batch_size`, `datamodule.hparams.batch_size`, `module.batch_size`,
+`module.hparams.batch_size` that exists is set, and the training loader is rebuilt by calling
+`train_dataloader()` again. Loaders handed to `fit` directly cannot be rebuilt: that is a
+ConfigError, as in Lightning.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from rich.console import Console
+from rich.table import Table
+
+from lightspeed.core.optimizer import parse_optimizers
+from lightspeed.data.loaders import move_to_device
+from lightspeed.errors import ConfigError
+from lightspeed.plan.chart import gib
+from lightspeed.plan.forecast import (
+    Candidate,
+    auto_strategy,
+    build_candidates,
+    device_memory,
+    forecast_candidate,
+    largest_micro_batch,
+)
+from lightspeed.plan.probe import (
+    ModelFacts,
+    batch_of,
+    inspect_model,
+    is_weight_derived,
+    stand_in,
+    step_args,
+    steps_itself,
+)
+from lightspeed.runtime.distributed import broadcast_from_rank0
+from lightspeed.runtime.memory import measure
+from lightspeed.runtime.rng import rng_state, set_rng_state
+from lightspeed.strategies import build_strategy
+from lightspeed.strategies.deepspeed.zero3 import release_engine
+
+__all__ = [
+    "MicroBatchPlan",
+    "Trial",
+    "HostBudgetExceeded",
+    "plan_fit",
+    "plan_micro_batch",
+    "confirm",
+    "search",
+    "batch_size_owner",
+    "trials_table",
+    "STEPS_PER_TRIAL",
+]
+
+# The first step creates what persists between steps (torch optimizers' state, DeepSpeed ZeRO-3's
+# gradient
+# partitions): the second forward is the steady peak.
+STEPS_PER_TRIAL = 2
+
+
+class HostBudgetExceeded(MemoryError):
+    """On CPU: a trial step held more bytes than `Trainer(memory_budget=...)` allows (the CPU's
+    out-of-memory)."""
+
+
+@dataclass
+class Trial:
+    """One row of the search: the micro-batch, its forecast bytes, whether the forecast says it
+    fits, and what the real steps said (None: not run). `freed`: the trial's copy holds no tensor
+    any more (collected, or its storage dropped) and, on CUDA, the allocated bytes are back within 1
+    MiB of before the trial."""
+
+    size: int
+    forecast_bytes: int
+    forecast_fits: bool
+    confirmed: bool | None = None
+    freed: bool | None = None
+    note: str = ""
+
+
+@dataclass
+class MicroBatchPlan:
+    """What `plan_fit` hands to `confirm`: the forecast's size and what is needed to try it and
+    rebuild."""
+
+    size: int
+    candidate: Candidate
+    facts: ModelFacts
+    device_bytes: float
+    precision: str
+    world_size: int
+    sample: Any
+    owner: Any  # the object whose batch size is set (module, datamodule or an hparams dict)
+    key: str
+    mode: str
+    max_trials: int
+    headroom: float = 0.1
+    trials: list[Trial] = field(default_factory=list)
+
+    def forecast(self, size: int) -> Trial:
+        f = forecast_candidate(self.candidate, self.facts, self.world_size, self.precision, size)
+        return Trial(
+            size, f.device_total, f.device_total <= self.device_bytes * (1 - self.headroom)
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# before launch
+
+
+def plan_fit(
+    module: Any,
+    loader: Any,
+    datamodule: Any,
+    strategy: Any,
+    plans: bool,
+    trainer: Any,
+    data: Callable[[], Any],
+    show: bool,
+    as_step_sees: Callable[[Any], Any],
+) -> tuple[Any, Callable[[], Any]]:
+    """Before any rank starts (every process runs it with the same inputs): the strategy for
+    `strategy="auto"` when `plans`, and the micro-batch forecast when `cfg.micro_batch` is set. One
+    activation probe serves both. `as_step_sees(batch)` returns a drawn batch as `training_step`
+    will see it (the loop's transfer hooks), on the CPU.
+
+    Returns (the strategy object, the loaders' source): `data` itself, or with a micro-batch to
+    find, a callable that runs `confirm` (trials, the size written) and then `data()`. The Trainer
+    calls it once the ranks run, before the model is built: the moment the trials need.
+
+    Raises:
+        ConfigError: micro_batch="auto" with loaders passed to fit, with no batch-size attribute to
+        write, or
+            under manual optimization (no trial step can run the user's own backward and optimizer
+            steps);
+        nothing fits (see `plan.choose`).
+    """
+    world_size, cfg = trainer.world_size, trainer.cfg
+    if cfg.micro_batch is None and (loader is None or not plans):
+        return strategy, data  # strategy="auto" plans from loaders passed to fit
+    manual = steps_itself(module)
+    if cfg.micro_batch is not None:
+        if manual:
+            raise ConfigError(
+                f"micro_batch={cfg.micro_batch!r} needs automatic optimization: it runs trial "
+                "steps "
+                f"of training_step, and {type(module).__name__} sets automatic_optimization=False "
+                "(its training_step steps its own optimizers). Leave micro_batch=None and set the "
+                "loader's batch_size."
+            )
+        batch_size_owner(module, datamodule, loader)  # refuse early, before the probe
+    source = datamodule if datamodule is not None else module
+    loader = loader if loader is not None else source.train_dataloader()
+    if loader is None:
+        return strategy, data  # fit reports the missing data
+    sample = (
+        None  # manual optimization: a probe cannot run the step without the optimizers it steps
+    )
+    if not manual:
+        sample = as_step_sees(next(iter(loader)))  # as the step will see it
+    elif show:
+        print(
+            f"strategy='auto': {type(module).__name__} uses manual optimization, so the planner "
+            "does not run its "
+            "training_step: activations are not probed, and the choice rests on weights, gradients "
+            "and "
+            "optimizer states.",
+            flush=True,
+        )
+    facts = inspect_model(module, sample, cfg.precision)
+    if plans:
+        name, _ = auto_strategy(
+            module,
+            world_size,
+            cfg.precision,
+            getattr(loader, "batch_size", None) or 1,
+            cfg.device_type,
+            cfg.memory_budget,
+            sample,
+            show=show,
+            facts=facts,
+        )
+        strategy = build_strategy(name, world_size)
+    if cfg.micro_batch is None:
+        return strategy, data
+    plan = plan_micro_batch(module, datamodule, strategy, world_size, cfg, sample, facts)
+    return strategy, lambda: confirm(plan, strategy, module, data)
+
+
+def plan_micro_batch(
+    module: Any,
+    datamodule: Any,
+    strategy: Any,
+    world_size: int,
+    cfg: Any,
+    sample: Any = None,
+    facts: ModelFacts | None = None,
+) -> MicroBatchPlan:
+    """The forecast half of `micro_batch="auto"` for `strategy` (an object) and the Trainer flags
+    `cfg`: the largest micro-batch the forecast fits in the device memory (`plan.device_memory`:
+    `memory_budget`, else free memory), capped at a rank's share of the dataset. `sample` (a
+    training batch) and `facts` are drawn and probed when not given. Raises ConfigError as
+    `plan_fit` does, and when not even micro-batch 1 fits."""
+    owner, key = batch_size_owner(module, datamodule)
+    loader = (datamodule if datamodule is not None else module).train_dataloader()
+    sample = sample if sample is not None else next(iter(loader))
+    facts = facts or inspect_model(module, sample, cfg.precision)
+    device_bytes, _ = device_memory(cfg.device_type, world_size, cfg.memory_budget)
+    candidate = candidate_of(strategy, world_size)
+    size = largest_micro_batch(
+        candidate,
+        facts,
+        world_size,
+        cfg.precision,
+        device_bytes,
+        max_micro_batch=samples_per_rank(loader, world_size),
+    )
+    mode = "binsearch" if cfg.micro_batch in ("auto", None) else cfg.micro_batch
+    return MicroBatchPlan(
+        size,
+        candidate,
+        facts,
+        device_bytes,
+        cfg.precision,
+        world_size,
+        sample,
+        owner,
+        key,
+        mode,
+        cfg.micro_batch_trials,
+    )
+
+
+def batch_size_owner(
+    module: Any, datamodule: Any, loader: Any = None, name: str = "batch_size"
+) -> tuple[Any, str]:
+    """Where the micro-batch is written: the first of datamodule.batch_size,
+    datamodule.hparams.batch_size, module.batch_size, module.hparams.batch_size that exists, as
+    (object, key).
+
+    Raises:
+        ConfigError: a `loader` was handed to fit (it cannot be rebuilt), or no such attribute
+        exists.
+    """
+    if loader is not None:
+        raise ConfigError(
+            "micro_batch='auto' rebuilds the training loader with the size it finds, so it needs "
+            "train_dataloader() on the Module or DataModule (reading self.batch_size), not "
+            "fit(train_dataloaders=...)."
+        )
+    for obj in (datamodule, module):
+        if obj is None:
+            continue
+        if name in vars(obj) or hasattr(type(obj), name):
+            return obj, name
+        hparams = getattr(obj, "hparams", None)
+        if isinstance(hparams, dict) and name in hparams:
+            return hparams, name
+    raise ConfigError(
+        f"micro_batch='auto' needs a batch size to rebuild the training loader from, and "
+        f"{type(module).__name__} has none: accepted are `self.{name}` or `self.hparams.{name}` on "
+        "the "
+        f"Module or the DataModule, read by its train_dataloader()."
+    )
+
+
+def candidate_of(strategy: Any, world_size: int) -> Candidate:
+    """The forecast's candidate for a strategy object (its name, offload and activation
+    checkpointing)."""
+    name = strategy.name.removesuffix("_nvme")
+    if world_size == 1 and name == "ddp":
+        name = "single"
+    if getattr(strategy, "cpu_offload", False):
+        name += "_offload"
+    name += "+ac" if getattr(strategy, "activation_checkpointing", None) else ""
+    # Every strategy forecasts for any world size (FSDP or ZeRO-1 on one device too), not only the
+    # ones planned.
+    by_name = {c.name: c for c in build_candidates(1) + build_candidates(2)}
+    if name not in by_name:
+        raise ConfigError(
+            f"micro_batch='auto' has no memory forecast for strategy={strategy.name!r}: use one of "
+            f"{', '.join(sorted(n for n in by_name if '+' not in n))}."
+        )
+    return by_name[name]
+
+
+def samples_per_rank(loader: Any, world_size: int) -> int:
+    """A rank's share of the dataset (the largest micro-batch worth trying), 4096 when its length is
+    unknown."""
+    try:
+        return max(1, len(loader.dataset) // world_size)
+    except (AttributeError, TypeError):
+        return 4096
+
+
+# --------------------------------------------------------------------------------------------------
+# after launch
+
+
+def confirm(plan: MicroBatchPlan, strategy: Any, module: Any, rebuild: Callable[[], Any]) -> Any:
+    """Once the ranks run, before `strategy.configure_model(module)`: tries rank 0's forecast with
+    real steps, recovering smaller on out-of-memory (see the module doc), writes the size found and
+    returns `rebuild()` (the loaders, rebuilt reading it). Prints the search as a table on rank 0.
+    Collective.
+
+    Raises:
+        ConfigError: not even micro-batch 1 ran.
+    """
+    plan.size = broadcast_from_rank0(plan.size)
+    state = (
+        rng_state()
+    )  # trials draw random numbers (the copies' initialisation, dropout): training must not see it
+    try:
+        plan.trials = search(
+            lambda n: try_steps(plan, strategy, module, n),
+            plan.forecast,
+            plan.size,
+            plan.mode,
+            plan.max_trials,
+        )
+    finally:
+        set_rng_state(state)
+    is_rank0 = not dist.is_initialized() or dist.get_rank() == 0
+    if is_rank0:
+        Console(width=120).print(trials_table(plan.trials))
+    ran = [t.size for t in plan.trials if t.confirmed]
+    if not ran:
+        raise ConfigError(
+            f"micro_batch={plan.mode!r}: not even micro-batch {min(t.size for t in plan.trials)} "
+            "ran "
+            f"under {plan.candidate.name} within {gib(plan.device_bytes)} per device."
+        )
+    size = max(ran)
+    if isinstance(plan.owner, dict):
+        plan.owner[plan.key] = size
+    else:
+        setattr(plan.owner, plan.key, size)
+    if is_rank0:
+        owner = "hparams" if isinstance(plan.owner, dict) else type(plan.owner).__name__
+        print(
+            f"micro_batch: {size} under {plan.candidate.name} (written to {owner}.{plan.key}; "
+            "loader rebuilt)",
+            flush=True,
+        )
+    return rebuild()
+
+
+def search(
+    run: Callable[[int], tuple[bool, bool, str]],
+    forecast: Callable[[int], Trial],
+    start: int,
+    mode: str,
+    max_trials: int,
+) -> list[Trial]:
+    """Runs `run(size)` -> (ran, freed, note) from `start` down: halving after each failure; in
+    "binsearch" mode,
+    once a size ran below a failed one, bisecting between them. At most `max_trials` runs. Returns
+    every row: the runs, and the forecast's first size above `start` (not run) to show where the
+    forecast stops."""
+    trials, good, bad, size = [], 0, start + 1, start
+    while size >= 1 and len(trials) < max_trials:
+        row = forecast(size)
+        row.confirmed, row.freed, row.note = run(size)
+        trials.append(row)
+        good, bad = (size, bad) if row.confirmed else (good, size)
+        if mode == "power" and good:
+            break
+        if good + 1 >= bad:
+            break
+        size = (good + bad) // 2 if good else size // 2
+    return sorted([*trials, forecast(start + 1)], key=lambda t: t.size)
+
+
+def try_steps(
+    plan: MicroBatchPlan, strategy: Any, module: Any, size: int
+) -> tuple[bool, bool, str]:
+    """Builds a copy of `module` on a copy of `strategy`, runs STEPS_PER_TRIAL real training steps
+    at micro-batch `size`, then frees everything. Returns (ran on every rank, the copy was
+    collected, a note)."""
+    cuda = strategy.device.type == "cuda"
+    baseline = torch.cuda.memory_allocated(strategy.device) if cuda else 0
+    twin, trial = copy.deepcopy(module), copy.deepcopy(strategy)
+    stand_in(twin, module, trial)  # the twin's step sees the trial's optimizers once it is set up
+    alive, note, ran = weakref.ref(twin), "", True
+    try:
+        trial.configure_model(twin)
+        trial.setup(twin, lambda m=twin: parse_optimizers(m.configure_optimizers()), size)
+        batch = move_to_device(batch_of(plan.sample, size), trial.device)
+        budget = None if trial.device.type == "cuda" else plan.device_bytes
+        peak = _steps(trial, twin, batch, budget)
+        if trial.device.type == "cuda" and peak > plan.device_bytes:
+            ran, note = False, f"peak {gib(peak)} over {gib(plan.device_bytes)}"
+        note = note or f"peak {gib(peak)}"
+    except (torch.OutOfMemoryError, HostBudgetExceeded) as e:
+        ran, note = False, f"out of memory: {str(e).splitlines()[0][:60]}"
+    # Outside the except block: its traceback no longer holds the failed step's frames and tensors.
+    release_engine(getattr(trial, "engine", None))
+    del twin, trial
+    if (
+        alive() is not None
+    ):  # held in reference cycles (a full collection costs ~1 s in a large process)
+        gc.collect()
+    if (
+        alive() is not None
+    ):  # something outside still holds the copy (DeepSpeed ZeRO-3's autograd functions)
+        strip_tensors(alive())
+    if cuda:
+        torch.cuda.empty_cache()
+        left = torch.cuda.memory_allocated(strategy.device) - baseline
+        note += f"; {gib(left)} left allocated" if left > 2**20 else ""
+    return _min_over_ranks(ran), (not cuda or left <= 2**20) and not _holds_tensors(alive()), note
+
+
+def strip_tensors(module: torch.nn.Module) -> None:
+    """Drops the storage of a discarded module's parameters, their gradients and DeepSpeed
+    partitions, for when the module object itself cannot be collected."""
+    for p in module.parameters():
+        p.grad = None
+        p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        if getattr(p, "ds_tensor", None) is not None:
+            p.ds_tensor = None
+
+
+def _holds_tensors(module: torch.nn.Module | None) -> bool:
+    if module is None:
+        return False
+    return any(
+        p.numel() or getattr(p, "ds_tensor", None) is not None or p.grad is not None
+        for p in module.parameters()
+    )
+
+
+def _steps(trial: Any, twin: Any, batch: Any, budget: float | None) -> int:
+    """STEPS_PER_TRIAL forward/backward/step; returns the peak bytes (CUDA: the allocator's peak;
+    CPU: the measured model states (`memory.measure`) plus the bytes autograd saves). On CPU raises
+    HostBudgetExceeded as soon as a saved tensor, or the gradients, take the total past `budget`."""
+    if torch.cuda.is_available() and trial.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(trial.device)
+    peak = 0
+    for _ in range(STEPS_PER_TRIAL):
+        held = sum(measure(trial).values())
+        saved = _HostMeter(held, budget)
+        with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
+            out = trial.forward(twin.training_step, *step_args(twin, batch))
+        loss = out["loss"] if isinstance(out, dict) else out
+        trial.backward(loss)
+        peak = max(peak, saved.total, sum(measure(trial).values()))
+        if budget is not None and peak > budget:
+            raise HostBudgetExceeded(f"{gib(peak)} held, budget {gib(budget)}")
+        del out, loss
+        trial.step()
+    if trial.device.type == "cuda":
+        return torch.cuda.max_memory_allocated(trial.device)
+    return peak
+
+
+class _HostMeter:
+    """Counts the bytes autograd saves (once per storage, weights excluded) on top of `held` bytes
+    of model states; with a `budget`, raises HostBudgetExceeded at the saved tensor that passes
+    it."""
+
+    def __init__(self, held: int, budget: float | None):
+        self.total, self.budget, self.seen = held, budget, set()
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        is_weight = (t.requires_grad and t.grad_fn is None) or is_weight_derived(t)
+        if t.device.type == "cpu" and not is_weight and storage._cdata not in self.seen:
+            self.seen.add(storage._cdata)
+            self.total += storage.nbytes()
+            if self.budget is not None and self.total > self.budget:
+                raise HostBudgetExceeded(f"{gib(self.total)} held, budget {gib(self.budget)}")
+        return t
+
+
+def _min_over_ranks(ok: bool) -> bool:
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return ok
+    device = (
+        torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+    )
+    flag = torch.tensor([int(ok)], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def trials_table(trials: list[Trial]) -> Table:
+    """The search as a rich Table: micro-batch, forecast bytes, fits? (the forecast's word),
+    confirmed? (the real steps': yes, no, or blank when not run), and a note."""
+    table = Table(title="micro_batch='auto': forecast, then real steps")
+    for name in ("micro-batch", "forecast", "fits?", "confirmed?", "note"):
+        table.add_column(name, justify="right" if name in ("micro-batch", "forecast") else "left")
+    for t in trials:
+        confirmed = "" if t.confirmed is None else "yes" if t.confirmed else "no"
+        table.add_row(
+            str(t.size),
+            gib(t.forecast_bytes),
+            "yes" if t.forecast_fits else "no",
+            confirmed,
+            t.note,
+            style="bold green" if t.confirmed else None,
+        )
+    return table

@@ -1,0 +1,172 @@
+"""Process-group helpers on the ground floor: join, leave, barrier, broadcast. Strategies and the
+Checkpointer use these; none of them reads the launch environment (that is `launch.DistInfo`, read
+once)."""
+
+from __future__ import annotations
+
+import gc
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from lightspeed.runtime import heartbeat
+from lightspeed.runtime.launch import DistInfo, rendezvous_server
+
+JOIN_TIMEOUT_S = 600.0  # how long the ranks may take to meet when the process group forms
+
+
+def init_process_group(info: DistInfo, device: torch.device, timeout_s: float = 600) -> None:
+    """Joins the default process group: gloo on CPU, nccl on CUDA. A single process joins a group of
+    one, so every strategy that needs a group also runs with devices=1. Does nothing when a group
+    exists.
+
+    `timeout_s` bounds every collective. Joining may take longer (at least JOIN_TIMEOUT_S): ranks
+    start at different speeds (imports on a busy host), which is not a hang."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if dist.is_initialized():
+        return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    # With nccl, binding the device lets torch create the communicator eagerly and use the right
+    # GPU.
+    bind = {"device_id": device} if backend == "nccl" else {}
+    if not info.is_distributed:
+        # One process still gets a group of one (DDP, ZeRO and FSDP need a group): an in-memory
+        # store, no port.
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, **bind)
+        return
+    # (torch has no public setter for a group's timeout; without the private one, joining gets
+    # `timeout_s` too)
+    join_s = (
+        max(timeout_s, JOIN_TIMEOUT_S)
+        if hasattr(dist.distributed_c10d, "_set_pg_timeout")
+        else timeout_s
+    )
+    if (
+        info.launcher == "lightspeed"
+    ):  # ranks we spawned meet at the store rank 0 opened before spawning them
+        store = rendezvous_server() if info.rank == 0 else None
+        if store is None:
+            store = dist.TCPStore(
+                info.master_addr,
+                info.master_port,
+                info.world_size,
+                is_master=info.rank == 0,
+                wait_for_workers=False,
+                timeout=timedelta(seconds=join_s),
+            )
+        rendezvous: dict[str, Any] = {"store": store}
+    else:
+        rendezvous = {"init_method": f"tcp://{info.master_addr}:{info.master_port}"}
+    dist.init_process_group(
+        backend,
+        **rendezvous,
+        rank=info.rank,
+        world_size=info.world_size,
+        timeout=timedelta(seconds=join_s),
+        **bind,
+    )
+    if join_s != timeout_s:  # from now on, a collective waits `timeout_s`
+        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=timeout_s))
+    # Every rank says where it is, so a collective timeout (or the local launcher) can name the rank
+    # that hangs.
+    heartbeat.start(info.rank, info.world_size, info.master_addr, info.master_port, timeout_s)
+
+
+def destroy_process_group() -> None:
+    """Leaves the default process group, if joined. Left to interpreter shutdown, gloo's threads
+    abort the process ("terminate called without an active exception"), turning a finished run into
+    a failed one."""
+    if dist.is_initialized():
+        heartbeat.stop()
+        dist.destroy_process_group()
+        # Free what still holds the group (a DDP reducer in a trainer <-> module reference cycle)
+        # now, while
+        # the interpreter is alive: gloo work freed during interpreter finalization aborts the
+        # process.
+        gc.collect()
+
+
+def is_distributed() -> bool:
+    return dist.is_initialized() and dist.get_world_size() > 1
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def broadcast_from_rank0(value: Any) -> Any:
+    """Every rank gets rank 0's `value` (any picklable object). Collective; a no-op without a
+    group."""
+    if not dist.is_initialized():
+        return value
+    dist.broadcast_object_list(box := [value], src=0)
+    return box[0]
+
+
+class AgreedMax:
+    """A collective MAX of one small integer per call, for decisions every rank must take at the
+    same step (preemption, a time limit): `agreed(local)` returns the same value on every rank.
+
+    Off NCCL (gloo, or one process) the answer is this call's reduction. Under NCCL it is the
+    previous call's, read from pinned host memory (it was queued behind the previous step, so it has
+    landed), while this call's reduction is queued behind this step: every rank still gets the same
+    answer at the same call, one call late, and the host never waits for the GPU (a wait would leave
+    it idle while the host launches the next forward)."""
+
+    def __init__(self) -> None:
+        self._host: torch.Tensor | None = None  # pinned: the last reduction queued (NCCL)
+        self._landed: Any = None  # a torch.cuda.Event: that reduction has reached `_host`
+
+    def reset(self) -> None:
+        """Forgets a reduction left from an earlier run (a new fit starts its decisions afresh)."""
+        self._landed = None
+
+    def __call__(self, local: int) -> int:
+        if not (dist.is_initialized() and dist.get_world_size() > 1):
+            return local
+        if dist.get_backend() != "nccl":
+            flag = torch.tensor([local], dtype=torch.int64)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            return int(flag.item())
+        previous = 0
+        if self._landed is not None:
+            self._landed.synchronize()
+            previous = int(self._host[0])
+        elif self._host is None:
+            self._host = torch.zeros(1, dtype=torch.int64, pin_memory=True)
+        flag = torch.full((1,), local, dtype=torch.int64, device=torch.cuda.current_device())
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        self._host.copy_(flag, non_blocking=True)
+        self._landed = torch.cuda.Event()
+        self._landed.record()
+        return previous
+
+
+def gather_all(data: Any, group: Any = None, sync_grads: bool = False, device: Any = None) -> Any:
+    """Lightning's `all_gather`: each tensor (or number, made a tensor on `device`) in `data`, from
+    every rank of `group`, stacked along a new first dimension. Collective. `sync_grads` uses
+    torch.distributed.nn's autograd-aware gather. Without a group of more than one rank, the tensors
+    are returned as they are."""
+    from torch.utils._pytree import tree_map
+
+    def gather(x: Any) -> Any:
+        if isinstance(x, bool) or not isinstance(x, (torch.Tensor, int, float)):
+            return x
+        t = x if isinstance(x, torch.Tensor) else torch.as_tensor(x, device=device)
+        if not (dist.is_initialized() and dist.get_world_size(group) > 1):
+            return t
+        if sync_grads:
+            from torch.distributed.nn.functional import all_gather
+
+            return torch.stack(
+                all_gather(t, group=group if group is not None else dist.group.WORLD)
+            )
+        out = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(out, t.contiguous(), group=group)
+        return torch.stack(out)
+
+    return tree_map(gather, data)
