@@ -1,4 +1,5 @@
-"""What the heartbeat (lightspeed/heartbeat.py) costs a training process, measured on this machine.
+"""What the heartbeat (lightspeed/runtime/heartbeat.py) costs a training process, measured on this
+machine.
 
     PYTHONPATH=src .venv/bin/python benchmarks/heartbeat_cost.py
 

@@ -1,11 +1,15 @@
-"""Where a training step's time goes: one setup of gpu_suite.py / multi_gpu.py, profiled on the GPU.
+"""Where a training step's time goes: one setup of speed_single_gpu.py / scaling_multi_gpu.py,
+profiled on the GPU.
 
-    python benchmarks/profile_step.py --setup plain_deepspeed_zero3            # DeepSpeed's own
-    ZeRO-3 loop python benchmarks/profile_step.py --setup deepspeed_stage_3                #
-    lightspeed, the user's AdamW python benchmarks/profile_step.py --setup fsdp --devices 2
-    --micro-batch 4 python benchmarks/profile_step.py --setup deepspeed_stage_3 --legacy-guard # a
-    host sync before every step
+    python benchmarks/profile_step.py --setup plain_deepspeed_zero3   # DeepSpeed's ZeRO-3 loop
+    python benchmarks/profile_step.py --setup deepspeed_stage_3       # lightspeed, user's AdamW
+    python benchmarks/profile_step.py --setup fsdp --devices 2 --micro-batch 4
+    python benchmarks/profile_step.py --setup deepspeed_stage_3 --legacy-guard
+                                                    # a host sync before every step
+    python benchmarks/profile_step.py --setup deepspeed_stage_3 --trace t.json   # chrome trace
+    python benchmarks/profile_step.py --setup single --micro-batch 1 --cprofile  # host Python
 
+On a lent GPU machine, benchmarks/gpu.sh profile runs lists of these (one GPU each, then two).
 For `--timed` steps after `--warmup` it reports the median step (the clock between batch ends, as
 the suite), then, over 3 more steps, every synchronising CUDA call (torch.cuda.set_sync_debug_mode)
 counted by where it was made, then a torch.profiler table over 2 more steps (CPU time by op,
@@ -37,7 +41,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 # noqa: E402
-from gpu_suite import LIGHTSPEED, ZERO3_DEFAULTS, UserGPT, _model_cfg, run_plain_deepspeed
+from speed_single_gpu import LIGHTSPEED, ZERO3_DEFAULTS, UserGPT, _model_cfg, run_plain_deepspeed
 
 import lightspeed as ls  # noqa: E402
 from lightspeed.demos.gpt import RandomTokens  # noqa: E402
@@ -251,9 +255,8 @@ def trace_summary(path: str) -> str:
         f"TRACE window {wall / 1e3:.1f} ms (first to last kernel): GPU busy "
         f"{_length(anything) / wall:.0%}, "
         f"compute {_length(compute) / 1e3:.1f} ms, NCCL {_length(comm) / 1e3:.1f} ms of which not "
-        "under "
-        f"compute {_minus(comm, compute) / 1e3:.1f} ms, idle {(wall - _length(anything)) / 1e3:.1f} "
-        "ms"
+        f"under compute {_minus(comm, compute) / 1e3:.1f} ms, "
+        f"idle {(wall - _length(anything)) / 1e3:.1f} ms"
     ]
     blocking = collections.Counter()
     blocking_ms = collections.Counter()

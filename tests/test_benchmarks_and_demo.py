@@ -25,12 +25,12 @@ def _run(args: list[str], cwd: Path, timeout: float = 400) -> subprocess.Complet
     return proc
 
 
-def test_gpu_suite_tiny_runs_every_kind_of_setup(tmp_path):
+def test_speed_single_gpu_tiny_runs_every_kind_of_setup(tmp_path):
     names = "plain_pytorch,plain_deepspeed_zero2,single,deepspeed_stage_2,fsdp+ac"
     out = tmp_path / "r.json"
     proc = _run(
         [
-            str(ROOT / "benchmarks" / "gpu_suite.py"),
+            str(ROOT / "benchmarks" / "speed_single_gpu.py"),
             "--tiny",
             "--only",
             names,
@@ -51,8 +51,8 @@ def test_gpu_suite_tiny_runs_every_kind_of_setup(tmp_path):
     assert "× plain PyTorch" in proc.stdout and "deepspeed_stage_2" in proc.stdout
 
 
-def test_gpu_inputs_tiny_runs_the_plain_loops_and_lightspeed(tmp_path):
-    """benchmarks/gpu_inputs.py (float inputs from a DataLoader) at a tiny ViT on CPU: every kind of
+def test_input_pipeline_tiny_runs_the_plain_loops_and_lightspeed(tmp_path):
+    """benchmarks/input_pipeline.py (float inputs from a DataLoader) at a tiny ViT on CPU: every kind of
     setup runs."""
     names = (
         "plain,plain+pin+stream,single,single+as_given,plain_deepspeed,deepspeed_stage_2,plain+pin+aug_cpu,"
@@ -61,7 +61,7 @@ def test_gpu_inputs_tiny_runs_the_plain_loops_and_lightspeed(tmp_path):
     out = tmp_path / "i.json"
     proc = _run(
         [
-            str(ROOT / "benchmarks" / "gpu_inputs.py"),
+            str(ROOT / "benchmarks" / "input_pipeline.py"),
             "--tiny",
             "--only",
             names,
@@ -93,10 +93,10 @@ def test_gpu_inputs_tiny_runs_the_plain_loops_and_lightspeed(tmp_path):
     assert "× plain+pin+aug_cpu" in proc.stdout
 
 
-def test_overhead_benchmark_prints_ratio(tmp_path):
+def test_loop_overhead_benchmark_prints_ratio(tmp_path):
     proc = _run(
         [
-            str(ROOT / "benchmarks" / "overhead.py"),
+            str(ROOT / "benchmarks" / "loop_overhead.py"),
             "--size",
             "tiny",
             "--steps",
@@ -176,15 +176,15 @@ def test_demo_runs_as_it_is_on_a_gpu_machine(tmp_path):
 
 # the same parity as test_strategies.py's conformance cells, through the benchmark script
 @pytest.mark.slow
-def test_multi_gpu_script_parity_section_on_cpu_ranks(tmp_path):
-    """benchmarks/multi_gpu.py on 2 gloo ranks with the tiny GPT: every strategy reports the same
+def test_scaling_multi_gpu_parity_section_on_cpu_ranks(tmp_path):
+    """benchmarks/scaling_multi_gpu.py on 2 gloo ranks with the tiny GPT: every strategy reports the same
     losses, the ZeRO-3 fetch variant too (`+fastleaf+events9`: DeepSpeed's fast leaf fetch and 9
     queued fetch events), whose run says what every rank's parameter coordinator was built with."""
     out = tmp_path / "m.json"
     names = ["ddp", "fsdp", "deepspeed_stage_3", "deepspeed_stage_3+fastleaf+events9"]
     _run(
         [
-            str(ROOT / "benchmarks" / "multi_gpu.py"),
+            str(ROOT / "benchmarks" / "scaling_multi_gpu.py"),
             "--cpu",
             "--tiny",
             "--devices",
@@ -218,12 +218,12 @@ def test_multi_gpu_script_parity_section_on_cpu_ranks(tmp_path):
     }
 
 
-def test_issue12_table_pairs_each_figure_with_its_baseline(tmp_path):
+def test_suite_table_pairs_each_figure_with_its_baseline(tmp_path):
     """Windows of one run are samples (median, spread); the table takes each ratio against the same
     run's baseline and each scaling efficiency against the suite's one-GPU run of the same
     strategy."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from gpu_suite import summarize, windows
+    from speed_single_gpu import summarize, windows
 
     assert windows([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0], 3) == [1.5, 3.5, 6.0]
     s = summarize(
@@ -287,7 +287,7 @@ def test_issue12_table_pairs_each_figure_with_its_baseline(tmp_path):
     )
     proc = _run(
         [
-            str(ROOT / "benchmarks" / "issue12_table.py"),
+            str(ROOT / "benchmarks" / "suite_table.py"),
             str(tmp_path / "suite_a.json"),
             "--scaling",
             str(tmp_path / "scaling.json"),
@@ -341,7 +341,7 @@ def test_issue12_table_pairs_each_figure_with_its_baseline(tmp_path):
     )
 
 
-def test_issue12_table_reads_several_gpu_counts_and_zero3_memory(tmp_path):
+def test_suite_table_reads_several_gpu_counts_and_zero3_memory(tmp_path):
     """Scaling files of 2 and 4 GPUs read as one: each count has its table and its bar (0.95 at 2
     GPUs, the 8-GPU bar 0.90 beyond), and ZeRO-3's memory between steps is set against 16Ψ/N, split
     by a fit through both counts into what every GPU keeps whole and what is sharded, and projected
@@ -379,7 +379,7 @@ def test_issue12_table_reads_several_gpu_counts_and_zero3_memory(tmp_path):
         )
     proc = _run(
         [
-            str(ROOT / "benchmarks" / "issue12_table.py"),
+            str(ROOT / "benchmarks" / "suite_table.py"),
             str(tmp_path / "suite.json"),
             "--scaling",
             str(tmp_path / "scaling_a.json"),
@@ -431,7 +431,7 @@ def test_issue12_table_reads_several_gpu_counts_and_zero3_memory(tmp_path):
         (tmp_path / f"scaling_{name}.json").write_text(json.dumps(part))
     proc = _run(
         [
-            str(ROOT / "benchmarks" / "issue12_table.py"),
+            str(ROOT / "benchmarks" / "suite_table.py"),
             str(tmp_path / "suite.json"),
             "--scaling",
             str(tmp_path / "scaling_a.json"),
@@ -454,7 +454,7 @@ def test_issue12_table_reads_several_gpu_counts_and_zero3_memory(tmp_path):
         ["8 (projected)", "0.75", "0.50", "1.500"],
     ]
     assert memory[3][6] == "0.25 whole + 4.00/N sharded (1.000 × 16Ψ)", proc.stdout
-    # an 8-GPU file (h200_issue12.sh's GPUS=8 layout) joins: 8 GPUs measured, on the same line, and
+    # an 8-GPU file (gpu.sh suite's GPUS=8 layout) joins: 8 GPUs measured, on the same line, and
     # the fit's
     # value at 8 GPUs is labelled as a fit, not a projection; ddp's 8-GPU efficiency against the
     # 0.90 bar
@@ -480,7 +480,7 @@ def test_issue12_table_reads_several_gpu_counts_and_zero3_memory(tmp_path):
     )
     proc = _run(
         [
-            str(ROOT / "benchmarks" / "issue12_table.py"),
+            str(ROOT / "benchmarks" / "suite_table.py"),
             str(tmp_path / "suite.json"),
             "--scaling",
             *(str(tmp_path / f"scaling_{n}.json") for n in "abc"),
@@ -507,14 +507,14 @@ def test_issue12_table_reads_several_gpu_counts_and_zero3_memory(tmp_path):
     ]
 
 
-def test_plain_ddp_loop_on_two_cpu_ranks_lands_in_the_issue12_table(tmp_path):
-    """multi_gpu.py's hand-written torch DDP loop (torchrun, 2 gloo ranks, tiny GPT) reports its
-    per-GPU figures, and issue12_table.py pairs them with the plain PyTorch loop's one-GPU
+def test_plain_ddp_loop_on_two_cpu_ranks_lands_in_the_suite_table(tmp_path):
+    """scaling_multi_gpu.py's hand-written torch DDP loop (torchrun, 2 gloo ranks, tiny GPT) reports its
+    per-GPU figures, and suite_table.py pairs them with the plain PyTorch loop's one-GPU
     figure."""
     out = tmp_path / "scaling.json"
     _run(
         [
-            str(ROOT / "benchmarks" / "multi_gpu.py"),
+            str(ROOT / "benchmarks" / "scaling_multi_gpu.py"),
             "--cpu",
             "--tiny",
             "--devices",
@@ -557,7 +557,7 @@ def test_plain_ddp_loop_on_two_cpu_ranks_lands_in_the_issue12_table(tmp_path):
     )
     proc = _run(
         [
-            str(ROOT / "benchmarks" / "issue12_table.py"),
+            str(ROOT / "benchmarks" / "suite_table.py"),
             str(tmp_path / "suite.json"),
             "--scaling",
             str(out),
@@ -626,7 +626,7 @@ def test_deepcompile_setups_warm_up_past_the_recompile():
     (DeepCompile recompiles at its 6th) and get at least 420 s; other setups keep what they were
     given."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from gpu_suite import for_setup
+    from speed_single_gpu import for_setup
 
     assert for_setup("deepspeed_stage_3+user+dc", 3, 150) == (8, 420)
     assert for_setup("plain_deepspeed_zero3+dceager", 10, 900) == (10, 900)
@@ -634,12 +634,12 @@ def test_deepcompile_setups_warm_up_past_the_recompile():
     assert for_setup("ddp+user", 3, 150) == (3, 150)
 
 
-def test_multi_gpu_variant_names_are_checked_and_set_the_environment():
-    """multi_gpu.py refuses a malformed `+` option by name (a typo would measure the default), and
+def test_scaling_multi_gpu_variant_names_are_checked_and_set_the_environment():
+    """scaling_multi_gpu.py refuses a malformed `+` option by name (a typo would measure the default), and
     NCCL_PROTO variants set the environment of every process of their run (the fetch variants run in
     the parity test)."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from multi_gpu import check_name, nccl_env
+    from scaling_multi_gpu import check_name, nccl_env
 
     assert nccl_env("ddp+protoSimple") == {"NCCL_PROTO": "Simple"}
     for good in ("deepspeed_stage_3+events16", "deepspeed_stage_3+fastleaf", "fsdp+protoLL128"):

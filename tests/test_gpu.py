@@ -2,7 +2,7 @@
 conftest.py).
 
 Run on a GPU machine with `pytest -m gpu tests/test_gpu.py`. The GPU benchmark
-(benchmarks/gpu_suite.py) trains the same strategies at 1.3B parameters; these are the quick
+(benchmarks/speed_single_gpu.py) trains the same strategies at 1.3B parameters; these are the quick
 correctness checks.
 """
 

@@ -15,7 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
-from memory_table import measure_all  # noqa: E402
+from memory_per_rank import measure_all  # noqa: E402
 
 HALF, FULL = 0.5, 1.0
 # strategy -> expected ratio vs DDP for (params, grads, optim). fsdp_grad_op: at rest (after

@@ -3,7 +3,7 @@ other.
 
     PYTHONPATH=src .venv/bin/python -m pytest -q tests/test_travel.py             # the
     representative cells PYTHONPATH=src .venv/bin/python -m pytest -q -m slow tests/test_travel.py
-      # the other pairs PYTHONPATH=src .venv/bin/python benchmarks/travel_matrix.py
+      # the other pairs PYTHONPATH=src .venv/bin/python benchmarks/resume_matrix.py
        # every pair, as a table
 
 Same world size: the resumed per-step losses equal an uninterrupted run of the saving strategy

@@ -1,29 +1,30 @@
 """Float inputs on one GPU: an image model fed by a DataLoader as users write it, lightspeed against
 plain loops.
 
-    python benchmarks/gpu_inputs.py                          # ViT-B/16 at 224², batch 256, 8 loader
-    workers python benchmarks/gpu_inputs.py --workers 0 --only plain,single
-    python benchmarks/gpu_inputs.py --tiny                   # CPU smoke run of the same code (used
-    by the tests)
+    python benchmarks/input_pipeline.py         # ViT-B/16 at 224², batch 256, 8 loader workers
+    python benchmarks/input_pipeline.py --workers 0 --only plain,single
+    python benchmarks/input_pipeline.py --tiny  # CPU smoke run of the same code (used by the tests)
 
-The GPT suite (gpu_suite.py) feeds 64 KB of token ids per step; an image batch of 256 × 3 × 224²
-floats is 154 MB,
-and how it reaches the GPU is part of the step. The setups:
+On a lent GPU machine run it through benchmarks/gpu.sh (its `inputs*` parts), which sets up the
+environment. The GPT suite (speed_single_gpu.py) feeds 64 KB of token ids per step; an image batch
+of 256 × 3 × 224² floats is 154 MB, and how it reaches the GPU is part of the step. The setups:
 
     plain           the loop as users write it: DataLoader(..., shuffle=True, num_workers=W),
-    `x.to(device)` plain+pin       the loop as torch's tuning guide writes it:
-    DataLoader(pin_memory=True), `.to(non_blocking=True)` plain+pin+stream  the same, each batch
-    copied on a side stream that the step waits for: the copy need not
-                    queue behind the previous step's kernels
+                    `x.to(device)`
+    plain+pin       the loop as torch's tuning guide writes it: DataLoader(pin_memory=True),
+                    `.to(non_blocking=True)`
+    plain+pin+stream  the same, each batch copied on a side stream that the step waits for: the
+                    copy need not queue behind the previous step's kernels
     single          lightspeed, the same user's DataLoader (pin_memory left at its default, False)
     single+pin      lightspeed, the user's DataLoader with pin_memory=True
-    single+as_given lightspeed with Trainer(pin_memory=False): the batches moved as the loader gives
-    them single+fp32     lightspeed at precision="32-true", torch's fp32 matmuls at their default
-    ("highest") single+fp32+tf32  the same after torch.set_float32_matmul_precision("high"): TF32
-    tensor cores plain_deepspeed the DeepSpeed loop as users write it: ZeRO-2, bf16, DeepSpeed's
-    AdamW from the config, the same
-                    DataLoader, `x.to(engine.device, dtype=torch.bfloat16)` (the engine's weights
-                    are bf16)
+    single+as_given lightspeed with Trainer(pin_memory=False): the batches moved as the loader
+                    gives them
+    single+fp32     lightspeed at precision="32-true", torch's fp32 matmuls at their default
+                    ("highest")
+    single+fp32+tf32  the same after torch.set_float32_matmul_precision("high"): TF32 tensor cores
+    plain_deepspeed the DeepSpeed loop as users write it: ZeRO-2, bf16, DeepSpeed's AdamW from the
+                    config, the same DataLoader, `x.to(engine.device, dtype=torch.bfloat16)` (the
+                    engine's weights are bf16)
     deepspeed_stage_2, deepspeed_stage_3, fsdp
                     lightspeed with that strategy on one GPU, the same user's module and DataLoader
     plain+pin+aug_cpu, single+aug_cpu
@@ -31,8 +32,8 @@ and how it reaches the GPU is part of the step. The setups:
                     conversion to float and the normalisation in the dataset's __getitem__, on the
                     loader's CPU workers
     single+aug_gpu  the same uint8 images copied as they are, flipped, converted and normalised on
-    the GPU in the
-                    module's `on_after_batch_transfer` (Lightning's hook for GPU augmentations)
+                    the GPU in the module's `on_after_batch_transfer` (Lightning's hook for GPU
+                    augmentations)
 
 `--size vit_s16` (22M parameters) makes the step short enough for the loader to matter. The "data
 wait" column is lightspeed's own measure of the share of each step the GPU waited for its batch
@@ -43,8 +44,8 @@ cross-entropy. The model is a ViT written with torch's own layers (a strided Con
 nn.TransformerEncoder, pre-norm, GELU), as users write one. The dataset holds `--distinct` random
 images in host memory and returns one per index (`__getitem__`), so each batch is collated from
 single images as an image folder's would be. Each setup runs in its own process, `--repeats` times
-round robin; the figure is the median step (CUDA events at batch ends, gpu_suite.Clock), the table
-the median run and the spread.
+round robin; the figure is the median step (CUDA events at batch ends, speed_single_gpu.Clock),
+the table the median run and the spread.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from gpu_suite import Clock, StepTimer, summarize, write_json  # noqa: E402
+from speed_single_gpu import Clock, StepTimer, summarize, write_json  # noqa: E402
 
 import lightspeed as ls  # noqa: E402
 
@@ -222,9 +223,11 @@ def run_plain(args, steps: int, device, pin: bool, stream: bool, augment: str = 
 def run_plain_deepspeed(args, steps: int, device) -> list[float]:
     import deepspeed
 
+    from lightspeed.runtime.launch import find_free_port
+
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(ls.launch.find_free_port()),
+        MASTER_PORT=str(find_free_port()),
         RANK="0",
         LOCAL_RANK="0",
         WORLD_SIZE="1",
@@ -362,7 +365,7 @@ def _subprocess(name: str, args) -> dict:
         if line.startswith(
             "data_wait:"
         ):  # lightspeed's own line, kept in the log beside the measured share
-            print(f"[gpu_inputs] {name} said: {line}", file=sys.stderr, flush=True)
+            print(f"[input_pipeline] {name} said: {line}", file=sys.stderr, flush=True)
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT ") :])
     return {
@@ -385,12 +388,12 @@ def speed_table(args) -> list[dict]:
     for rep in range(args.repeats):  # round robin: drift spreads over every setup alike
         for name in names:
             print(
-                f"[gpu_inputs] running {name} ({rep + 1}/{args.repeats}) ...",
+                f"[input_pipeline] running {name} ({rep + 1}/{args.repeats}) ...",
                 file=sys.stderr,
                 flush=True,
             )
             runs[name].append(r := _subprocess(name, args))
-            print(f"[gpu_inputs] {json.dumps(r)}", file=sys.stderr, flush=True)
+            print(f"[input_pipeline] {json.dumps(r)}", file=sys.stderr, flush=True)
             if args.json:
                 write_json(args.json, [summarize(n, rs) for n, rs in runs.items() if rs])
     results = [summarize(name, rs) for name, rs in runs.items()]

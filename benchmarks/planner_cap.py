@@ -1,9 +1,8 @@
 """`strategy="auto"` and `micro_batch="auto"` on a GPT about 5× larger than plain training fits,
 under a memory cap.
 
-    python benchmarks/plan_cap.py                  # one H200 capped at 16 GiB
-    (set_per_process_memory_fraction) python benchmarks/plan_cap.py --tiny           # 2 CPU ranks,
-    a tiny GPT, memory_budget as the cap (a smoke run)
+    python benchmarks/planner_cap.py          # one H200 capped at 16 GiB (memory fraction)
+    python benchmarks/planner_cap.py --tiny   # 2 CPU ranks, a tiny GPT, memory_budget as the cap
 
 How the model is sized, from the forecast: the largest depth whose plain single-device training
 (Candidate "single": weights, gradients, AdamW states, autocast's weight cache; model states only,
@@ -175,7 +174,7 @@ def main() -> None:
     )
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--limit", type=float, default=280.0, help="seconds before the run is killed")
-    p.add_argument("--out", default="plan_cap_out")
+    p.add_argument("--out", default="planner_cap_out")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--cap-bytes", type=float, help=argparse.SUPPRESS)
     args = p.parse_args()

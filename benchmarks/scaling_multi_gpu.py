@@ -1,48 +1,44 @@
-"""Several GPUs of one host: parity, memory per GPU, throughput scaling, and the model DDP cannot
+"""Several GPUs of one host: throughput scaling, parity, memory per GPU, and the model DDP cannot
 fit.
 
-    python benchmarks/multi_gpu.py --devices 2                 # every section on 2 GPUs (NCCL,
-    bf16) python benchmarks/multi_gpu.py --devices 8 --sections scaling
-    python benchmarks/multi_gpu.py --cpu --tiny --devices 2    # the same code on 2 CPU ranks
-    (gloo), tiny GPT
+    python benchmarks/scaling_multi_gpu.py --devices 2                # every section on 2 GPUs
+    python benchmarks/scaling_multi_gpu.py --devices 8 --sections scaling
+    python benchmarks/scaling_multi_gpu.py --cpu --tiny --devices 2   # the same code on 2 CPU ranks
 
-Keep NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and NVSHMEM_DISABLE_NVLS=1 set on shared
-hosts. Each measurement is one `Trainer(devices=N)` run in its own process (lightspeed starts the
-other ranks itself);
-rank 0 prints one RESULT line, and this script collects them into tables:
+On a lent GPU machine run it through benchmarks/gpu.sh (its `suite`, `variants`, `interleaved`,
+`parity` and `memory` parts, or `run`), which keeps NCCL_NVLS_ENABLE=0,
+TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and NVSHMEM_DISABLE_NVLS=1 set, as shared hosts need. Each
+measurement is one `Trainer(devices=N)` run in its own process (lightspeed starts the other ranks
+itself); rank 0 prints one RESULT line, and this script collects them into tables:
 
 - parity: per-step losses of ddp, ddp_sharded, fsdp and deepspeed_stage_1/2/3 on the same 30 steps,
-against ddp
-  (bf16: relative 2e-2 per step);
+  against ddp (bf16: relative 2e-2 per step);
 - memory: peak memory per GPU of each strategy on a 2.29B GPT (d=2560, 28 layers), beside the ZeRO
-paper's
-  model-state figures (DDP 16Ψ; ZeRO-1 4Ψ+12Ψ/N; ZeRO-2 2Ψ+14Ψ/N; ZeRO-3 16Ψ/N bytes for Ψ
-  parameters, before activations);
+  paper's model-state figures (DDP 16Ψ; ZeRO-1 4Ψ+12Ψ/N; ZeRO-2 2Ψ+14Ψ/N; ZeRO-3 16Ψ/N bytes
+  for Ψ parameters, before activations);
 - scaling: tokens/s per GPU at 1 and N GPUs for ddp, fsdp, deepspeed_stage_2/3, the hand-written
-DeepSpeed
-  ZeRO-3 loops (gpu_suite.py's, under torchrun: DeepSpeed's default stage-3 settings, and tuned) and
-  the hand-written torch DDP loop `plain_ddp` (gpu_suite.run_plain_ddp, under torchrun; ddp's row
-  gives its ratio to it at N GPUs), each pair
-  `--repeats` times round robin (median, spread = (max - min) / median; with `--windows W` each
-  run's timed steps give W samples, as in gpu_suite.py); efficiency = per-GPU ratio of the medians;
-  `--counts` picks the GPU counts (default 1 and N); `--module user` trains the model as users write
-  it (gpu_suite.py's UserGPT: the user's torch AdamW, no per-step loss reduction) instead of the
-  parity module; the first N-GPU run of a strategy that parity already made in this invocation is
-  reused;
-- fit: the deepest GPT that DDP trains for 5 steps, then deepspeed_stage_3 at N times its parameters
-(and, where
-  plain stage 3 does not fit there, stage 3 with CPU offload). `--cap-gib` caps every GPU, to find
-  the edge quickly.
+  DeepSpeed ZeRO-3 loops (speed_single_gpu.py's, under torchrun: DeepSpeed's default stage-3
+  settings, and tuned) and the hand-written torch DDP loop `plain_ddp`
+  (speed_single_gpu.run_plain_ddp, under torchrun; ddp's row gives its ratio to it at N GPUs), each
+  pair `--repeats` times round robin (median, spread = (max - min) / median; with `--windows W`
+  each run's timed steps give W samples, as in speed_single_gpu.py); efficiency = per-GPU ratio of
+  the medians; `--counts` picks the GPU counts (default 1 and N); `--module user` trains the model
+  as users write it (speed_single_gpu.py's UserGPT: the user's torch AdamW, no per-step loss
+  reduction) instead of the parity module; the first N-GPU run of a strategy that parity already
+  made in this invocation is reused;
+- fit: the deepest GPT that DDP trains for 5 steps, then deepspeed_stage_3 at N times its
+  parameters (and, where plain stage 3 does not fit there, stage 3 with CPU offload). `--cap-gib`
+  caps every GPU, to find the edge quickly.
 
 With `--json`, every result is written there as soon as it arrives, so a run cut short keeps what it
 measured.
 
-Every rank builds its model directly on cuda:<LOCAL_RANK> (gpu_suite.prebuild: `configure_model`
-under `with torch.device(...)` before `fit`; ZeRO-3 in zero.Init, which allocates on the GPU)
-instead of on the CPU and then moving it: that cuts each process's start-up by the ~10 s a 1.3B CPU
-build costs and does not change tok/s. Strategy names take `+` variants (see `variant`), e.g.
-`ddp+bf16+ctas8`, `deepspeed_stage_3+prefetch1e8`; the full name is what the tables and the JSON
-carry.
+Every rank builds its model directly on cuda:<LOCAL_RANK> (speed_single_gpu.prebuild:
+`configure_model` under `with torch.device(...)` before `fit`; ZeRO-3 in zero.Init, which allocates
+on the GPU) instead of on the CPU and then moving it: that cuts each process's start-up by the ~10 s
+a 1.3B CPU build costs and does not change tok/s. Strategy names take `+` variants (see `variant`),
+e.g. `ddp+bf16+ctas8`, `deepspeed_stage_3+prefetch1e8`; the full name is what the tables and the
+JSON carry.
 """
 
 from __future__ import annotations
@@ -110,17 +106,17 @@ ZERO_BYTES = {
 
 
 class Recorder(ls.Callback):
-    """Rank 0 keeps each step's loss (averaged over ranks) and time (gpu_suite.Clock: CUDA events,
-    no host sync)."""
+    """Rank 0 keeps each step's loss (averaged over ranks) and time (speed_single_gpu.Clock: CUDA
+    events, no host sync)."""
 
     def __init__(self, strategy_name: str = ""):
-        from gpu_suite import Clock, resting_gib
+        from speed_single_gpu import Clock, resting_gib
 
-        self.resting = resting_gib  # gpu_suite's: GPU memory allocated between steps
+        self.resting = resting_gib  # speed_single_gpu's: GPU memory allocated between steps
         self.name = strategy_name
         self.gc_mode = {"gcfreeze", "nogc"} & set(
             strategy_name.split("+")[1:]
-        )  # multi_gpu's `+` variants
+        )  # scaling_multi_gpu.py's `+` variants
         self.losses: list[float] = []
         self.clock = Clock()
         self.gc_pauses: list[
@@ -199,7 +195,7 @@ def run_plain(args, cfg) -> dict:
     """One rank of a hand-written loop (started by torchrun): DeepSpeed ZeRO-3, or torch DDP for
     `plain_ddp`; each rank trains on its own random tokens (seed = rank). Rank 0 returns the
     figures."""
-    from gpu_suite import (
+    from speed_single_gpu import (
         ZERO3_DEFAULTS,
         resting_gib,
         run_plain_ddp,
@@ -297,7 +293,7 @@ def run_one(args) -> dict:
         callbacks=[rec],
     )
     if args.module == "user":
-        from gpu_suite import UserGPT
+        from speed_single_gpu import UserGPT
 
         class LeafGPT(
             UserGPT
@@ -309,7 +305,7 @@ def run_one(args) -> dict:
         module = LeafGPT(cfg) if leaf else UserGPT(cfg)
     else:
         module = SyncedLossGPT(cfg)
-    from gpu_suite import kept, prebuild
+    from speed_single_gpu import kept, prebuild
 
     built = prebuild(
         module, trainer.strategy, device
@@ -321,7 +317,7 @@ def run_one(args) -> dict:
         n_params = GPT(cfg).num_params()
     times = rec.clock.step_times(args.warmup)
     step_s = statistics.median(times)
-    from gpu_suite import windows
+    from speed_single_gpu import windows
 
     tokens = args.micro_batch * cfg.block_size
     return {
@@ -571,20 +567,21 @@ def launch(
         "wall_s": round(time.perf_counter() - started, 1)
     }
     print(
-        f"[multi_gpu] {key}: " + json.dumps({k: v for k, v in result.items() if k != "losses"}),
+        f"[scaling_multi_gpu] {key}: "
+        + json.dumps({k: v for k, v in result.items() if k != "losses"}),
         file=sys.stderr,
         flush=True,
     )
     RESULTS[key] = result
     if args.json:
-        from gpu_suite import write_json
+        from speed_single_gpu import write_json
 
         write_json(args.json, RESULTS)
     return result
 
 
 def _launch(args, strategy: str, devices: int, extra: list[str] | None, timeout: float) -> dict:
-    from gpu_suite import for_setup
+    from speed_single_gpu import for_setup
 
     warmup, timeout = for_setup(strategy, args.warmup, timeout)
     # The hand-written loops are started as users start them: torchrun, one process per GPU.
@@ -726,7 +723,7 @@ def scaling(args) -> list[dict]:
     if counts != [
         1,
         args.devices,
-    ]:  # no efficiency without both ends; gpu_suite / issue12_table.py pair them
+    ]:  # no efficiency without both ends; speed_single_gpu / suite_table.py pair them
         return [r for v in runs.values() for r in v]
     med = {k: _median(v) for k, v in runs.items()}
     z3 = med.get(("plain_deepspeed_zero3", args.devices))
@@ -753,9 +750,8 @@ def scaling(args) -> list[dict]:
             ]
         )
     _table(
-        f"Tokens/s per GPU, 1 vs {args.devices} GPUs, median of {args.repeats} runs ± spread (max - "
-        "min) / median "
-        "(target efficiency ≥ 0.95)",
+        f"Tokens/s per GPU, 1 vs {args.devices} GPUs, median of {args.repeats} runs "
+        "± spread (max - min) / median (target efficiency ≥ 0.95)",
         [
             "strategy",
             "1 GPU",

@@ -1,34 +1,34 @@
-"""Issue 12's figures from one invocation of the GPU suite, each ratio against its baseline from the
-same run.
+"""The GPU suite's tables from one invocation (benchmarks/gpu.sh suite), each ratio against its
+baseline from the same run: one-GPU speed against the hand-written loops, scaling per GPU count,
+ZeRO-3's memory per GPU against 16Ψ/N.
 
-    python benchmarks/issue12_table.py out/suite_*.json --scaling out/scaling.json
-    python benchmarks/issue12_table.py out/suite_1gpu_?.json --scaling out/suite_2gpu.json   #
-    h200_issue12.sh suite python benchmarks/issue12_table.py out/suite_1gpu_?.json --scaling
-    out/suite_2gpu_?.json out/suite_4gpu.json \
-        --devices 2,4                                                      # GPUS=4 h200_issue12.sh
-        suite
+    python benchmarks/suite_table.py out/suite_1gpu_?.json --scaling out/suite_2gpu.json
+                                                                  # what `gpu.sh suite` prints
+    python benchmarks/suite_table.py out/suite_1gpu_?.json --scaling out/suite_2gpu_?.json \\
+        out/suite_4gpu.json --devices 2,4                         # GPUS=4 gpu.sh suite
 
-The suite files are gpu_suite.py's `--json` output (one GPU per process); the scaling file is
-multi_gpu.py's (`--counts 2 --module user`), whose one-GPU ends are the suite's `<strategy>+user`
-setups of the same module and micro-batch. A variant (`ddp+bf16+ctas8`) is measured against its
-strategy's one-GPU setup (`ddp+user`), unless ONE_GPU names its own (`deepspeed_stage_3+dc`,
-DeepCompile, against `deepspeed_stage_3+user+dc`); a strategy without one in the files
-(deepspeed_stage_3 in `explore3`) shows "-". The hand-written torch DDP loop `plain_ddp` is measured
-against the plain PyTorch loop (`plain_pytorch`), and ddp's rows also give their ratio to
-`plain_ddp` on the same GPU count. The scaling rows are `--rows` (default the issue's five and
-plain_ddp), then every other strategy found in the scaling file. A setup missing from the files (a
-run cut short) shows as "-"; a file that is missing or unreadable is named and skipped.
+The suite files are speed_single_gpu.py's `--json` output (one GPU per process); the scaling file is
+scaling_multi_gpu.py's (`--counts 2 --module user`), whose one-GPU ends are the suite's
+`<strategy>+user` setups of the same module and micro-batch. A variant (`ddp+bf16+ctas8`) is
+measured against its strategy's one-GPU setup (`ddp+user`), unless ONE_GPU names its own
+(`deepspeed_stage_3+dc`, DeepCompile, against `deepspeed_stage_3+user+dc`); a strategy without one
+in the files (deepspeed_stage_3 in a `variants` list) shows "-". The hand-written torch DDP loop
+`plain_ddp` is measured against the plain PyTorch loop (`plain_pytorch`), and ddp's rows also give
+their ratio to `plain_ddp` on the same GPU count. The scaling rows are `--rows` (default the issue's
+five and plain_ddp), then every other strategy found in the scaling file. A setup missing from the
+files (a run cut short) shows as "-"; a file that is missing or unreadable is named and skipped.
 
 Several scaling files are read as one, and `--devices` lists the GPU counts to tabulate (one scaling
 table each). The issue's bar is 0.95 at 2 GPUs and 0.90 at 8; a count in between is held to 0.90,
-the 8-GPU bar. Where the scaling runs recorded the memory allocated between steps (multi_gpu.py's
-`resting_gib`), a last table puts each ZeRO-3 setup's against 16Ψ/N, the model states the ZeRO paper
-gives for Ψ parameters on N GPUs, at every count measured (one GPU too, where the suite's run
-recorded it: gpu_suite.py's `resting_gib`). With two counts or more, a least-squares fit splits the
-figure into a sharded part (b/N) and a part every GPU keeps whole (a), and projects a + b/8 against
-16Ψ/8, the issue's 8-GPU memory figure (within 10%). The sharded part, set against 16Ψ, shows
-whether the model states themselves are fully sharded; the whole part is what the engine keeps
-besides them (DeepSpeed's reduce bucket: `reduce_bucket_size` bf16 elements on every GPU).
+the 8-GPU bar. Where the scaling runs recorded the memory allocated between steps
+(scaling_multi_gpu.py's `resting_gib`), a last table puts each ZeRO-3 setup's against 16Ψ/N, the
+model states the ZeRO paper gives for Ψ parameters on N GPUs, at every count measured (one GPU too,
+where the suite's run recorded it: speed_single_gpu.py's `resting_gib`). With two counts or more, a
+least-squares fit splits the figure into a sharded part (b/N) and a part every GPU keeps whole (a),
+and projects a + b/8 against 16Ψ/8, the issue's 8-GPU memory figure (within 10%). The sharded part,
+set against 16Ψ, shows whether the model states themselves are fully sharded; the whole part is what
+the engine keeps besides them (DeepSpeed's reduce bucket: `reduce_bucket_size` bf16 elements on
+every GPU).
 """
 
 from __future__ import annotations
@@ -60,9 +60,8 @@ SINGLE = [
 # shown when the files have them: the hand-written ZeRO-3 loop with the settings DeepSpeed
 # recommends
 OPTIONAL = [
-    # for the model's size (gpu_suite.zero3_tuned), beside which stage 3 has no target;
-    # DeepSpeed(stage=3,
-    # deepcompile=True) (h200_issue12.sh suite, DC=1)
+    # for the model's size (speed_single_gpu.zero3_tuned), beside which stage 3 has no target;
+    # DeepSpeed(stage=3, deepcompile=True) (gpu.sh suite with DC=1)
     ("plain_deepspeed_zero3_tuned", None, None),
     ("deepspeed_stage_3+user", "plain_deepspeed_zero3_tuned", None),
     ("deepspeed_stage_3+user+dc", "plain_deepspeed_zero3", 0.99),
@@ -78,10 +77,9 @@ ONE_GPU = {
     "deepspeed_stage_3": "deepspeed_stage_3+user",
     "plain_deepspeed_zero3": "plain_deepspeed_zero3",
     "plain_deepspeed_zero3_tuned": "plain_deepspeed_zero3_tuned",
-    # The hand-written DDP loop against the same loop without DDP (gpu_suite's run_plain_pytorch:
-    # same model,
-    # fused AdamW, autocast, random tokens): the per-GPU speed a user's own loop keeps when torch's
-    # DDP runs
+    # The hand-written DDP loop against the same loop without DDP (speed_single_gpu's
+    # run_plain_pytorch: same model, fused AdamW, autocast, random tokens): the per-GPU speed a
+    # user's own loop keeps when torch's DDP runs
     # it on N GPUs, DDP's own cost included. The suite has no one-rank DDP loop (a group of one
     # would hide
     # that cost); lightspeed's ddp rows keep their own baseline, `ddp+user`, lightspeed's DDP in a
@@ -109,7 +107,7 @@ def _read(path: Path):
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        print(f"issue12_table: skipping {path}: {e}", file=sys.stderr)
+        print(f"suite_table: skipping {path}: {e}", file=sys.stderr)
         return None
 
 
@@ -138,7 +136,7 @@ def _verdict(ratio: float | None, target: float | None) -> str:
 
 
 def load_suite(paths: list[Path]) -> dict[str, dict]:
-    """Setup name -> gpu_suite.py's summary of it, over every file given."""
+    """Setup name -> speed_single_gpu.py's summary of it, over every file given."""
     out = {}
     for path in paths:
         out.update({r["name"]: r for r in _read(path) or []})
@@ -185,8 +183,8 @@ def _within(ratio: float) -> str:
 def memory_rows(results: dict, counts: list[int], suite: dict | None = None) -> list[list[str]]:
     """Per ZeRO-3 setup and GPU count: GiB between steps against 16Ψ/N (one GPU too, where the
     suite's run of the setup recorded it); with two counts or more, the least-squares fit a + b/N
-    through them and its value at 8 GPUs against 16Ψ/8 (a projection, or the fit beside the measured
-    row when 8 GPUs ran)."""
+    through them and its value at 8 GPUs against 16Ψ/8 (a projection, or the fit beside the
+    measured row when 8 GPUs ran)."""
     rows = []
     for strategy in ZERO3:
         seen = {n: m for n in counts if (m := resting_sample(results, strategy, n))}
@@ -236,7 +234,11 @@ def main() -> None:
     )
     p.add_argument("suite", nargs="+", type=Path)
     p.add_argument(
-        "--scaling", type=Path, nargs="*", default=[], help="multi_gpu.py JSON files, read as one"
+        "--scaling",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="scaling_multi_gpu.py JSON files, read as one",
     )
     p.add_argument(
         "--devices", default="2", help="GPU counts to tabulate, comma-separated (e.g. 2,4)"
@@ -309,9 +311,8 @@ def scaling_table(console, suite: dict, scaling: dict, n: int, rows: list[str]) 
     target = scaling_target(n)
     table = Table(
         title=(
-            f"Scaling 1 → {n} GPUs: tok/s per GPU (median ± spread (samples)); the one-GPU figure "
-            "is "
-            "the suite's run of the setup named beside it"
+            f"Scaling 1 → {n} GPUs: tok/s per GPU (median ± spread (samples)); the one-GPU "
+            "figure is the suite's run of the setup named beside it"
         )
     )
     for col in (

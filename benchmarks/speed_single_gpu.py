@@ -1,12 +1,16 @@
-"""GPU benchmark suite: every lightspeed strategy side by side with hand-written PyTorch and
-DeepSpeed loops.
+"""Speed on one GPU: every lightspeed strategy side by side with hand-written PyTorch and DeepSpeed
+loops, on the same 1.28B GPT; also the largest model under a memory cap and the offloaded step.
 
-    python benchmarks/gpu_suite.py                       # the full table on one GPU (1.34B GPT,
-    bf16) python benchmarks/gpu_suite.py --only plain_pytorch,deepspeed_stage_2
-    python benchmarks/gpu_suite.py --memory-cap 16       # largest GPT that fits under a 16 GiB cap,
-    per setup python benchmarks/gpu_suite.py --tiny                # CPU smoke run of the same code
-    (used by the tests) python benchmarks/gpu_suite.py --only issue12 --repeats 3   # the fused /
-    compile / ZeRO-3 setups of issue 12
+    python benchmarks/speed_single_gpu.py                    # the full table on one GPU (bf16)
+    python benchmarks/speed_single_gpu.py --only plain_pytorch,deepspeed_stage_2
+    python benchmarks/speed_single_gpu.py --only fast_defaults --repeats 3
+                                                 # the fused / compile / ZeRO-3 setups
+    python benchmarks/speed_single_gpu.py --memory-cap 16    # largest GPT under a 16 GiB cap
+    python benchmarks/speed_single_gpu.py --offload-speed --memory-cap 16 --layers 80
+    python benchmarks/speed_single_gpu.py --tiny             # CPU smoke run (used by the tests)
+
+On a lent GPU machine run it through benchmarks/gpu.sh (its `speed`, `single`, `compile` and
+`largest` parts, or `run`), which sets up the environment.
 
 Each configuration runs in its own subprocess (clean memory, clean peak statistics) on the same GPT
 (d=2048, 24 layers, 16 heads, vocab 32000, seq 1024, micro-batch 8, random tokens). Warm-up steps
@@ -14,16 +18,15 @@ are excluded; the figure is the median step time of the timed steps. Each setup 
 times (round robin over the setups, so drift spreads evenly); the table gives the median run and the
 spread (max - min) / median. With `--windows W` each run's timed steps are also cut into W
 consecutive windows, each window's median step a sample of its own, so one process gives W samples
-(the median and spread are then over every window of every run). MFU counts 6·N + 12·L·d·T FLOPs per
-token (N without the position embedding) against 989 TFLOP/s (H100/H200 dense bf16).
+(the median and spread are then over every window of every run). MFU counts 6·N + 12·L·d·T FLOPs
+per token (N without the position embedding) against 989 TFLOP/s (H100/H200 dense bf16).
 
 Every model is built directly on its device (`with torch.device(device)`; ZeRO-3 in DeepSpeed's
 `zero.Init`, which allocates on the GPU too) rather than on the CPU and then moved: that cuts each
-process's start-up by the ~10 s a
-1.3B CPU build costs and does not change tok/s. The user's module code is unchanged: its
-`configure_model` (where GPTModule builds the GPT) runs under the device before `fit`, so the
-Trainer finds the model on its device; ZeRO-3 and FSDP-from-meta are left to lightspeed's own
-construction (see `prebuild`).
+process's start-up by the ~10 s a 1.3B CPU build costs and does not change tok/s. The user's module
+code is unchanged: its `configure_model` (where GPTModule builds the GPT) runs under the device
+before `fit`, so the Trainer finds the model on its device; ZeRO-3 and FSDP-from-meta are left to
+lightspeed's own construction (see `prebuild`).
 """
 
 from __future__ import annotations
@@ -224,7 +227,7 @@ def zero3_tuned(cfg) -> dict:
 
 # Named groups for --only.
 GROUPS = {
-    "issue12": [
+    "fast_defaults": [
         "plain_pytorch",
         "single+user+as_written",
         "single+user",
@@ -516,10 +519,12 @@ def run_plain_deepspeed(
     with a prefetch schedule measured in the first five, so give it warm-up steps past that."""
     import deepspeed
 
+    from lightspeed.runtime.launch import find_free_port
+
     if "RANK" not in os.environ:
         os.environ.update(
             MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(ls.launch.find_free_port()),
+            MASTER_PORT=str(find_free_port()),
             RANK="0",
             LOCAL_RANK="0",
             WORLD_SIZE="1",
@@ -811,12 +816,12 @@ def speed_table(args) -> list[dict]:
     ):  # round robin: drift over the session spreads over every setup alike
         for name in names:
             print(
-                f"[gpu_suite] running {name} ({rep + 1}/{args.repeats}) ...",
+                f"[speed_single_gpu] running {name} ({rep + 1}/{args.repeats}) ...",
                 file=sys.stderr,
                 flush=True,
             )
             r = _subprocess(name, args, timeout=args.per_run_timeout)
-            print(f"[gpu_suite] {json.dumps(r)}", file=sys.stderr, flush=True)
+            print(f"[speed_single_gpu] {json.dumps(r)}", file=sys.stderr, flush=True)
             runs[name].append(r)
             if args.json:  # every run as it arrives, so a session cut short keeps what it measured
                 write_json(args.json, [summarize(n, rs) for n, rs in runs.items() if rs])
@@ -930,7 +935,7 @@ def memory_cap(args) -> list[dict]:
                 timeout=args.probe_timeout,
             )
             print(
-                f"[gpu_suite] cap probe {name} layers={mid}: {json.dumps(r)}",
+                f"[speed_single_gpu] cap probe {name} layers={mid}: {json.dumps(r)}",
                 file=sys.stderr,
                 flush=True,
             )
@@ -940,7 +945,8 @@ def memory_cap(args) -> list[dict]:
                 best, lo = r | {"layers": mid}, mid + 1
         rows.append(best or {"name": name, "error": "nothing fit"})
     table = Table(
-        title=f"Largest GPT trained under a {args.memory_cap:g} GiB GPU cap (micro-batch 1, 5 steps)"
+        title=f"Largest GPT trained under a {args.memory_cap:g} GiB GPU cap "
+        "(micro-batch 1, 5 steps)"
     )
     for col in (
         "setup",
@@ -985,7 +991,7 @@ def offload_speed(args) -> list[dict]:
             timeout=args.probe_timeout,
         )
         print(
-            f"[gpu_suite] offload {name} mb={micro} accum={accum}: {json.dumps(r)}",
+            f"[speed_single_gpu] offload {name} mb={micro} accum={accum}: {json.dumps(r)}",
             file=sys.stderr,
             flush=True,
         )
@@ -1067,7 +1073,7 @@ def main() -> None:
         sys.stderr.flush()
         os._exit(
             0
-            # the figures are out: skip tearing down CUDA, DeepSpeed and the compile workers (seconds)
+            # the figures are out: skip tearing down CUDA, DeepSpeed and the compile workers
         )
     if args.offload_speed:
         args.warmup, args.steps = 1, 3

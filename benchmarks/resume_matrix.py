@@ -1,21 +1,19 @@
 """Checkpoints that travel, every pair: save under one strategy and world size, resume under
 another, as a table.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/travel_matrix.py [--sources ddp@2,fsdp@2] [--targets
-    single@1,...]
+    PYTHONPATH=src .venv/bin/python benchmarks/resume_matrix.py [--sources ddp@2,fsdp@2] \\
+        [--targets single@1,...]
 
 Each source (strategy@ranks) trains the tiny GPT of tests/workload.py N steps with an LR warm-up and
-a
-checkpoint at step K. Each target resumes that checkpoint:
-  same world size:    to step N; the cell is the largest relative difference of the resumed per-step
-  losses from
-                      the source's uninterrupted run ("loss" column), which should be ~0 (fp32);
+a checkpoint at step K. Each target resumes that checkpoint:
+  same world size:    to step N; the cell is the largest relative difference of the resumed
+                      per-step losses from the source's uninterrupted run ("loss" column), which
+                      should be ~0 (fp32);
   another world size: to step K, then saves; the cell is the largest absolute difference of the
-  weights and the
-                      optimizer state read back from that checkpoint from the saved ones ("state"),
-                      which should be 0. The data order differs there (each rank's share), so losses
-                      cannot be compared.
-Every result is also appended, one JSON line per cell, to --out (default travel_matrix.jsonl).
+                      weights and the optimizer state read back from that checkpoint from the saved
+                      ones ("state"), which should be 0. The data order differs there (each rank's
+                      share), so losses cannot be compared.
+Every result is also appended, one JSON line per cell, to --out (default resume_matrix.jsonl).
 """
 
 from __future__ import annotations
@@ -155,7 +153,7 @@ def main() -> None:
     )
     parser.add_argument("--sources", default=",".join(SOURCES))
     parser.add_argument("--targets", default=",".join(TARGETS))
-    parser.add_argument("--out", default="travel_matrix.jsonl")
+    parser.add_argument("--out", default="resume_matrix.jsonl")
     parser.add_argument(
         "--show", action="store_true", help="only print the table of the cells in --out"
     )
@@ -168,9 +166,8 @@ def main() -> None:
     table = Table(
         title=(
             f"Resume matrix: rows saved (strategy@ranks) at step {K}, columns resumed; loss: "
-            "largest "
-            f"relative difference of the per-step losses to step {N}, state: of weights and optimizer "
-            "state after the load"
+            f"largest relative difference of the per-step losses to step {N}, state: of weights "
+            "and optimizer state after the load"
         )
     )
     table.add_column("saved \\ resumed")

@@ -1,7 +1,8 @@
-"""The memory plan's forecast against the measured peak on one GPU, for the 1.3B GPT (bf16-mixed,
+"""The memory plan's forecast against the measured peak on one GPU, for the 1.28B GPT (bf16-mixed,
 fused AdamW).
 
-    python benchmarks/plan_gpu.py [--micro-batch 8] [--only single,fsdp,...] [--json out.json]
+    python benchmarks/planner_forecast.py [--micro-batch 8] [--only single,fsdp,...] \\
+        [--json out.json]
 
 The parent process forecasts (`lightspeed.plan.forecast.forecast`, activations probed on CPU); each
 configuration then trains 3 steps in its own process and reports `torch.cuda.max_memory_allocated`.

@@ -2,14 +2,14 @@
 until 2026-11-30) against lightspeed's share (the CPUs it may use divided by the local ranks, as
 Lightning does).
 
-    .venv/bin/python benchmarks/cpu_threads.py [--strategies ddp,deepspeed_stage_2] [--widths
-    128,256] [--repeats 3]
+    .venv/bin/python benchmarks/cpu_rank_threads.py [--strategies ddp,deepspeed_stage_2] \\
+        [--widths 128,256] [--repeats 3]
 
-Each run is multi_gpu.py's scaling run on 2 gloo ranks (`Trainer(devices=2, accelerator="cpu")`, the
-user's GPT with torch AdamW) in its own process: "every rank all CPUs" sets OMP_NUM_THREADS to the
-CPU count (a user's OMP_NUM_THREADS stands, so this is the old behaviour), "lightspeed's share"
-leaves it unset. The two alternate (all, share, all, share, ...) so drift hits both alike. The table
-gives median ms per step and the ratio.
+Each run is scaling_multi_gpu.py's scaling run on 2 gloo ranks (`Trainer(devices=2,
+accelerator="cpu")`, the user's GPT with torch AdamW) in its own process: "every rank all CPUs" sets
+OMP_NUM_THREADS to the CPU count (a user's OMP_NUM_THREADS stands, so this is the old behaviour),
+"lightspeed's share" leaves it unset. The two alternate (all, share, all, share, ...) so drift hits
+both alike. The table gives median ms per step and the ratio.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def step_ms(strategy: str, width: int, threads: str | None, args) -> float:
         out = Path(tmp) / "run.json"
         cmd = [
             sys.executable,
-            str(ROOT / "benchmarks" / "multi_gpu.py"),
+            str(ROOT / "benchmarks" / "scaling_multi_gpu.py"),
             "--cpu",
             "--tiny",
             "--d",
@@ -109,7 +109,7 @@ def main() -> None:
                 strategy, str(width), f"{every:.1f}", f"{share:.1f}", f"{every / share:.2f}×"
             )
             print(
-                f"[cpu_threads] {strategy} d={width}: {json.dumps(runs)}",
+                f"[cpu_rank_threads] {strategy} d={width}: {json.dumps(runs)}",
                 file=sys.stderr,
                 flush=True,
             )

@@ -1,7 +1,7 @@
 """Bytes each rank holds for parameters, gradients and optimizer state, per strategy, on 2 CPU ranks
 (gloo).
 
-    python benchmarks/memory_table.py
+    python benchmarks/memory_per_rank.py
 
 Each strategy trains the tiny GPT one step, then runs one more forward/backward and measures with
 `lightspeed.runtime.memory.measure` (gradients exist only between backward and step). Ratios are

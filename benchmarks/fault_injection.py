@@ -1,24 +1,23 @@
-"""Chaos: inject faults into 2-rank CPU runs of tests/workload.py and count what happens, as a rich
-table.
+"""Fault injection: faults put into 2-rank CPU runs of tests/workload.py, and what happens counted,
+as a rich table.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/chaos.py [--trials 20] [--strategy ddp] [--only
-    kill9,preempt:10]
+    PYTHONPATH=src .venv/bin/python benchmarks/fault_injection.py [--trials 20] [--strategy ddp] \\
+        [--only kill9,preempt:10]
 
 Faults (each repeated --trials times, the victim rank alternating):
   kill9     SIGKILL one rank at step 5: the job must exit non-zero within seconds, naming the dead
-  rank midsave   SIGKILL the whole job 0-30 ms after a save began (not the first), saving every 2
-  steps: `last` must be complete
-            (full checksum check) and `fit(ckpt_path="last")` must resume or say why
+            rank
+  midsave   SIGKILL the whole job 0-30 ms after a save began (not the first), saving every 2
+            steps: `last` must be complete (full checksum check) and `fit(ckpt_path="last")` must
+            resume or say why
   preempt   SIGTERM one rank at step 4: exit 143, a checkpoint, and a resume whose per-step losses
-  equal an
-            uninterrupted run's (relative 1e-6)
+            equal an uninterrupted run's (relative 1e-6)
   nan       NaN loss on one rank at step 3: every rank stops with a message naming step and rank;
-  `last` holds
-            finite weights
+            `last` holds finite weights
   bitflip   one bit flipped in the last checkpoint's largest file: `verify(full=True)` must name it
-  hang      one rank sleeps in training_step at step 5 with Trainer(timeout=--hang-timeout): the job
-  must exit
-            non-zero, the output naming that rank and step ("rank 1 stopped answering at step 5")
+  hang      one rank sleeps in training_step at step 5 with Trainer(timeout=--hang-timeout): the
+            job must exit non-zero, the output naming that rank and step ("rank 1 stopped
+            answering at step 5")
 A run that does not end within --timeout seconds counts as a hang.
 """
 
@@ -258,7 +257,7 @@ def main() -> None:
         help="Trainer(timeout=) of the hang fault's runs, in seconds (default 10)",
     )
     a = p.parse_args()
-    table = Table(title=f"chaos: {a.strategy}, 2 CPU ranks")
+    table = Table(title=f"fault injection: {a.strategy}, 2 CPU ranks")
     for col in (
         "fault",
         "trials",

@@ -1,7 +1,7 @@
 """Trainer overhead on CPU: a hand-written PyTorch loop vs `Trainer.fit` on the same GPT, data and
 optimizer.
 
-    .venv/bin/python benchmarks/overhead.py [--size small] [--steps 60] [--repeats 3]
+    .venv/bin/python benchmarks/loop_overhead.py [--size small] [--steps 60] [--repeats 3]
 
 Both loops run in this process, alternating (loop, trainer, loop, trainer, ...) so machine drift
 hits both alike. Each reports the median time per optimizer step after a warm-up; the table gives
