@@ -145,7 +145,7 @@ def test_the_contract_sees_imports():
     ]
     assert (
         "runtime.rng" in graph["strategies.common"]
-        and "checkpoint.checkpointer" in graph["callbacks"]
+        and "checkpoint.checkpointer" in graph["callbacks.model_checkpoint"]
     )
     assert "strategies" in graph["trainer"] and "trainer" in graph["__init__"]
 
