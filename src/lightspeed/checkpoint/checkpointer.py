@@ -3,21 +3,26 @@ else reads or writes the files below (ModelCheckpoint only decides when, and und
 
 A checkpoint is a directory:
 
-    <name>/meta.json          written last: marks a complete lightspeed checkpoint (format,
-    strategy, world size) <name>/trainer.pt         the LoopState's fields, callback states, LR
-    schedulers, the hooks' on_save_checkpoint extras <name>/rng-rank<r>.pt     each rank's RNG
-    states <name>/...                whatever the strategy writes: model.safetensors + optimizer.pt
-    (single, DDP),
-                              DeepSpeed's ZeRO shards, torch.distributed.checkpoint shards (FSDP)
+    <name>/meta.json        written last: marks a complete lightspeed checkpoint (format, strategy,
+                            world size, step) and records every file's size and CRC-32
+    <name>/trainer.pt       the LoopState's fields, callback states, LR schedulers, the hooks'
+                            on_save_checkpoint extras
+    <name>/rng-rank<r>.pt   each rank's RNG states
+    <name>/...              whatever the strategy writes: model.safetensors + optimizer.pt
+                            (single, DDP), DeepSpeed's ZeRO shards, torch.distributed.checkpoint
+                            shards (FSDP)
 
 Any strategy resumes any other's checkpoint, on any world size: where the on-disk layouts differ,
 `load` reads the checkpoint into a neutral form and the strategy writes that into its shards
-(strategies/portable.py).
+(checkpoint/layouts.py).
 
 Every rank calls `save` (DeepSpeed and DCP require it). The data goes to `.tmp-<name>` and is
 renamed to `<name>` only when every rank has finished; the `last` symlink moves only after that
 rename. A crash at any point leaves `last` pointing at a complete checkpoint. `resolve` checks a
-checkpoint cheaply (sizes and file headers, not full reads) on rank 0 only.
+checkpoint cheaply (sizes and file headers) on rank 0 only, before the load. Every load then checks
+the CRC-32 of each file each rank reads, beside the read (checkpoint/integrity.py), and every rank
+agrees on the verdict before the run goes on: a changed byte is a ConfigError naming the file, the
+two checksums and the newest checkpoint beside it that is intact.
 """
 
 from __future__ import annotations
@@ -28,14 +33,23 @@ import os
 import shutil
 import time
 import warnings
-import zipfile
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
+from lightspeed.checkpoint.integrity import (
+    TRAINER_STATE,
+    Checking,
+    Mismatch,
+    describe,
+    files_read,
+    owned,
+    sums,
+    verify_files,
+)
 from lightspeed.checkpoint.layouts import layout, read_portable
 from lightspeed.errors import ConfigError
 from lightspeed.runtime.distributed import barrier, broadcast_from_rank0
@@ -45,7 +59,6 @@ from lightspeed.specs import LoopState
 FORMAT = "lightspeed-checkpoint"
 VERSION = 1
 META = "meta.json"
-TRAINER_STATE = "trainer.pt"
 LAST = "last"
 
 
@@ -60,12 +73,8 @@ class Checkpointer:
     """
 
     def __init__(self, strategy: Any, callbacks: list[Any], rank: int, world_size: int):
-        self.strategy, self.callbacks, self.rank, self.world_size = (
-            strategy,
-            callbacks,
-            rank,
-            world_size,
-        )
+        self.strategy, self.callbacks = strategy, callbacks
+        self.rank, self.world_size = rank, world_size
 
     def save(
         self, path: str | os.PathLike, loop: LoopState, on_save: Callable[[dict], None]
@@ -82,9 +91,8 @@ class Checkpointer:
         self.strategy.save(tmp)
         torch.save(rng_state(), tmp / f"rng-rank{self.rank}.pt")
         state = {
-            **dataclasses.asdict(
-                loop
-            ),  # the LoopState's fields at the top level, where hooks see them
+            # the LoopState's fields at the top level, where hooks see them
+            **dataclasses.asdict(loop),
             "callbacks": {cb.state_key: cb.state_dict() for cb in self.callbacks},
             "schedulers": [s.scheduler.state_dict() for s in self.strategy.schedulers],
         }
@@ -92,6 +100,12 @@ class Checkpointer:
         barrier()
         if self.rank == 0:
             torch.save(state, tmp / TRAINER_STATE)
+        # Size and CRC-32 of every file, each rank reading back the files it wrote (its shards; rank
+        # 0 the shared ones) at once: a full read of the checkpoint, split across the ranks.
+        names = sorted(str(f.relative_to(tmp)) for f in tmp.rglob("*") if f.is_file())
+        mine = sums(tmp, [n for n in owned(names, self.rank, self.world_size) if n != META])
+        files = {k: v for part in _gather(mine) for k, v in part.items()}
+        if self.rank == 0:
             meta = {
                 "format": FORMAT,
                 "version": VERSION,
@@ -100,15 +114,7 @@ class Checkpointer:
                 "global_step": loop.global_step,
                 "epoch": loop.epoch,
                 "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                # Size and CRC-32 of every file, read back by rank 0 once all ranks wrote theirs (a
-                # full read of
-                # the checkpoint at save time; loading checks sizes only, `verify(full=True)` the
-                # checksums).
-                "files": {
-                    str(f.relative_to(tmp)): {"size": f.stat().st_size, "crc32": crc32(f)}
-                    for f in sorted(tmp.rglob("*"))
-                    if f.is_file()
-                },
+                "files": dict(sorted(files.items())),
             }
             (tmp / META).write_text(json.dumps(meta, indent=1))
             _replace_dir(tmp, path)
@@ -123,69 +129,112 @@ class Checkpointer:
         the saved position.
 
         A checkpoint another strategy or world size wrote travels through the neutral form
-        (`_read_portable`); one line on rank 0 says what was carried over and what was not."""
-        meta = self.load_strategy(path, with_optimizer)
-        state = _torch_load(path / TRAINER_STATE)
+        (`_read_portable`); one line on rank 0 says what was carried over and what was not. Raises
+        ConfigError on every rank when a file any rank read differs from its recorded checksum."""
+        meta = self._meta(path)
+        checking = self._check(path, meta, with_optimizer, loop_state=True)
+        self._load_strategy(path, meta, with_optimizer, checking)
+        state = self._torch_load(path / TRAINER_STATE, checking)
+        rng_file = path / f"rng-rank{self.rank}.pt"
+        # rank r's random stream means nothing on another world size
+        same_ranks = meta.get("world_size") == self.world_size
+        rng = self._torch_load(rng_file, checking) if same_ranks and rng_file.exists() else None
+        self._agree(path, checking)
         for cb in self.callbacks:
             if cb.state_key in state["callbacks"]:
                 cb.load_state_dict(state["callbacks"][cb.state_key])
         for sched, sd in zip(self.strategy.schedulers, state["schedulers"]):
             sched.scheduler.load_state_dict(sd)
-        rng_file = path / f"rng-rank{self.rank}.pt"
         loop = LoopState(**{f.name: state[f.name] for f in dataclasses.fields(LoopState)})
-        same_ranks = (
-            meta.get("world_size") == self.world_size
-        )  # rank r's random stream means nothing on another
-        return loop, state, _torch_load(rng_file) if same_ranks and rng_file.exists() else None
+        return loop, state, rng
 
     def load_strategy(self, path: Path, with_optimizer: bool = False) -> dict:
         """Collective. Loads the model (and with `with_optimizer` the optimizer state) from `path`
         into the set-up strategy, natively or through the neutral form; what evaluation with
         `ckpt_path` needs. Returns meta.json. Raises ConfigError naming the checkpoint (and the file
-        at fault, where one is) when it cannot be loaded."""
+        at fault, where one is) when it cannot be loaded or a file differs from its checksum."""
+        meta = self._meta(path)
+        checking = self._check(path, meta, with_optimizer, loop_state=False)
+        self._load_strategy(path, meta, with_optimizer, checking)
+        self._agree(path, checking)
+        return meta
+
+    def _meta(self, path: Path) -> dict:
         # Rank 0's meta.json decides native or neutral for every rank: a per-rank read that differed
-        # (a node's
-        # stale view of shared storage) would leave some ranks in the broadcast below and others
-        # not.
-        meta = broadcast_from_rank0(read_meta(path) if self.rank == 0 else None)
-        portable = self._read_portable(path, meta, with_optimizer)
+        # (a node's stale view of shared storage) would leave some ranks in the broadcast below and
+        # others not.
+        return broadcast_from_rank0(read_meta(path) if self.rank == 0 else None)
+
+    def _check(self, path: Path, meta: dict, with_optimizer: bool, loop_state: bool) -> Checking:
+        """Starts checking the checksums of the files this rank is about to read."""
+        native = self._is_native(meta)
+        names = files_read(meta, self.rank, self.world_size, native, with_optimizer, loop_state)
+        return Checking(path, meta, names, self.rank)
+
+    def _is_native(self, meta: dict) -> bool:
+        saved, ranks = meta.get("strategy", "?"), meta.get("world_size", 0)
+        return layout(saved, ranks) == layout(self.strategy.name, self.world_size)
+
+    def _load_strategy(
+        self, path: Path, meta: dict, with_optimizer: bool, checking: Checking
+    ) -> None:
+        portable = self._read_portable(path, meta, with_optimizer, checking)
         self._say_what_travels(meta, with_optimizer)
         try:
             self.strategy.load(path, with_optimizer=with_optimizer, portable=portable)
         except (ConfigError, KeyboardInterrupt, SystemExit):
             raise
-        except (
-            BaseException
-        ) as e:  # DeepSpeed's bare AssertionError, DCP's CheckpointException (a BaseException)
+        # DeepSpeed's bare AssertionError, DCP's CheckpointException (a BaseException)
+        except BaseException as e:
             raise ConfigError(
                 f"checkpoint {path} could not be loaded by {self.strategy.name}: "
-                f"{_culprit(path, e)}"
+                f"{_culprit(path, e, checking.wait())}"
             ) from e
-        return meta
 
-    def _read_portable(self, path: Path, meta: dict, with_optimizer: bool) -> dict | None:
+    def _torch_load(self, file: Path, checking: Checking) -> Any:
+        try:
+            return _torch_load(file)
+        except ConfigError:  # a damaged pickle: the checksum names it better
+            if found := checking.wait():
+                raise ConfigError(_with_intact(file.parent, describe(file.parent, found))) from None
+            raise
+
+    def _agree(self, path: Path, checking: Checking) -> None:
+        """Collective: raises the same ConfigError on every rank when any rank's check found a file
+        whose bytes changed (the first such rank's), naming the newest intact checkpoint beside it.
+        Every rank waits here for its own check to end."""
+        found: list[Mismatch | None] = _gather(checking.wait())
+        first = next((m for m in found if m is not None), None)
+        if first is None:
+            return
+        intact = broadcast_from_rank0(_last_intact(path) if self.rank == 0 else None)
+        raise ConfigError(describe(path, first) + _intact_sentence(path, intact))
+
+    def _read_portable(
+        self, path: Path, meta: dict, with_optimizer: bool, checking: Checking
+    ) -> dict | None:
         """None when this strategy reads `path` natively (same on-disk layout); else the checkpoint
         in the neutral form, read by rank 0 and broadcast (every rank then holds the whole model and
         optimizer state on CPU for the moment of the load: the price of not needing a shared
         temporary directory). Collective."""
-        saved, ranks = meta.get("strategy", "?"), meta.get("world_size", 0)
-        if layout(saved, ranks) == layout(self.strategy.name, self.world_size):
+        if self._is_native(meta):
             return None
+        saved, ranks = meta.get("strategy", "?"), meta.get("world_size", 0)
         found: Any = None
         if self.rank == 0:
             try:
                 found = read_portable(path, saved, with_optimizer)
             # noqa: BLE001 - every rank must learn of it, or the others wait forever
             except Exception as e:
-                found = (
-                    e
-                    if isinstance(e, ConfigError)
-                    else ConfigError(
+                if mismatch := checking.wait():  # the damaged file, named by its checksum
+                    found = ConfigError(_with_intact(path, describe(path, mismatch)))
+                elif isinstance(e, ConfigError):
+                    found = e
+                else:
+                    found = ConfigError(
                         f"checkpoint {path} ({saved} on {ranks} ranks) could not be read for "
-                        f"{self.strategy.name}: "
-                        f"{type(e).__name__}: {e}"
+                        f"{self.strategy.name}: {type(e).__name__}: {e}"
                     )
-                )
         found = broadcast_from_rank0(found)
         if isinstance(found, ConfigError):
             raise found
@@ -333,46 +382,6 @@ def read_meta(path: Path) -> dict:
     return meta
 
 
-def verify_files(path: Path, meta: dict) -> None:
-    """Cheap integrity check: every file meta.json lists is there with its size, torch files open as
-    zip archives (the central directory, not a CRC pass over the data), safetensors headers promise
-    no more than the file holds. A truncated or missing file is reported before any rank starts
-    rather than deep inside a load."""
-    listed = meta.get("files")
-    files = (
-        [path / name for name in listed]
-        if listed
-        else sorted(p for p in path.rglob("*") if p.is_file())
-    )
-    for file in files:
-        try:
-            if not file.exists():
-                raise ValueError("missing")
-            entry = listed[str(file.relative_to(path))] if listed else None
-            size = (
-                entry["size"] if isinstance(entry, dict) else entry
-            )  # a bare size: before checksums
-            if size is not None and file.stat().st_size != size:
-                raise ValueError(f"{file.stat().st_size} bytes, written with {size}")
-            if file.suffix in (".pt", ".pth"):
-                zipfile.ZipFile(
-                    file
-                ).close()  # reads the central directory at the end: truncation shows here
-            elif file.suffix == ".safetensors":
-                _check_safetensors_size(file)
-        except Exception as e:  # noqa: BLE001 - any failure here means the same thing to the user
-            raise ConfigError(f"checkpoint file {file} is truncated or corrupt ({e}).") from None
-
-
-def crc32(file: Path, chunk: int = 1 << 22) -> int:
-    """The zlib CRC-32 of a file's bytes, read in 4 MiB chunks."""
-    value = 0
-    with file.open("rb") as f:
-        while block := f.read(chunk):
-            value = zlib.crc32(block, value)
-    return value
-
-
 def verify(path: str | os.PathLike, full: bool = True) -> None:
     """Checks a checkpoint directory: meta.json, every listed file present with its size and header,
     and with `full` each file's CRC-32 against the one written at save time (reads every byte).
@@ -383,44 +392,70 @@ def verify(path: str | os.PathLike, full: bool = True) -> None:
     verify_files(path, meta)
     if not full:
         return
-    for name, entry in (meta.get("files") or {}).items():
-        if isinstance(entry, dict) and "crc32" in entry and crc32(path / name) != entry["crc32"]:
-            raise ConfigError(
-                f"checkpoint file {path / name} is corrupt: its CRC-32 differs from the one "
-                "recorded "
-                "when it was written."
-            )
+    if found := Checking(path, meta, list(meta.get("files") or {}), rank=None).wait():
+        raise ConfigError(describe(path, found))
 
 
-def _culprit(path: Path, error: Exception) -> str:
-    """What to tell the user when an engine fails on a checkpoint: the file at fault if a check
-    finds one."""
+def _last_intact(path: Path) -> Path | None:
+    """The newest other checkpoint in `path`'s folder whose every file matches its checksum (by
+    global step, then save time), or None. Reads each candidate whole, newest first, until one
+    passes: only on the error path."""
+    here, candidates = path.resolve(), []
+    for d in path.parent.iterdir():
+        if d.is_symlink() or d.name.startswith((".tmp-", ".old-")) or d.resolve() == here:
+            continue
+        try:
+            meta = read_meta(d)
+        except ConfigError:
+            continue
+        candidates.append((meta.get("global_step", -1), meta.get("saved_at", ""), d.name, d))
+    for *_, d in sorted(candidates, reverse=True):
+        try:
+            verify(d, full=True)
+        except ConfigError:
+            continue
+        return d
+    return None
+
+
+def _intact_sentence(path: Path, intact: Path | None) -> str:
+    if intact is None:
+        return f" No other checkpoint in {path.parent} is intact."
+    return (
+        f" The newest intact checkpoint in {path.parent} is {intact.name}: resume with "
+        f"ckpt_path={str(intact)!r}."
+    )
+
+
+def _with_intact(path: Path, message: str) -> str:
+    """`message` and the newest intact checkpoint beside `path` (this rank alone looks)."""
+    return message + _intact_sentence(path, _last_intact(path))
+
+
+def _culprit(path: Path, error: BaseException, mismatch: Mismatch | None) -> str:
+    """What to tell the user when an engine fails on a checkpoint: the file at fault if this rank's
+    check or a full one finds it."""
+    if mismatch is not None:
+        return _with_intact(path, describe(path, mismatch))
     try:
         verify(path, full=True)
     except ConfigError as found:
-        return str(found)
+        return _with_intact(path, str(found))
     if missing := getattr(error, "filename", None):
         return f"file {missing} is missing ({type(error).__name__})."
     return (
         f"{type(error).__name__}: {error}. Its files match their recorded checksums: was it "
-        "written "
-        "by "
-        "another strategy, world size or model?"
+        "written by another strategy, world size or model?"
     )
 
 
-def _check_safetensors_size(file: Path) -> None:
-    # Layout: 8-byte little-endian header length, JSON header with each tensor's data offsets, then
-    # the data.
-    with file.open("rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            raise ValueError("shorter than a safetensors header")
-        n = int.from_bytes(head, "little")
-        header = json.loads(f.read(n))
-    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
-    if file.stat().st_size < 8 + n + end:
-        raise ValueError(f"{file.stat().st_size} bytes, the header promises {8 + n + end}")
+def _gather(value: Any) -> list:
+    """Every rank's `value` (picklable), in rank order. Collective; [value] without a group."""
+    if not dist.is_initialized():
+        return [value]
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return out
 
 
 def _torch_load(file: Path) -> Any:

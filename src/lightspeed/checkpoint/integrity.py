@@ -1,0 +1,199 @@
+"""Checkpoint integrity: the sizes and CRC-32s meta.json records, and the checks that read them.
+
+    meta["files"] = sums(tmp, owned(names, rank, world_size))   # save: each rank its own files
+    checking = Checking(path, meta, files_read(...))            # load: a thread beside the reads
+    strategy.load(path)                                         # the engine reads the same files
+    found = checking.wait()                                     # a Mismatch, or None
+
+Two levels. `verify_files` is cheap (sizes against meta.json, zip central directories, safetensors
+headers): a truncated or missing file. A checksum finds a changed byte, and costs a pass over the
+data: `Checking` makes that pass on a thread of its own while the rank loads the same files, so the
+two reads share the page cache (each byte comes from storage about once) and the CRC runs beside
+the engine's parsing (zlib.crc32 releases the GIL). docs/reliability.md has the measured cost.
+
+Which files a rank checks (`files_read`): those it reads. A shared file (model.safetensors,
+optimizer.pt, DeepSpeed's mp_rank_00 model states, DCP's .metadata) is read, and checked, by every
+rank; a per-rank file (DeepSpeed's zero_pp_rank_<k> shards, DCP's __<k>_0.distcp, rng-rank<k>.pt)
+by rank k (k modulo the world size when it changed). Where an engine also reads another rank's file
+(DCP's rank 0 reads parts of every shard), that file's own rank checks it and the Checkpointer
+shares every rank's verdict before any training step. A checkpoint in another layout is read by
+rank 0 alone (the neutral form, layouts.py): rank 0 checks every file of it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import zipfile
+import zlib
+from pathlib import Path
+from typing import NamedTuple
+
+from lightspeed.checkpoint.io import OPTIMIZER
+from lightspeed.errors import ConfigError
+
+CHUNK = 1 << 24  # 16 MiB reads: large enough that zlib.crc32 runs without the GIL most of the time
+TRAINER_STATE = "trainer.pt"
+# Files one rank writes and reads: rng-rank<k>.pt, DeepSpeed's ZeRO shards, DCP's shard files.
+_PER_RANK = re.compile(r"(?:^rng-rank|zero_pp_rank_|(?:^|/)__)(\d+)[._]")
+
+
+class Mismatch(NamedTuple):
+    """A file whose bytes are not the ones written: `found` None when it could not be read."""
+
+    name: str  # relative to the checkpoint directory
+    expected: int
+    found: int | None
+    rank: int | None  # the rank that read it (None: an offline check)
+    error: str = ""
+
+
+def crc32(file: Path, chunk: int = CHUNK) -> int:
+    """The zlib CRC-32 of a file's bytes, read in `chunk`-byte pieces into one reused buffer."""
+    value, buf = 0, bytearray(chunk)
+    view = memoryview(buf)
+    with file.open("rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            value = zlib.crc32(view[:n], value)
+    return value
+
+
+def sums(path: Path, names: list[str]) -> dict[str, dict]:
+    """meta.json's entry of each file: {"size": bytes, "crc32": checksum}."""
+    return {n: {"size": (path / n).stat().st_size, "crc32": crc32(path / n)} for n in names}
+
+
+def rank_of(name: str) -> int | None:
+    """The rank that writes the per-rank file `name` (a path relative to the checkpoint), or None
+    for a file every rank shares."""
+    found = _PER_RANK.search(name)
+    return int(found.group(1)) if found else None
+
+
+def owned(names: list[str], rank: int, world_size: int) -> list[str]:
+    """The files whose checksums `rank` computes at save: the per-rank files it wrote; rank 0 also
+    the shared ones (it writes them). Every rank hashes its share at once."""
+    return [n for n in names if (rank_of(n) or 0) % world_size == rank]
+
+
+def files_read(
+    meta: dict,
+    rank: int,
+    world_size: int,
+    native: bool,
+    with_optimizer: bool,
+    loop_state: bool,
+) -> list[str]:
+    """The files of a checkpoint (meta.json's list) that `rank` reads when it loads it, each
+    checked by it (see the module's docstring).
+
+    Args:
+        native: the running strategy reads the layout on disk itself (else rank 0 reads all of it
+            into the neutral form).
+        with_optimizer: the optimizer state is loaded too (optimizer.pt is read only then).
+        loop_state: trainer.pt and this rank's RNG state are read too (a resume, not an evaluation).
+    """
+    same_ranks = meta.get("world_size") == world_size
+    out = []
+    for name in meta.get("files") or {}:
+        owner = rank_of(name)
+        if name == TRAINER_STATE:
+            take = loop_state
+        elif name.startswith("rng-rank"):
+            take = loop_state and same_ranks and owner == rank
+        elif name == OPTIMIZER and not with_optimizer:
+            take = False
+        elif not native:
+            take = rank == 0
+        else:
+            take = owner is None or owner % world_size == rank
+        if take:
+            out.append(name)
+    return out
+
+
+class Checking:
+    """Checks the CRC-32s of `names` (files under `path`) against `meta` on a thread of its own,
+    while the calling rank loads them. Files meta.json lists without a checksum (checkpoints from
+    before checksums) are skipped. `wait()` returns the first Mismatch, or None."""
+
+    def __init__(self, path: Path, meta: dict, names: list[str], rank: int | None):
+        listed = meta.get("files") or {}
+        self.todo = [
+            (n, listed[n]["crc32"])
+            for n in names
+            if isinstance(listed.get(n), dict) and "crc32" in listed[n]
+        ]
+        self.path, self.rank, self.found = path, rank, None
+        self.thread = threading.Thread(target=self._run, name="lightspeed-checksums", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        for name, expected in self.todo:
+            try:
+                found = crc32(self.path / name)
+            except OSError as e:
+                self.found = Mismatch(name, expected, None, self.rank, f"{type(e).__name__}: {e}")
+                return
+            if found != expected:
+                self.found = Mismatch(name, expected, found, self.rank)
+                return
+
+    def wait(self) -> Mismatch | None:
+        self.thread.join()
+        return self.found
+
+
+def describe(path: Path, m: Mismatch) -> str:
+    """The sentence naming a Mismatch: the file, the recorded and the found checksum, the rank."""
+    where = "" if m.rank is None else f" on rank {m.rank}"
+    if m.found is None:
+        return f"checkpoint file {path / m.name} could not be read{where} ({m.error})."
+    return (
+        f"checkpoint file {path / m.name} is corrupt: its CRC-32 differs from the one recorded "
+        f"when it was written (recorded {m.expected:08x}, found {m.found:08x}{where})."
+    )
+
+
+def verify_files(path: Path, meta: dict) -> None:
+    """Cheap integrity check: every file meta.json lists is there with its size, torch files open as
+    zip archives (the central directory, not a CRC pass over the data), safetensors headers promise
+    no more than the file holds. A truncated or missing file is reported before any rank starts
+    rather than deep inside a load."""
+    listed = meta.get("files")
+    files = (
+        [path / name for name in listed]
+        if listed
+        else sorted(p for p in path.rglob("*") if p.is_file())
+    )
+    for file in files:
+        try:
+            if not file.exists():
+                raise ValueError("missing")
+            entry = listed[str(file.relative_to(path))] if listed else None
+            # a bare size: written before checksums
+            size = entry["size"] if isinstance(entry, dict) else entry
+            if size is not None and file.stat().st_size != size:
+                raise ValueError(f"{file.stat().st_size} bytes, written with {size}")
+            if file.suffix in (".pt", ".pth"):
+                # reads the central directory at the end: truncation shows here
+                zipfile.ZipFile(file).close()
+            elif file.suffix == ".safetensors":
+                _check_safetensors_size(file)
+        except Exception as e:  # noqa: BLE001 - any failure here means the same thing to the user
+            raise ConfigError(f"checkpoint file {file} is truncated or corrupt ({e}).") from None
+
+
+def _check_safetensors_size(file: Path) -> None:
+    # Layout: 8-byte little-endian header length, JSON header with each tensor's data offsets, then
+    # the data.
+    with file.open("rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ValueError("shorter than a safetensors header")
+        n = int.from_bytes(head, "little")
+        header = json.loads(f.read(n))
+    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    if file.stat().st_size < 8 + n + end:
+        raise ValueError(f"{file.stat().st_size} bytes, the header promises {8 + n + end}")
