@@ -14,7 +14,6 @@ Its `state_dict()` travels in every checkpoint (trainer.pt, under "datamodule") 
 
 from __future__ import annotations
 
-import inspect
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from lightspeed.core import saving as _hparams
+from lightspeed.core.mixins import HyperparametersMixin
 from lightspeed.data.loaders import move_to_device
 from lightspeed.runtime.distributed import barrier
 
@@ -34,7 +34,7 @@ def prepare_data_once(prepare: Callable[[], None], local_rank: int) -> None:
     barrier()
 
 
-class LightningDataModule:
+class LightningDataModule(HyperparametersMixin):
     """Override `prepare_data`, `setup(stage)`, the `*_dataloader` methods you need, and
     `teardown(stage)`.
 
@@ -43,23 +43,9 @@ class LightningDataModule:
     `prepare_data` once in all (global rank 0) rather than once per node."""
 
     prepare_data_per_node = True
-
-    @property
-    def hparams(self) -> _hparams.AttributeDict:
-        return self.__dict__.setdefault("_hparams", _hparams.AttributeDict())
-
-    hparams_initial = property(_hparams.initial)
-
-    def save_hyperparameters(
-        self,
-        *names: Any,
-        ignore: str | list[str] | None = None,
-        frame: Any = None,
-        logger: bool = True,
-    ) -> None:
-        """Stores the arguments of the calling `__init__` (all, or `names`, minus `ignore`) in
-        `self.hparams`."""
-        _hparams.store(self, frame or inspect.currentframe().f_back, names, ignore, logger)
+    CHECKPOINT_HYPER_PARAMS_KEY = _hparams.HPARAMS_KEY
+    CHECKPOINT_HYPER_PARAMS_NAME = _hparams.HPARAMS_NAME
+    CHECKPOINT_HYPER_PARAMS_TYPE = "hparams_type"
 
     @classmethod
     def from_datasets(

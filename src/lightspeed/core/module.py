@@ -11,14 +11,20 @@ from typing import Any
 import torch
 
 from lightspeed.core import saving as _hparams
+from lightspeed.core.mixins import HyperparametersMixin
 from lightspeed.data.loaders import move_to_device
 from lightspeed.errors import ConfigError
 from lightspeed.runtime.distributed import gather_all
 from lightspeed.specs import TrainerView
 
 
-class Module(torch.nn.Module):
+class Module(HyperparametersMixin, torch.nn.Module):
     """Subclass this and implement `training_step` and `configure_optimizers` (as in Lightning)."""
+
+    # Lightning's checkpoint keys for the hyper-parameters (core.saving writes and reads them)
+    CHECKPOINT_HYPER_PARAMS_KEY = _hparams.HPARAMS_KEY
+    CHECKPOINT_HYPER_PARAMS_NAME = _hparams.HPARAMS_NAME
+    CHECKPOINT_HYPER_PARAMS_TYPE = "hparams_type"
 
     # Set to False to call `self.optimizers()`, `self.manual_backward(loss)` and `opt.step()`
     # yourself.
@@ -238,9 +244,6 @@ class Module(torch.nn.Module):
         lambda self: list(self._trainer.loggers) if self._trainer is not None else []
     )
     on_gpu = property(lambda self: self.device.type == "cuda")
-    hparams_initial = property(
-        _hparams.initial
-    )  # as save_hyperparameters stored them, later changes aside
 
     @property
     def example_input_array(self) -> Any:
@@ -325,25 +328,7 @@ class Module(torch.nn.Module):
         return p.dtype if p is not None else torch.float32
 
     # ----------------------------------------------------------------- hyper-parameters
-    # (hparams.py)
-    @property
-    def hparams(self) -> _hparams.AttributeDict:
-        """What `save_hyperparameters` stored; saved in checkpoints and sent to the loggers."""
-        return self.__dict__.setdefault("_hparams", _hparams.AttributeDict())
-
-    def save_hyperparameters(
-        self,
-        *names: Any,
-        ignore: str | list[str] | None = None,
-        frame: Any = None,
-        logger: bool = True,
-    ) -> None:
-        """Stores the arguments of the calling `__init__` (all, or `names`, minus `ignore`) in
-        `self.hparams`."""
-        import inspect
-
-        _hparams.store(self, frame or inspect.currentframe().f_back, names, ignore, logger)
-
+    # (save_hyperparameters, hparams: core.mixins.HyperparametersMixin)
     @classmethod
     def load_from_checkpoint(
         cls, checkpoint_path: Any, map_location: Any = None, strict: bool = True, **overrides: Any

@@ -17,96 +17,24 @@ comes first.
 
 from __future__ import annotations
 
-import copy
+import ast
+import csv
 import inspect
 import os
+from argparse import Namespace
+from enum import Enum
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import torch
 
 from lightspeed.checkpoint.checkpointer import META, TRAINER_STATE, read_meta
 from lightspeed.errors import ConfigError
+from lightspeed.utilities.rank_zero import rank_zero_warn
 
 HPARAMS_KEY = "hyper_parameters"
 # set when __init__ took one dict/Namespace of hyper-parameters: its parameter name
 HPARAMS_NAME = "hparams_name"
-
-
-class AttributeDict(dict):
-    """A dict whose keys read and write as attributes too: `self.hparams.lr`."""
-
-    def __getattr__(self, key: str) -> Any:
-        try:
-            return self[key]
-        except KeyError:
-            raise AttributeError(f"hparams has no {key!r}: it holds {sorted(self)}") from None
-
-    def __setattr__(self, key: str, value: Any) -> None:
-        self[key] = value
-
-
-def init_arguments(frame: FrameType, obj: Any) -> dict[str, Any]:
-    """The arguments of the `__init__` call running in `frame` (or the nearest enclosing `__init__`
-    frame whose `self` is `obj`, for a call made from a helper), `**kwargs` spread out, `self` left
-    out."""
-    while frame is not None and not (
-        frame.f_code.co_name == "__init__" and frame.f_locals.get("self") is obj
-    ):
-        frame = frame.f_back  # type: ignore[assignment]
-    if frame is None:
-        raise ConfigError(
-            "save_hyperparameters() must be called from the module's __init__ (no __init__ frame "
-            "of "
-            "this module was found on the call stack)."
-        )
-    info = inspect.getargvalues(frame)
-    args = {name: info.locals[name] for name in info.args if name != "self"}
-    if info.varargs and info.locals[info.varargs]:
-        args[info.varargs] = info.locals[info.varargs]
-    if info.keywords:
-        args.update(info.locals[info.keywords])
-    return args
-
-
-def select(args: dict[str, Any], names: tuple, ignore: str | list[str] | None) -> dict[str, Any]:
-    """`args` restricted to `names` (all when empty), without `ignore`. An unknown name is a
-    ConfigError. One dict or argparse.Namespace instead of names (`save_hyperparameters(hparams)`)
-    gives its items."""
-    if len(names) == 1 and (isinstance(names[0], dict) or hasattr(names[0], "__dict__")):
-        return dict(names[0] if isinstance(names[0], dict) else vars(names[0]))
-    ignore = [ignore] if isinstance(ignore, str) else list(ignore or [])
-    if len(names) == 1 and isinstance(names[0], (list, tuple)):
-        names = tuple(names[0])
-    unknown = [n for n in names if n not in args]
-    if unknown:
-        raise ConfigError(
-            f"save_hyperparameters{tuple(names)} names {unknown}, which are not arguments of "
-            f"__init__: those are {sorted(args)}."
-        )
-    return {k: v for k, v in args.items() if (not names or k in names) and k not in ignore}
-
-
-def store(
-    owner: Any, frame: FrameType, names: tuple, ignore: str | list[str] | None, logger: bool
-) -> None:
-    """`save_hyperparameters` of a Module or DataModule: the arguments of the `__init__` running in
-    `frame` (all, or `names`, minus `ignore`) into `owner.hparams`, a copy kept as
-    `hparams_initial`, and whether the loggers get them (`logger`). A dict passed whole is
-    remembered by its parameter name, for load_from_checkpoint."""
-    args = init_arguments(frame, owner)
-    owner.hparams.update(select(args, names, ignore))
-    owner.__dict__["_hparams_initial"] = copy.deepcopy(dict(owner.hparams))
-    if len(names) == 1 and isinstance(names[0], dict):
-        owner.__dict__["_hparams_name"] = dict_argument(args, names[0])
-    owner.__dict__["_log_hyperparams"] = logger
-
-
-def initial(owner: Any) -> AttributeDict:
-    """`hparams_initial`: the hyper-parameters as `save_hyperparameters` stored them, later changes
-    aside."""
-    return AttributeDict(copy.deepcopy(owner.__dict__.get("_hparams_initial", {})))
 
 
 def checkpoint_dir(path: str | os.PathLike) -> Path:
@@ -174,3 +102,99 @@ def _init_kwargs(cls: type, hparams: dict[str, Any], dict_name: str | None) -> d
     if any(p.kind is p.VAR_KEYWORD for p in params.values()):
         return hparams
     return {k: v for k, v in hparams.items() if k in params}
+
+
+# ------------------------------------------------------------------ hparams files (Lightning's)
+def save_hparams_to_yaml(
+    config_yaml: str | os.PathLike, hparams: Any, use_omegaconf: bool = True
+) -> None:
+    """Writes `hparams` (a dict, Namespace or AttributeDict) to the YAML file `config_yaml`. An Enum
+    is written as its name; a value YAML cannot hold is skipped with a warning. Raises
+    RuntimeError when the folder is missing."""
+    import yaml
+
+    folder = os.path.dirname(os.fspath(config_yaml))
+    if folder and not os.path.isdir(folder):
+        raise RuntimeError(f"Missing folder: {folder}.")
+    if isinstance(hparams, Namespace):
+        hparams = vars(hparams)
+    if use_omegaconf and _is_omegaconf(hparams):
+        from omegaconf import OmegaConf
+
+        OmegaConf.save(hparams, config_yaml, resolve=True)
+        return
+    kept = {}
+    for key, value in dict(hparams).items():
+        value = value.name if isinstance(value, Enum) else value
+        try:
+            yaml.dump(value)
+        except (TypeError, ValueError, yaml.YAMLError):
+            rank_zero_warn(
+                f"Skipping '{key}' parameter because it is not possible to safely dump to YAML."
+            )
+        else:
+            kept[key] = value
+    with open(config_yaml, "w", newline="") as f:
+        yaml.dump(kept, f)
+
+
+def load_hparams_from_yaml(config_yaml: str | os.PathLike, use_omegaconf: bool = True) -> Any:
+    """The hyper-parameters in the YAML file `config_yaml` (an OmegaConf DictConfig when omegaconf
+    is installed and `use_omegaconf`); {} with a warning when the file is missing."""
+    import yaml
+
+    if not os.path.exists(config_yaml):
+        rank_zero_warn(f"Missing Tags: {config_yaml}.", category=RuntimeWarning)
+        return {}
+    with open(config_yaml) as f:
+        hparams = yaml.full_load(f)
+    if use_omegaconf and inspect.ismodule(_omegaconf()):
+        from omegaconf import OmegaConf
+
+        return OmegaConf.create(hparams or {})
+    return hparams
+
+
+def save_hparams_to_tags_csv(tags_csv: str | os.PathLike, hparams: Any) -> None:
+    """Writes `hparams` as a two-column CSV (key, value). Raises RuntimeError when the folder is
+    missing."""
+    folder = os.path.dirname(os.fspath(tags_csv))
+    if folder and not os.path.isdir(folder):
+        raise RuntimeError(f"Missing folder: {folder}.")
+    if isinstance(hparams, Namespace):
+        hparams = vars(hparams)
+    with open(tags_csv, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["key", "value"])
+        writer.writerows(hparams.items())
+
+
+def load_hparams_from_tags_csv(tags_csv: str | os.PathLike) -> dict[str, Any]:
+    """The hyper-parameters of a (key, value) CSV, each value read back as a Python literal where
+    it is one; {} with a warning when the file is missing."""
+    if not os.path.exists(tags_csv):
+        rank_zero_warn(f"Missing Tags: {tags_csv}.", category=RuntimeWarning)
+        return {}
+    with open(tags_csv, newline="") as f:
+        rows = list(csv.reader(f))[1:]
+    return {key: _literal(value) for key, value in rows}
+
+
+def _literal(text: str) -> Any:
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def _omegaconf() -> Any:
+    try:
+        import omegaconf
+    except ImportError:
+        return None
+    return omegaconf
+
+
+def _is_omegaconf(value: Any) -> bool:
+    module = _omegaconf()
+    return module is not None and isinstance(value, module.Container)

@@ -11,6 +11,7 @@ from lightspeed.data.loaders import CombinedLoader
 from lightspeed.runtime.rng import seed_everything
 from lightspeed.utilities.exceptions import MisconfigurationException
 from lightspeed.utilities.grads import grad_norm
+from lightspeed.utilities.parsing import AttributeDict, is_picklable
 from lightspeed.utilities.rank_zero import (
     rank_zero_debug,
     rank_zero_info,
@@ -19,9 +20,11 @@ from lightspeed.utilities.rank_zero import (
 )
 
 __all__ = [
+    "AttributeDict",
     "CombinedLoader",
     "MisconfigurationException",
     "grad_norm",
+    "is_picklable",
     "rank_zero_debug",
     "rank_zero_info",
     "rank_zero_only",

@@ -1,0 +1,132 @@
+"""Lightning's module paths and utility behaviour, as Lightning code uses them (import changed only).
+
+    .venv/bin/python -m pytest -q tests/test_lightning_compat.py
+"""
+
+from __future__ import annotations
+
+import importlib
+from argparse import Namespace
+
+import pytest
+import torch
+
+from lightspeed import LightningDataModule, LightningModule
+from lightspeed.core.mixins import HyperparametersMixin
+
+
+# ------------------------------------------------------------------ save_hyperparameters (issue 37)
+class OddSelf(LightningModule):
+    def __init__(this, lr, *, width=3):
+        super().__init__()
+        this.save_hyperparameters()
+
+
+class OddVarArgs(OddSelf):
+    def __init__(me, *args, extra=5, **kw):
+        super().__init__(*args, **kw)
+        me.save_hyperparameters()
+
+
+class OddNoSave(OddVarArgs):
+    def __init__(obj, lr=0.1, extra=7, depth=1):
+        super().__init__(lr, extra=extra)
+
+
+def test_save_hyperparameters_finds_init_by_class_not_spelling():
+    assert OddSelf(0.5).hparams == {"lr": 0.5, "width": 3}
+    assert OddVarArgs(0.2, width=9).hparams == {"lr": 0.2, "width": 9, "extra": 5}
+    # a subclass that does not call it still adds its own arguments (as in Lightning)
+    assert OddNoSave().hparams == {"lr": 0.1, "width": 3, "extra": 7, "depth": 1}
+
+
+def test_save_hyperparameters_odd_names_on_datamodule_and_containers():
+    class Data(LightningDataModule):
+        def __init__(dm, config):
+            super().__init__()
+            dm.save_hyperparameters(config)
+
+    data = Data(Namespace(a=1))
+    assert data.hparams == {"a": 1} and data._hparams_name == "config"
+    assert data.hparams_initial == {"a": 1}
+
+    class Primitive(LightningModule):
+        def __init__(self_, value):
+            super().__init__()
+            self_.save_hyperparameters(value)
+
+    with pytest.raises(ValueError, match="Primitives"):
+        Primitive(3.0)
+
+
+def test_save_hyperparameters_composition_and_ignore():
+    class Child(HyperparametersMixin):
+        def __init__(self, dropout, init):
+            super().__init__()
+            self.save_hyperparameters(ignore=["dropout"])
+
+    class Parent(LightningModule):
+        def __init__(self, batch_size):
+            super().__init__()
+            self.child = Child(0.1, "xavier")
+
+    class Plain:  # not a Lightning class: its arguments are not collected
+        def __init__(self, run_id="abc"):
+            self.parent = Parent(64)
+
+    assert Plain().parent.child.hparams == {"init": "xavier", "batch_size": 64}
+
+    class Base(LightningModule):
+        def __init__(self, a, b):
+            super().__init__()
+            self.save_hyperparameters(ignore="a")
+
+    class Sub(Base):
+        def __init__(self, a, b):
+            super().__init__(a, b)
+            self.save_hyperparameters(ignore="b")  # drops what the base class kept too
+
+    assert Sub(1, 2).hparams == {"a": 1}
+
+
+def test_save_hyperparameters_outside_init_is_a_config_error():
+    from lightspeed.errors import ConfigError
+
+    model = LightningModule()
+    with pytest.raises(ConfigError, match="must be called from the module's __init__"):
+        model.save_hyperparameters()
+
+
+def test_hparams_yaml_and_csv_round_trip(tmp_path):
+    from lightspeed.core.saving import (
+        load_hparams_from_tags_csv,
+        load_hparams_from_yaml,
+        save_hparams_to_tags_csv,
+        save_hparams_to_yaml,
+    )
+
+    params = {"lr": 0.1, "nested": {"a": 1}, "name": "x"}
+    save_hparams_to_yaml(tmp_path / "h.yaml", Namespace(**params))
+    assert load_hparams_from_yaml(tmp_path / "h.yaml", use_omegaconf=False) == params
+    with pytest.warns(UserWarning, match="Skipping 'dtype'"):
+        save_hparams_to_yaml(tmp_path / "h.yaml", {"dtype": torch.float32})
+    save_hparams_to_tags_csv(tmp_path / "t.csv", {"lr": 0.1, "name": "x"})
+    assert load_hparams_from_tags_csv(tmp_path / "t.csv") == {"lr": 0.1, "name": "x"}
+    with pytest.warns(RuntimeWarning, match="Missing Tags"):
+        assert load_hparams_from_yaml(tmp_path / "none.yaml") == {}
+
+
+# ------------------------------------------------------------------ Lightning's module paths
+PATHS = {
+    "lightspeed.core.mixins": ["HyperparametersMixin"],
+    "lightspeed.core.saving": ["load_hparams_from_yaml", "save_hparams_to_yaml"],
+    "lightspeed.utilities": ["AttributeDict", "is_picklable"],
+    "lightspeed.utilities.parsing": ["AttributeDict", "is_picklable", "clean_namespace"],
+}
+
+
+@pytest.mark.parametrize("module", sorted(PATHS))
+def test_lightning_module_paths_import(module):
+    imported = importlib.import_module(module)
+    missing = [name for name in PATHS[module] if not hasattr(imported, name)]
+    assert missing == []
