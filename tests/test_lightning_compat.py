@@ -1,6 +1,6 @@
 """Lightning's module paths and utility behaviour, as Lightning code uses them (import changed only).
 
-    .venv/bin/python -m pytest -q tests/test_lightning_compat.py
+.venv/bin/python -m pytest -q tests/test_lightning_compat.py
 """
 
 from __future__ import annotations
