@@ -100,8 +100,11 @@ ops() {  # FusedAdamBuilder CPUAdamBuilder DeepCompileBuilder ...: DeepSpeed's o
     done
     [ "$code" = "from deepspeed.accelerator import get_accelerator as a" ] && return 0
     local t=$SECONDS
-    timeout 300 python3 -c "$code; print('ops ready')" >> "$OUT/ops.log" 2>&1
-    echo "ops $* built in $(( SECONDS - t )) s" >> "$OUT/ops.log"
+    if timeout 300 python3 -c "$code; print('ops ready')" >> "$OUT/ops.log" 2>&1; then
+        echo "ops $* built in $(( SECONDS - t )) s" >> "$OUT/ops.log"
+    else
+        echo "ops $* FAILED after $(( SECONDS - t )) s (is .wheels carried?)" | tee -a "$OUT/ops.log" >&2
+    fi
 }
 
 dc_ops() {  # the dc extension too when a list names a DeepCompile setup
