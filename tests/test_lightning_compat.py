@@ -130,3 +130,53 @@ def test_lightning_module_paths_import(module):
     imported = importlib.import_module(module)
     missing = [name for name in PATHS[module] if not hasattr(imported, name)]
     assert missing == []
+
+
+# ------------------------------------------------------------------ finetuning callbacks
+def test_backbone_finetuning_unfreezes_into_a_new_param_group(tmp_path):
+    from torch.utils.data import DataLoader
+
+    from lightspeed import Trainer
+    from lightspeed.callbacks.finetuning import BackboneFinetuning, BaseFinetuning
+    from lightspeed.demos.boring_classes import BoringModel, RandomDataset
+
+    class Model(BoringModel):
+        def __init__(self):
+            super().__init__()
+            self.backbone = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.BatchNorm1d(32))
+
+        def forward(self, x):
+            return self.layer(self.backbone(x))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.layer.parameters(), lr=0.1)
+
+        def train_dataloader(self):
+            return DataLoader(RandomDataset(32, 16), batch_size=4)
+
+    model = Model()
+    BaseFinetuning.freeze(model.backbone, train_bn=False)
+    assert not any(p.requires_grad for p in model.backbone.parameters())
+    assert not model.backbone[1].track_running_stats
+    callback = BackboneFinetuning(unfreeze_backbone_at_epoch=1)
+    trainer = Trainer(
+        default_root_dir=tmp_path,
+        max_epochs=3,
+        limit_train_batches=2,
+        callbacks=callback,  # one callback, not a list: Lightning accepts it
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        optimizer_kernels="as_written",
+    )
+    trainer.fit(model)
+    groups = trainer.optimizers[0].param_groups
+    assert len(groups) == 2 and all(p.requires_grad for p in model.backbone.parameters())
+    assert callback._internal_optimizer_metadata[0][1]["params"] == [
+        "backbone.0.weight",
+        "backbone.0.bias",
+        "backbone.1.weight",
+        "backbone.1.bias",
+    ]
+    assert groups[1]["lr"] == pytest.approx(0.1 * 0.1 * 2)  # initial ratio, then doubled once
+    assert callback.state_dict()["previous_backbone_lr"] == groups[1]["lr"]

@@ -10,11 +10,13 @@ from lightspeed.errors import ConfigError
 
 
 def checked_callbacks(callbacks: Any, enable_progress_bar: bool = True) -> list[Callback]:
-    """`callbacks` as a new list; ConfigError unless it is None or a list/tuple of lightspeed
-    Callback objects, or when a progress-bar callback comes with `enable_progress_bar=False`
-    (Lightning refuses that too)."""
+    """`callbacks` as a new list; ConfigError unless it is None, one lightspeed Callback (as
+    Lightning accepts) or a list/tuple of them, or when a progress-bar callback comes with
+    `enable_progress_bar=False` (Lightning refuses that too)."""
     if callbacks is None:
         return []
+    if isinstance(callbacks, Callback):
+        callbacks = [callbacks]
     if not isinstance(callbacks, (list, tuple)):
         raise ConfigError(
             f"callbacks={callbacks!r} is not valid: pass a list of callbacks, e.g. "

@@ -3,6 +3,7 @@ paths)."""
 
 from lightspeed.callbacks.callback import Callback
 from lightspeed.callbacks.early_stopping import EarlyStopping
+from lightspeed.callbacks.finetuning import BackboneFinetuning, BaseFinetuning
 from lightspeed.callbacks.lr_monitor import LearningRateMonitor
 from lightspeed.callbacks.model_checkpoint import ModelCheckpoint
 from lightspeed.callbacks.model_summary import ModelSummary
@@ -11,6 +12,8 @@ from lightspeed.callbacks.rich_model_summary import RichModelSummary
 from lightspeed.callbacks.timer import Timer
 
 __all__ = [
+    "BackboneFinetuning",
+    "BaseFinetuning",
     "Callback",
     "EarlyStopping",
     "LearningRateMonitor",
