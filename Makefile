@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH := torch==2.13.0
 
-.PHONY: demo test venv clean chromium
+.PHONY: demo test venv clean chromium lint
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -32,7 +32,12 @@ chromium:
 
 # pytest runs two workers, each one test file at a time (a file's module fixtures run once): most tests wait on
 # rank start-up and rendezvous, so two streams fill the 2 cores that one stream leaves a third idle.
-test: venv chromium
+# The guards that measure: ruff (lint and format at 100 columns) and the import DAG (tests/test_architecture.py).
+lint: venv
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src
+
+test: venv chromium lint
 	$(BIN)/python -c "import sys; from deepspeed.accelerator import get_accelerator as acc; \
 	[acc().create_op_builder(n).load() for n in sys.argv[1:]]; print('DeepSpeed ops ready')" $(DS_OPS)
 	$(BIN)/python -m pytest -q -x -n 2 --dist loadfile --durations=25 tests

@@ -37,6 +37,11 @@ def __getattr__(name: str):
         from lightspeed.strategies.fsdp import FSDP
 
         return FSDP
+    # jsonargparse loads with the CLI, not with the package.
+    if name in ("cli_lightning_logo", "LightningCLI"):
+        from lightspeed import cli
+
+        return getattr(cli, name)
     if name in ("consolidate", "full_state_dict"):
         import importlib
 
