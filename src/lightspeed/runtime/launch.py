@@ -151,10 +151,10 @@ def share_cpus(info: DistInfo) -> int | None:
     (torchrun gives each rank one thread): torch's thread pool, and through OMP_NUM_THREADS the
     processes this rank starts, get the CPUs it may run on divided by the local ranks, so two CPU
     ranks do not each spin a thread per core (2.5-3.4x faster steps on 2 CPU ranks:
-    benchmarks/cpu_rank_threads.py). Under SLURM with --cpus-per-task, that count is the share: SLURM may
-    already have bound each task to its own CPUs, which dividing again would undercount (Lightning
-    divides them). A user's OMP_NUM_THREADS stands. Returns the threads set, or None when nothing
-    was changed."""
+    benchmarks/cpu_rank_threads.py). Under SLURM with --cpus-per-task, that count is the share:
+    SLURM may already have bound each task to its own CPUs, which dividing again would undercount
+    (Lightning divides them). A user's OMP_NUM_THREADS stands. Returns the threads set, or None when
+    nothing was changed."""
     if info.local_world_size < 2 or os.environ.get("OMP_NUM_THREADS"):
         return None
     import torch
