@@ -180,3 +180,45 @@ def test_backbone_finetuning_unfreezes_into_a_new_param_group(tmp_path):
     ]
     assert groups[1]["lr"] == pytest.approx(0.1 * 0.1 * 2)  # initial ratio, then doubled once
     assert callback.state_dict()["previous_backbone_lr"] == groups[1]["lr"]
+
+
+# ------------------------------------------------------------------ model summary
+def test_model_summary_utility_and_callback(tmp_path, capsys):
+    from lightspeed import Trainer
+    from lightspeed.callbacks import ModelSummary, RichModelSummary, RichProgressBar
+    from lightspeed.demos.boring_classes import BoringModel
+    from lightspeed.utilities.model_summary import get_human_readable_count, summarize
+
+    class Model(BoringModel):
+        def __init__(self):
+            super().__init__()
+            self.example_input_array = torch.zeros(4, 32)
+            self.extra = torch.nn.Parameter(torch.ones(3))
+
+    summary = summarize(Model(), max_depth=1)
+    assert (summary.layer_names, summary.in_sizes, summary.out_sizes) == (
+        ["layer"],
+        [[4, 32]],
+        [[4, 2]],
+    )
+    assert summary.total_parameters == 69 and summary.total_flops == 512
+    data = dict(summary._get_summary_data())
+    assert data["Name"] == ["layer", "other params"] and data["Params"] == ["66  ", "3  "]
+    assert get_human_readable_count(1234) == "1.2 K" and get_human_readable_count(5e15) == "5,000 T"
+    with pytest.raises(ValueError, match="`max_depth` can be -1, 0 or > 0, got -2"):
+        summarize(Model(), max_depth=-2)
+
+    # The Trainer adds the callback (RichModelSummary beside a RichProgressBar), as Lightning.
+    assert any(type(cb) is ModelSummary for cb in Trainer(logger=False).callbacks)
+    assert not any(
+        isinstance(cb, ModelSummary) for cb in Trainer(enable_model_summary=False).callbacks
+    )
+    rich = Trainer(logger=False, callbacks=[RichProgressBar()])
+    assert any(isinstance(cb, RichModelSummary) for cb in rich.callbacks)
+    trainer = Trainer(
+        default_root_dir=tmp_path, max_steps=1, logger=False, enable_checkpointing=False
+    )
+    trainer.fit(Model())
+    out = capsys.readouterr().out
+    assert "| Type   | Params | Mode  | FLOPs | In sizes | Out sizes" in out
+    assert "69        Total params" in out

@@ -12,21 +12,21 @@ hooks see are still loss-scaled (Lightning unscales them first).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
 import torch
 
-from lightspeed.callbacks import Callback, ModelCheckpoint, ModelSummary
+from lightspeed.callbacks import Callback, ModelCheckpoint
 from lightspeed.core.datamodule import LightningDataModule, prepare_data_once
+from lightspeed.core.mixins.hparams_mixin import hparams_to_log
 from lightspeed.core.module import Module
 from lightspeed.data.loaders import move_to_device
 from lightspeed.errors import ConfigError
 from lightspeed.inputs import checked_callbacks
-from lightspeed.report.progress import print_table
-from lightspeed.report.summary import summary_table
 from lightspeed.runtime import heartbeat
 from lightspeed.runtime.distributed import AgreedMax
+from lightspeed.utilities.parsing import clean_namespace
 from lightspeed.utilities.signature import accepts
 
 
@@ -61,35 +61,21 @@ def warn_unknown_hooks(module: Module, callbacks: list[Callback]) -> None:
 
 
 def fit_start(trainer: Any, module: Module) -> Callable[[Any, int], tuple]:
-    """Once per fit, before its hooks: warns of unknown hooks, prints the model summary (rank 0,
-    with `enable_model_summary` or a ModelSummary callback), sends `module.hparams` to the loggers
-    (rank 0). Returns how to build `training_step`'s arguments from (batch, batch_idx): Lightning
-    accepts `training_step(self, batch)`."""
+    """Once per fit, before its hooks: warns of unknown hooks, drops (with a warning) hparams that
+    cannot be pickled, sends the Module's and DataModule's `hparams_initial` to the loggers (rank
+    0; the model summary is the ModelSummary callback's, at on_fit_start). Returns how to build
+    `training_step`'s arguments from (batch, batch_idx): Lightning accepts
+    `training_step(self, batch)`."""
     warn_unknown_hooks(module, trainer.callbacks)
     check_transfer_hooks(module, trainer.datamodule)
-    summary = next((cb for cb in trainer.callbacks if isinstance(cb, ModelSummary)), None)
-    depth = (
-        summary.max_depth if summary is not None else 1 if trainer.cfg.enable_model_summary else 0
-    )
-    if trainer.is_global_zero and depth:
-        print_table(summary_table(module, depth))
-    params = {
-        **_logged_hparams(trainer.datamodule),
-        **_logged_hparams(module),
-    }  # the DataModule's too, as Lightning
+    if isinstance(module.hparams, MutableMapping):
+        clean_namespace(module.hparams)
+    params = hparams_to_log(module, trainer.datamodule)  # the DataModule's too, as Lightning
     for lg in trainer.loggers if trainer.is_global_zero and params else []:
         lg.log_hyperparams(params)
     if accepts(module.training_step, 2, "batch_idx"):
         return lambda batch, batch_idx: (batch, batch_idx)
     return lambda batch, batch_idx: (batch,)
-
-
-def _logged_hparams(owner: Any) -> dict:
-    """What `save_hyperparameters` stored on a Module or DataModule, unless it was called with
-    logger=False."""
-    if owner is None or not owner.__dict__.get("_log_hyperparams", True):
-        return {}
-    return dict(getattr(owner, "hparams", {}))
 
 
 def loss_of(out: Any) -> torch.Tensor:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 from rich.table import Table
 
+from lightspeed.utilities.model_summary.model_summary import class_name
+
 
 def _numel(p: torch.nn.Parameter) -> int:
     return int(getattr(p, "ds_numel", p.numel()))
@@ -47,15 +49,6 @@ def summarize(module: torch.nn.Module, max_depth: int = 1) -> list[tuple[str, st
     if own[1]:
         rows.append(("(own)", class_name(module), *own))
     return rows
-
-
-def class_name(module: torch.nn.Module) -> str:
-    """The user's class name: FSDP2's `fully_shard` swaps a module's class for a subclass named
-    FSDP<Name>."""
-    cls = type(module)
-    if len(cls.__bases__) == 2 and cls.__bases__[0].__name__ == "FSDPModule":
-        return cls.__bases__[1].__name__
-    return cls.__name__
 
 
 def _human(n: int) -> str:

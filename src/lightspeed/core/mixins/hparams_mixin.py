@@ -169,3 +169,36 @@ class HyperparametersMixin:
         """The hyper-parameters as `save_hyperparameters` kept them, later changes aside (a
         copy)."""
         return copy.deepcopy(self.__dict__.get("_hparams_initial", AttributeDict()))
+
+
+def hparams_to_log(module: Any, datamodule: Any) -> dict[str, Any]:
+    """What fit sends to the loggers: the Module's and the DataModule's `hparams_initial` merged
+    (each unless saved with logger=False). Raises RuntimeError when a key is in both with
+    different values, as Lightning does."""
+    logged = [
+        dict(owner.hparams_initial)
+        for owner in (module, datamodule)
+        if owner is not None
+        and hasattr(owner, "hparams_initial")
+        and owner.__dict__.get("_log_hyperparams", True)
+    ]
+    if len(logged) == 2:
+        ours, theirs = logged
+        clashing = [k for k in ours.keys() & theirs.keys() if not _same(ours[k], theirs[k])]
+        if clashing:
+            raise RuntimeError(
+                f"Error while merging hparams: the keys {sorted(clashing)} are present in both the "
+                "LightningModule's and LightningDataModule's hparams but have different values."
+            )
+    return {k: v for found in logged for k, v in found.items()}
+
+
+def _same(a: Any, b: Any) -> bool:
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, torch.Tensor):
+        return a is b
+    try:
+        return bool(a == b)
+    except Exception:  # an object whose == is not a truth value
+        return a is b
