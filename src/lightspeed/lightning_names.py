@@ -86,8 +86,8 @@ class LightningNames:
     def model(self) -> Any:
         """What the strategy runs: the DDP wrapper, the DeepSpeed engine, else the Module (FSDP2
         shards in place)."""
-        wrapped = vars(self.strategy).get("wrapped") or vars(self.strategy).get("engine")
-        return wrapped if wrapped is not None else self._module
+        model = self.strategy.model  # None until the strategy is set up
+        return model if model is not None else self._module
 
     optimizers = property(lambda self: self.strategy.optimizers)
     lr_scheduler_configs = property(

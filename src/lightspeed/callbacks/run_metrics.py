@@ -90,23 +90,6 @@ def count_parameters(module: torch.nn.Module) -> int:
     return int(sum(getattr(p, "ds_numel", p.numel()) for p in unique))
 
 
-def strategy_settings(strategy: Any) -> dict[str, Any]:
-    """The strategy's options (its dataclass fields, minus the loop's lists), and for DeepSpeed the
-    effective config the engine was built with."""
-    skip = {"optimizers", "schedulers", "config"}
-    out: dict[str, Any] = {}
-    if dataclasses.is_dataclass(strategy):
-        out = {
-            f.name: getattr(strategy, f.name)
-            for f in dataclasses.fields(strategy)
-            if f.name not in skip
-        }
-    engine_config = getattr(getattr(strategy, "engine", None), "config", None)
-    if isinstance(engine_config, dict):
-        out["deepspeed_config"] = engine_config
-    return out
-
-
 def run_settings(trainer: Trainer, module: Module) -> dict[str, Any]:
     """What the report's settings table shows and `hparams.yaml` holds: strategy (name and options),
     world size, device, precision, parameter count, the Trainer's flags and the module's `hparams`
@@ -118,7 +101,7 @@ def run_settings(trainer: Trainer, module: Module) -> dict[str, Any]:
         "precision": trainer.cfg.precision,
         "parameters": count_parameters(module),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "strategy_options": strategy_settings(trainer.strategy),
+        "strategy_options": trainer.strategy.settings(),  # its options (Strategy.settings)
         "trainer": dataclasses.asdict(trainer.cfg),
     }
     hparams = getattr(module, "hparams", None)

@@ -68,7 +68,6 @@ from lightspeed.runtime.distributed import broadcast_from_rank0
 from lightspeed.runtime.memory import measure
 from lightspeed.runtime.rng import rng_state, set_rng_state
 from lightspeed.strategies import build_strategy
-from lightspeed.strategies.deepspeed.zero3 import release_engine
 
 __all__ = [
     "MicroBatchPlan",
@@ -301,9 +300,10 @@ def candidate_of(strategy: Any, world_size: int) -> Candidate:
     name = strategy.name.removesuffix("_nvme")
     if world_size == 1 and name == "ddp":
         name = "single"
-    if getattr(strategy, "cpu_offload", False):
+    options = strategy.settings()
+    if options.get("cpu_offload"):
         name += "_offload"
-    name += "+ac" if getattr(strategy, "activation_checkpointing", None) else ""
+    name += "+ac" if options.get("activation_checkpointing") else ""
     # Every strategy forecasts for any world size (FSDP or ZeRO-1 on one device too), not only the
     # ones planned.
     by_name = {c.name: c for c in build_candidates(1) + build_candidates(2)}
@@ -410,7 +410,7 @@ def try_steps(
     collected, a note)."""
     cuda = strategy.device.type == "cuda"
     baseline = torch.cuda.memory_allocated(strategy.device) if cuda else 0
-    twin, trial = copy.deepcopy(module), copy.deepcopy(strategy)
+    twin, trial = copy.deepcopy(module), strategy.fork()
     stand_in(twin, module, trial)  # the twin's step sees the trial's optimizers once it is set up
     alive, note, ran = weakref.ref(twin), "", True
     try:
@@ -425,7 +425,7 @@ def try_steps(
     except (torch.OutOfMemoryError, HostBudgetExceeded) as e:
         ran, note = False, f"out of memory: {str(e).splitlines()[0][:60]}"
     # Outside the except block: its traceback no longer holds the failed step's frames and tensors.
-    release_engine(getattr(trial, "engine", None))
+    trial.teardown()  # a fork's: frees what the trial built, keeps the process group
     del twin, trial
     if (
         alive() is not None

@@ -33,14 +33,10 @@ def cuda_free(device: torch.device) -> float:
 
 
 def measure(strategy: Any) -> dict[str, int]:
-    """Returns this rank's bytes per category (see the module doc) for a set-up strategy.
-
-    Works for SingleDevice, DDP, ZeRO1 and FSDP (`strategy.module`, `strategy.optimizers`) and for
-    DeepSpeed (`strategy.engine`). Not collective."""
-    engine = getattr(strategy, "engine", None)
-    if engine is not None:
-        return _measure_deepspeed(engine)
-    return measure_module(strategy.module, strategy.optimizers)
+    """Returns this rank's bytes per category (see the module doc) for a set-up strategy: its
+    `measure()` (the protocol's; `measure_module` for the torch strategies, DeepSpeed reads its
+    ZeRO partitions). Not collective."""
+    return strategy.measure()
 
 
 def measure_module(module: torch.nn.Module, optimizers: Iterable[Any]) -> dict[str, int]:
@@ -78,35 +74,3 @@ def tensor_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
             seen.add(key)
             total += t.numel() * t.element_size()
     return total
-
-
-def _measure_deepspeed(engine: Any) -> dict[str, int]:
-    """DeepSpeed keeps training state in the ZeRO optimizer's flat partitions; read those, not
-    module .grad."""
-    zero = engine.optimizer
-    inner = getattr(zero, "optimizer", zero)
-    params = list(engine.module.parameters())
-    # ZeRO-3 replaces each parameter's data with an empty placeholder and keeps the local shard in
-    # ds_tensor.
-    local_params = [getattr(p, "ds_tensor", p) for p in params]
-    master = list(
-        getattr(zero, "single_partition_of_fp32_groups", None)  # stages 1 and 2
-        or getattr(zero, "fp32_partitioned_groups_flat", None)
-        or []
-    )  # stage 3
-    grads = [p.grad for p in params] + [p.grad for p in master]
-    # Stages 1/2 reduce into `averaged_gradients` (group -> partition tensors); stage 3 into
-    # per-parameter
-    # partitions. Both hold this rank's slice only.
-    for value in (getattr(zero, "averaged_gradients", None) or {}).values():
-        grads += list(value) if isinstance(value, (list, tuple)) else [value]
-    grads += list(
-        getattr(zero, "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition", {}).values()
-    )
-    states = [v for s in inner.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
-    return {
-        "params": tensor_bytes(local_params),
-        "grads": tensor_bytes(grads),
-        "optim": tensor_bytes(states),
-        "master": tensor_bytes(master),
-    }

@@ -1,8 +1,7 @@
-"""The Strategy protocol: the one seam between the Trainer's loop and a parallelism backend.
+"""The Strategy protocol: the one seam between the loop and a parallelism backend.
 
 The protocol is shaped around DeepSpeed, the most demanding backend, which owns backward, the
-optimizer step,
-gradient accumulation, clipping and optimizer state. Every method has one call site in trainer.py:
+optimizer step, gradient accumulation, clipping and optimizer state. The call order:
 
     strategy.check(spec)                                  # each entry point, before any rank starts
     strategy.connect(spec, dist, device)                  # once per process, in the launch step
@@ -11,13 +10,20 @@ gradient accumulation, clipping and optimizer state. Every method has one call s
     for each micro-batch of an accumulation window:
         out = strategy.forward(module.training_step, batch, i, sync_grads=is_last)
         strategy.backward(loss)
-    stats = strategy.step(guard)                          # guard, clip, step, zero grads;
-    {"grad_norm": ...} strategy.save(path) / strategy.load(path)             # collective; the
-    Checkpointer calls them strategy.teardown()                                   # once per
-    process: engine freed, group left
+    stats = strategy.step(guard)                          # guard, clip, step, zero grads
+    strategy.save(path) / strategy.load(path)             # collective; the Checkpointer calls them
+    strategy.teardown()                                   # once per process: engine freed
+
+Where each method is called from is the table in docs/architecture.md (tests/test_protocol.py
+checks it against the code). Besides the ten methods, the protocol declares what the rest of
+lightspeed may read of a strategy (`name`, `device`, `optimizers`, `schedulers`, `model`, `layout`,
+`measure()`, `settings()`, `fork()`); nothing outside strategies/ reads anything else
+(tests/test_protocol.py runs a fit behind a proxy that raises on any other name, and scans src/).
+Lightning's read-back names (`world_size`, `config`, ...) are for user code
+(strategies/lightning.py).
 
 DDP (with or without a sharded optimizer) and FSDP honour that shape easily. No strategy subclasses
-another; shared pieces are functions (strategies/common.py, precision.py).
+another; shared pieces are functions (strategies/common.py, perf/precision.py).
 """
 
 from __future__ import annotations
@@ -33,14 +39,70 @@ from lightspeed.specs import RunSpec, SchedulerConfig, StepStats
 
 OptimizerFactory = Callable[[], "tuple[list[Any], list[SchedulerConfig]]"]
 
+# The ten methods, in call order, and the members others may read: what tests/test_protocol.py
+# holds the code to.
+METHODS = (
+    "check",
+    "connect",
+    "configure_model",
+    "setup",
+    "forward",
+    "backward",
+    "step",
+    "save",
+    "load",
+    "teardown",
+)
+READABLE = (
+    "name",
+    "device",
+    "optimizers",
+    "schedulers",
+    "model",
+    "layout",
+    "measure",
+    "settings",
+    "fork",
+)
+
 
 @runtime_checkable
 class Strategy(Protocol):
-    """Ten methods every backend honours. See the module docstring for the call order."""
+    """Ten methods every backend honours (see the module docstring for the call order), and what
+    the rest of lightspeed may read. Every member exists from construction (a value the run decides
+    is None until then), so `isinstance(obj, Strategy)` holds for a strategy not yet connected."""
 
     name: str
+    """The registry's name ("ddp", "deepspeed_stage_3_offload", ...), recorded in meta.json."""
+    device: torch.device | None
+    """This process's device; None until `connect`."""
     optimizers: list[Any]
+    """What the loop steps (and `Module.optimizers()` returns); set by `setup`."""
     schedulers: list[SchedulerConfig]
+    """What the loop steps after `step`, by interval; set by `setup`."""
+
+    @property
+    def model(self) -> Any:
+        """The module as the backend runs it, as Lightning's `trainer.model` shows it: the DDP
+        wrapper, the DeepSpeed engine, the FSDP-sharded module, the module. None until `setup`."""
+
+    @property
+    def layout(self) -> str | None:
+        """How this run's checkpoints lie on disk (`checkpoint.layouts.layout`): two runs of one
+        layout load each other's natively. None until `connect`."""
+
+    def measure(self) -> dict[str, int]:
+        """This rank's bytes of training state by category (runtime/memory.py): "params", "grads",
+        "optim", "master". After `setup`; not collective."""
+
+    def settings(self) -> dict[str, Any]:
+        """The strategy's options as the run report shows them (DeepSpeed: and the config its
+        engine was built with)."""
+
+    def fork(self) -> Strategy:
+        """A copy for a trial run (the micro-batch planner's), made after `connect` and before
+        `configure_model`: same options, device and process group. Its `teardown` frees what the
+        trial built and leaves the group joined (it is the parent's)."""
 
     def check(self, spec: RunSpec) -> None:
         """Raises ConfigError for flags this backend cannot honour (precision, clipping, device,
@@ -76,7 +138,8 @@ class Strategy(Protocol):
         boundary, FSDP's sync flag)."""
 
     def backward(self, loss: torch.Tensor) -> None:
-        """Back-propagates `loss`, already divided by the accumulation count."""
+        """Back-propagates `loss`, already divided by the accumulation count (also from the user's
+        `manual_backward`)."""
 
     def step(self, should_step: Callable[[Any], bool] | None = None) -> StepStats:
         """Clips, steps every optimizer and zeroes gradients. Returns the step's statistics (grad
@@ -94,8 +157,9 @@ class Strategy(Protocol):
     def load(self, path: Path, with_optimizer: bool = True, portable: dict | None = None) -> None:
         """Collective: restores what `save` wrote (optimizer state too unless `with_optimizer` is
         False). Given `portable`, the neutral form of a checkpoint another strategy or world size
-        wrote (strategies/portable.py, the same on every rank), writes that into its model and
+        wrote (checkpoint/layouts.py, the same on every rank), writes that into its model and
         optimizers instead."""
 
     def teardown(self) -> None:
-        """Frees the engine and leaves the process group. Safe to call twice."""
+        """Frees the engine and leaves the process group (a fork: the engine only). Safe to call
+        twice."""

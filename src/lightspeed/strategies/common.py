@@ -3,14 +3,49 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from lightspeed.checkpoint.layouts import layout
 from lightspeed.errors import ConfigError
 from lightspeed.runtime.distributed import broadcast_from_rank0
 from lightspeed.runtime.rng import rng_state, set_rng_state
+
+# The protocol's `layout` on every backend: how its checkpoints lie on disk on this run's world
+# size (checkpoint.layouts.layout), None before `connect`.
+checkpoint_layout = property(
+    lambda s: None if s.dist is None else layout(s.name, s.dist.world_size)
+)
+
+
+def options_of(strategy: Any) -> dict[str, Any]:
+    """A backend's `settings()`: its constructor options (its dataclass fields, minus the loop's
+    lists), as the run report shows them."""
+    skip = {"optimizers", "schedulers", "config"}
+    return {
+        f.name: getattr(strategy, f.name)
+        for f in dataclasses.fields(strategy)
+        if f.name not in skip
+    }
+
+
+def fork_of(strategy: Any) -> Any:
+    """A backend's `fork()`: a copy of a connected, not yet configured `strategy` (same options,
+    device and process group) for a trial run; its `teardown` frees what the trial built and leaves
+    the group joined (it is the parent's).
+
+    Raises:
+        RuntimeError: if `strategy` was set up already (a copy would duplicate its model).
+    """
+    if strategy.model is not None:
+        raise RuntimeError(f"{strategy.name}.fork() is for a strategy not yet set up.")
+    twin = copy.deepcopy(strategy)
+    twin.is_fork = True
+    return twin
 
 
 class StepRunner(torch.nn.Module):

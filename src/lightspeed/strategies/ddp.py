@@ -11,6 +11,7 @@ loop needs no context manager.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,14 +21,16 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+import lightspeed.strategies.lightning as lightning
 from lightspeed.checkpoint.io import load_replicated, save_replicated
 from lightspeed.checkpoint.layouts import Portable, optimizer_param_names, write_torch
 from lightspeed.perf.kernels import apply_compile, build_optimizers_fast
 from lightspeed.perf.precision import Precision, StepGate, optimizer_step
 from lightspeed.runtime.distributed import barrier, destroy_process_group, init_process_group
 from lightspeed.runtime.launch import DistInfo
+from lightspeed.runtime.memory import measure_module
 from lightspeed.specs import RunSpec, StepStats
-from lightspeed.strategies.common import StepRunner
+from lightspeed.strategies.common import StepRunner, checkpoint_layout, fork_of, options_of
 from lightspeed.strategies.zero1 import apply_zero1
 
 CommHook = Literal["fp16", "bf16", "powersgd"]
@@ -63,6 +66,28 @@ class DDP:
 
     def __post_init__(self) -> None:
         self.name = "ddp_sharded" if self.shard_optimizer else "ddp"
+        self.dist: DistInfo | None = None
+        self.device: torch.device | None = None
+        self.module: torch.nn.Module | None = None
+        self.wrapped: torch.nn.Module | None = None  # DDP around a StepRunner, once set up
+        self.is_fork = False
+
+    # What others may read (strategies/base.py), and Lightning's names for it.
+    model = property(lambda self: self.wrapped)
+    layout = checkpoint_layout
+    root_device, lightning_module = lightning.root_device, lightning.lightning_module
+    world_size, global_rank = lightning.world_size, lightning.global_rank
+    local_rank, is_global_zero = lightning.local_rank, lightning.is_global_zero
+    barrier, broadcast, reduce = lightning.COLLECTIVES
+
+    def measure(self) -> dict[str, int]:
+        return measure_module(self.module, self.optimizers)
+
+    def settings(self) -> dict[str, Any]:
+        return options_of(self)
+
+    def fork(self) -> DDP:
+        return fork_of(self)
 
     def check(self, spec: RunSpec) -> None:
         pass  # DDP honours every flag, manual optimization included
@@ -204,7 +229,20 @@ class DDP:
         self.precision.load_state_dict(state.get("precision", {}))
 
     def teardown(self) -> None:
-        destroy_process_group()
+        if not self.is_fork:  # a fork's group is its parent's
+            destroy_process_group()
+
+
+class DDPStrategy(abc.ABC):
+    """Lightning's `DDPStrategy`: `DDPStrategy(find_unused_parameters=True, ...)` takes Lightning's
+    keywords (`lightning.ddp_options`) and returns a `DDP`; every DDP is an instance, also one built
+    from a string ("ddp", "ddp_sharded")."""
+
+    def __new__(cls, **kwargs: Any) -> DDP:  # type: ignore[misc]
+        return DDP(**lightning.ddp_options(**kwargs))
+
+
+DDPStrategy.register(DDP)
 
 
 # noqa: N802 - the name users type

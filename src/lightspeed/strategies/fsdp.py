@@ -18,6 +18,8 @@ dict (`lightspeed convert`).
 
 from __future__ import annotations
 
+import abc
+import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +46,7 @@ from torch.distributed.fsdp import (
 )
 from torch.distributed.tensor import DTensor
 
+import lightspeed.strategies.lightning as lightning
 from lightspeed.checkpoint.io import DCP_DIR, FSDP_EXTRA
 from lightspeed.checkpoint.layouts import Portable, read_portable, write_fsdp
 from lightspeed.errors import ConfigError
@@ -51,8 +54,15 @@ from lightspeed.perf.kernels import apply_compile, build_optimizers_fast
 from lightspeed.perf.precision import Precision, StepGate, optimizer_step
 from lightspeed.runtime.distributed import barrier, destroy_process_group, init_process_group
 from lightspeed.runtime.launch import DistInfo
+from lightspeed.runtime.memory import measure_module
 from lightspeed.specs import RunSpec, StepStats
-from lightspeed.strategies.common import apply_activation_checkpointing, configure_with_plain_twin
+from lightspeed.strategies.common import (
+    apply_activation_checkpointing,
+    checkpoint_layout,
+    configure_with_plain_twin,
+    fork_of,
+    options_of,
+)
 
 STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
 
@@ -105,7 +115,27 @@ class FSDP:
         self._full_state: dict[str, torch.Tensor] | None = None
         self._twin_buffers: dict[str, torch.Tensor] = {}
         self._needs_init = self._is_from_full_state = False
-        self.module: nn.Module | None = None
+        self.module: nn.Module | None = None  # sharded in place by `setup`
+        self.dist: DistInfo | None = None
+        self.device: torch.device | None = None
+        self.is_fork = False
+
+    # What others may read (strategies/base.py), and Lightning's names for it.
+    model = property(lambda self: self.module)
+    layout = checkpoint_layout
+    root_device, lightning_module = lightning.root_device, lightning.lightning_module
+    world_size, global_rank = lightning.world_size, lightning.global_rank
+    local_rank, is_global_zero = lightning.local_rank, lightning.is_global_zero
+    barrier, broadcast, reduce = lightning.COLLECTIVES
+
+    def measure(self) -> dict[str, int]:
+        return measure_module(self.module, self.optimizers)
+
+    def settings(self) -> dict[str, Any]:
+        return options_of(self)
+
+    def fork(self) -> FSDP:
+        return fork_of(self)
 
     def check(self, spec: RunSpec) -> None:
         # Manual optimization is plain torch here: each manual_backward reduce-scatters (the loop's
@@ -122,7 +152,7 @@ class FSDP:
             )
 
     def connect(self, spec: RunSpec, dist_info: DistInfo, device: torch.device) -> None:
-        self.spec, self.device = spec, device
+        self.spec, self.dist, self.device = spec, dist_info, device
         # The fp16 loss scaler, agreeing on overflows across ranks; no autocast (FSDP's
         # MixedPrecisionPolicy).
         self.precision = Precision(spec.precision, device.type, sharded_grads=True)
@@ -222,13 +252,8 @@ class FSDP:
                 module, ties
             )  # to_empty gives each tied name its own tensor; FSDP manages the first
             self._init_shards(module)
-        # The Trainer calls `module.training_step(...)`, not `module(...)`: registering the step
-        # methods makes
-        # them run FSDP's root pre/post-forward (lazy init, gathering the root's parameters) like a
-        # forward.
         for name in STEP_METHODS:
-            if hasattr(module, name):
-                register_fsdp_forward_method(module, name)
+            apply_forward_method(module, name)
 
     def _init_shards(self, module: nn.Module) -> None:
         if self._is_from_full_state:
@@ -302,7 +327,39 @@ class FSDP:
             )
 
     def teardown(self) -> None:
-        destroy_process_group()
+        if not self.is_fork:  # a fork's group is its parent's
+            destroy_process_group()
+
+
+class FSDPStrategy(abc.ABC):
+    """Lightning's `FSDPStrategy`: `FSDPStrategy(sharding_strategy=..., cpu_offload=...,
+    activation_checkpointing_policy=..., auto_wrap_policy=...)` takes Lightning's keywords
+    (`lightning.fsdp_options`) and returns an `FSDP`; every FSDP is an instance, also one built from
+    a string ("fsdp", "fsdp_grad_op")."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> FSDP:  # type: ignore[misc]
+        return FSDP(**lightning.fsdp_options(*args, **kwargs))
+
+
+FSDPStrategy.register(FSDP)
+
+
+def apply_forward_method(module: nn.Module, name: str) -> None:
+    """Registers the step method `name` of a sharded `module` with FSDP, so that it runs FSDP's root
+    pre/post-forward (lazy init, gathering the root's parameters) like a forward: the Trainer calls
+    `module.training_step(...)`, not `module(...)`. Nothing for a missing or None method.
+
+    torch's wrapper copies the metadata of the *bound* method, so a signature read through it loses
+    the user's first parameter (`training_step(self, batch, i)` would read as `(i)` and the loop
+    would pass `batch` alone). The wrapper is given the user's own signature back."""
+    user = getattr(module, name, None)
+    if not (callable(user) and isinstance(module, FSDPModule)):
+        return
+    register_fsdp_forward_method(module, name)
+    wrapper = getattr(module, name).__func__
+    signature = inspect.signature(user)  # bound: without `self`; the wrapper is bound too
+    first = inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)
+    wrapper.__signature__ = signature.replace(parameters=[first, *signature.parameters.values()])
 
 
 def find_shard_units(module: nn.Module, classes: list[type] | None) -> list[nn.Module]:

@@ -1,31 +1,37 @@
-"""Lightning's strategy classes as functions returning lightspeed's own strategies, so a Lightning
-script's `DeepSpeedStrategy(stage=3, offload_optimizer=True)` runs with the import changed and
-nothing else.
+"""Lightning's strategy vocabulary over lightspeed's own strategies: the keywords its strategy
+classes take, and the names Lightning code reads back from `trainer.strategy`.
 
     from lightspeed.strategies import DeepSpeedStrategy, FSDPStrategy, DDPStrategy
-    Trainer(strategy=DeepSpeedStrategy(stage=3, offload_optimizer=True))   # is DeepSpeed(stage=3,
-    offload_optimizer="cpu")
+    Trainer(strategy=DeepSpeedStrategy(stage=3, offload_optimizer=True))  # a DeepSpeed(stage=3)
+    isinstance(Trainer(strategy="deepspeed_stage_3").strategy, DeepSpeedStrategy)    # True
 
-Each function maps Lightning's keywords onto one lightspeed object (no subclassing, no second code
-path). Keywords that configure what lightspeed decides elsewhere (accelerator, cluster environment,
-process-group backend, timeouts, logging level) are accepted and have no effect; a keyword Lightning
-does not have is a ConfigError naming it. The DeepSpeed keywords that are plain DeepSpeed config
-entries (`contiguous_gradients`, `sub_group_size`, `loss_scale`, ...) go into the config when given,
-and `.config` on the result shows what the keywords set.
+Each Lightning class is an abstract class at Lightning's module path (ddp.py, fsdp.py,
+deepspeed/lightning.py) with our backend registered as its one implementation: calling it maps
+Lightning's keywords (the `*_options` functions here) onto one lightspeed object, so `isinstance`
+holds for strategies built from strings too, and no strategy subclasses another. Keywords that
+configure what lightspeed decides elsewhere (accelerator, cluster environment, process-group
+backend, timeouts) are accepted and have no effect; a keyword Lightning does not have is a
+ConfigError naming it.
+
+Read-back names (the same on every backend, assigned in each class body): `root_device`,
+`lightning_module`, `world_size`, `global_rank`, `local_rank`, `is_global_zero` (known once the
+Trainer connected the strategy; before that the rank names describe one process), and the
+collectives `barrier()`, `broadcast(obj, src=0)`, `reduce(tensor, reduce_op="mean")`.
 """
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Any
 
+import torch
+import torch.distributed as dist
+
 from lightspeed.errors import ConfigError
-from lightspeed.strategies.ddp import DDP
+from lightspeed.runtime import distributed
 
 # Accepted for compatibility; lightspeed decides these from the Trainer's flags and the launch
 # environment.
-_NO_EFFECT = {
+NO_EFFECT = {
     "accelerator",
     "parallel_devices",
     "cluster_environment",
@@ -37,172 +43,46 @@ _NO_EFFECT = {
     "start_method",
 }
 
-_DS_ZERO_KEYS = {  # Lightning keyword -> key of DeepSpeed's zero_optimization section
-    "contiguous_gradients": "contiguous_gradients",
-    "overlap_comm": "overlap_comm",
-    "allgather_partitions": "allgather_partitions",
-    "reduce_scatter": "reduce_scatter",
-    "sub_group_size": "sub_group_size",
-}
-_DS_FP16_KEYS = {
-    "loss_scale",
-    "initial_scale_power",
-    "loss_scale_window",
-    "hysteresis",
-    "min_loss_scale",
-}
-_DS_AIO_KEYS = {"block_size", "queue_depth", "single_submit", "overlap_events", "thread_count"}
-_DS_OFFLOAD_PARAM_KEYS = {"params_buffer_count", "params_buffer_size", "max_in_cpu"}
-_DS_OFFLOAD_OPT_KEYS = {"optimizer_buffer_count": "buffer_count"}
-_DS_ACTIVATION_KEYS = {
-    "partition_activations",
-    "cpu_checkpointing",
-    "contiguous_memory_optimization",
-    "synchronize_checkpoint_boundary",
-}
-# Lightning keywords with no counterpart here, and why (kept in one place so docs/porting.md can
-# cite them).
-_DS_IGNORED = {
-    "logging_batch_size_per_gpu": (
-        "lightspeed sets train_micro_batch_size_per_gpu from the train loader"
-    ),
-    "logging_level": "DeepSpeed logs at WARNING under lightspeed",
-    "remote_device": "zero.Init places parameters from offload_parameters",
-    "zero_allow_untested_optimizer": "always True here",
-    "load_full_weights": "load_from_checkpoint and convert read any checkpoint layout",
-    "exclude_frozen_parameters": "every parameter is saved",
-}
-_DS_KEYWORDS = (
-    {
-        "zero_optimization",
-        "stage",
-        "offload_optimizer",
-        "offload_parameters",
-        "offload_params_device",
-        "offload_optimizer_device",
-        "nvme_path",
-        "pin_memory",
-        "config",
-        "allgather_bucket_size",
-        "reduce_bucket_size",
-    }
-    | set(_DS_ZERO_KEYS)
-    | _DS_FP16_KEYS
-    | _DS_AIO_KEYS
-    | _DS_OFFLOAD_PARAM_KEYS
-    | set(_DS_OFFLOAD_OPT_KEYS)
-    | _DS_ACTIVATION_KEYS
-    | set(_DS_IGNORED)
-    | _NO_EFFECT
-)
 
-
-def _check_keywords(cls: str, given: dict, accepted: set[str]) -> None:
+def check_keywords(cls: str, given: dict, accepted: set[str]) -> None:
+    """Raises ConfigError naming the keywords of `given` that Lightning's `cls` does not take."""
     unknown = sorted(set(given) - accepted)
     if unknown:
         raise ConfigError(f"{cls} got unknown keywords {unknown}: accepted are {sorted(accepted)}.")
 
 
-def DeepSpeedStrategy(
-    stage: int | None = None,
-    offload_optimizer: bool = False,  # noqa: N802 - Lightning's name
-    offload_parameters: bool = False,
-    config: dict | str | Path | None = None,
-    **kwargs: Any,
-):
-    """Returns `DeepSpeed(...)` for Lightning's `DeepSpeedStrategy` keywords.
+# ------------------------------------------------------------------ DDPStrategy
+_DDP_KEYWORDS = {
+    "find_unused_parameters",
+    "static_graph",
+    "gradient_as_bucket_view",
+    "bucket_cap_mb",
+    "ddp_comm_hook",
+    "ddp_comm_state",
+    "broadcast_buffers",
+} | NO_EFFECT
 
-    `stage` defaults to 2, or to the stage in `config` when one is given (as in Lightning).
-    `offload_optimizer` and `offload_parameters` are booleans; the device comes from
-    `offload_optimizer_device` / `offload_params_device` ("cpu" or "nvme", with `nvme_path`).
-    `pin_memory` applies to offloaded buffers only. `config` (a dict or a JSON file; without one,
-    the file named by the PL_DEEPSPEED_CONFIG_PATH environment variable, as in Lightning) is merged
-    over what the keywords set. `logging_batch_size_per_gpu` and the keywords in `_DS_IGNORED` are
-    accepted and ignored (the reason is listed there). Raises ConfigError for an unknown keyword,
-    `zero_optimization=False` or the errors of `DeepSpeed` itself.
-    """
-    from lightspeed.strategies.deepspeed.config import merge, read_config
-    from lightspeed.strategies.deepspeed.strategy import DeepSpeed
 
-    _check_keywords("DeepSpeedStrategy", kwargs, _DS_KEYWORDS)
-    if kwargs.get("zero_optimization", True) is not True:
+def ddp_options(**kwargs: Any) -> dict[str, Any]:
+    """`DDP(...)`'s keywords for Lightning's `DDPStrategy` keywords: `find_unused_parameters`,
+    `static_graph`, `gradient_as_bucket_view`, `bucket_cap_mb`, `ddp_comm_hook` (with
+    `ddp_comm_state`). Raises ConfigError for an unknown keyword or `broadcast_buffers=False`."""
+    check_keywords("DDPStrategy", kwargs, _DDP_KEYWORDS)
+    if kwargs.get("broadcast_buffers", True) is not True:
         raise ConfigError(
-            "DeepSpeedStrategy(zero_optimization=False) is not supported: lightspeed runs "
-            "DeepSpeed "
-            "with ZeRO (stages 1-3). Use strategy='ddp' for plain data parallelism."
+            "DDPStrategy(broadcast_buffers=False) is not supported: buffers are broadcast."
         )
-    if config is None and os.environ.get(
-        "PL_DEEPSPEED_CONFIG_PATH"
-    ):  # Lightning's way to name a config file
-        config = os.environ["PL_DEEPSPEED_CONFIG_PATH"]
-    user = read_config(config)
-    user_zero = user.get("zero_optimization", {})
-    stage = stage if stage is not None else user_zero.get("stage", 2)
-    # A config may turn offload off with `"offload_optimizer": false` (or null) instead of leaving
-    # it out.
-    opt_device = (
-        kwargs.get("offload_optimizer_device", "cpu")
-        if offload_optimizer
-        else (user_zero.get("offload_optimizer") or {}).get("device")
-    )
-    param_device = (
-        kwargs.get("offload_params_device", "cpu")
-        if offload_parameters
-        else (user_zero.get("offload_param") or {}).get("device")
-    )
-    opt_device, param_device = (
-        d if d not in ("none", None) else None for d in (opt_device, param_device)
-    )
-    zero: dict[str, Any] = {"stage": stage}
-    zero.update({_DS_ZERO_KEYS[k]: v for k, v in kwargs.items() if k in _DS_ZERO_KEYS})
-    if opt_device:
-        zero["offload_optimizer"] = {
-            "device": opt_device,
-            **{_DS_OFFLOAD_OPT_KEYS[k]: v for k, v in kwargs.items() if k in _DS_OFFLOAD_OPT_KEYS},
-        }
-    if param_device:
-        zero["offload_param"] = {
-            "device": param_device,
-            **{
-                k.removeprefix("params_"): v
-                for k, v in kwargs.items()
-                if k in _DS_OFFLOAD_PARAM_KEYS
-            },
-        }
-    effective: dict[str, Any] = {"zero_optimization": zero}
-    if any(k in kwargs for k in _DS_FP16_KEYS):  # used only when precision is "16-mixed"
-        effective["fp16"] = {k: kwargs[k] for k in _DS_FP16_KEYS if k in kwargs}
-    if any(k in kwargs for k in _DS_AIO_KEYS):
-        effective["aio"] = {k: kwargs[k] for k in _DS_AIO_KEYS if k in kwargs}
-    if any(k in kwargs for k in _DS_ACTIVATION_KEYS):
-        effective["activation_checkpointing"] = {
-            k: kwargs[k] for k in _DS_ACTIVATION_KEYS if k in kwargs
-        }
-    merged = merge(effective, user)  # the user's config wins, as in Lightning
-    for key in (
-        "offload_optimizer",
-        "offload_param",
-    ):  # DeepSpeed's schema takes a section or nothing, not false
-        if key in merged["zero_optimization"] and not merged["zero_optimization"][key]:
-            del merged["zero_optimization"][key]
-    offloaded = bool(opt_device or param_device)
-    pin = kwargs.get("pin_memory")
-    return DeepSpeed(
-        stage=stage,
-        offload_optimizer=opt_device,
-        offload_params=param_device,
-        nvme_path=kwargs.get("nvme_path", "/local_nvme")
-        if "nvme" in (opt_device, param_device)
-        else None,
-        pin_memory=bool(pin) if offloaded and pin is not None else None,
-        config=merged,
-        allgather_bucket_size=int(kwargs.get("allgather_bucket_size", 200_000_000)),
-        reduce_bucket_size=int(kwargs["reduce_bucket_size"])
-        if "reduce_bucket_size" in kwargs
-        else None,
+    hook = kwargs.get("ddp_comm_hook")
+    return dict(
+        find_unused_parameters=bool(kwargs.get("find_unused_parameters", False)),
+        static_graph=bool(kwargs.get("static_graph", False)),
+        gradient_as_bucket_view=bool(kwargs.get("gradient_as_bucket_view", True)),
+        bucket_cap_mb=kwargs.get("bucket_cap_mb"),
+        comm_hook=(kwargs.get("ddp_comm_state"), hook) if hook is not None else None,
     )
 
 
+# ------------------------------------------------------------------ FSDPStrategy
 _FSDP_KEYWORDS = {
     "sharding_strategy",
     "cpu_offload",
@@ -215,17 +95,17 @@ _FSDP_KEYWORDS = {
     "use_orig_params",
     "sync_module_states",
     "device_mesh",
-} | _NO_EFFECT
+} | NO_EFFECT
 
 
-def FSDPStrategy(
+def fsdp_options(
     sharding_strategy: Any = "FULL_SHARD",
-    cpu_offload: Any = False,  # noqa: N802 - Lightning's name
+    cpu_offload: Any = False,
     activation_checkpointing_policy: Any = None,
     auto_wrap_policy: Any = None,
     **kwargs: Any,
-):
-    """Returns `FSDP(...)` for Lightning's `FSDPStrategy` keywords.
+) -> dict[str, Any]:
+    """`FSDP(...)`'s keywords for Lightning's `FSDPStrategy` keywords.
 
     `sharding_strategy`: "FULL_SHARD" (FSDP, reshard after forward) or "SHARD_GRAD_OP"
     (fsdp_grad_op), as a string or torch's ShardingStrategy enum. `cpu_offload`: a bool or torch's
@@ -236,9 +116,7 @@ def FSDPStrategy(
     (FSDP2 saves sharded DCP checkpoints, precision follows the Trainer's flag). Raises ConfigError
     for an unknown keyword, another sharding strategy or a callable policy.
     """
-    from lightspeed.strategies.fsdp import FSDP
-
-    _check_keywords("FSDPStrategy", kwargs, _FSDP_KEYWORDS)
+    check_keywords("FSDPStrategy", kwargs, _FSDP_KEYWORDS)
     name = getattr(sharding_strategy, "name", sharding_strategy)
     if name not in ("FULL_SHARD", "SHARD_GRAD_OP"):
         raise ConfigError(
@@ -250,7 +128,7 @@ def FSDPStrategy(
             "FSDPStrategy(device_mesh=...) is not supported: lightspeed shards over all ranks."
         )
     checkpointing = activation_checkpointing_policy or kwargs.get("activation_checkpointing")
-    return FSDP(
+    return dict(
         reshard_after_forward=name == "FULL_SHARD",
         shard_classes=_classes("auto_wrap_policy", auto_wrap_policy),
         cpu_offload=bool(getattr(cpu_offload, "offload_params", cpu_offload)),
@@ -273,31 +151,48 @@ def _classes(what: str, policy: Any) -> list[type] | None:
     )
 
 
-_DDP_KEYWORDS = {
-    "find_unused_parameters",
-    "static_graph",
-    "gradient_as_bucket_view",
-    "bucket_cap_mb",
-    "ddp_comm_hook",
-    "ddp_comm_state",
-    "broadcast_buffers",
-} | _NO_EFFECT
+# ------------------------------------------------------------------ read-back names
+# Properties over what every backend's `connect` stores (`dist`, `device`) and `setup` (`module`).
+# `dist` is None before `connect`: the rank names then describe one process.
+def _rank(name: str, alone: Any) -> property:
+    return property(lambda s: alone if s.dist is None else getattr(s.dist, name))
 
 
-def DDPStrategy(**kwargs: Any) -> DDP:  # noqa: N802 - Lightning's name
-    """Returns `DDP(...)` for Lightning's `DDPStrategy` keywords: `find_unused_parameters`,
-    `static_graph`, `gradient_as_bucket_view`, `bucket_cap_mb`, `ddp_comm_hook` (with
-    `ddp_comm_state`). Raises ConfigError for an unknown keyword or `broadcast_buffers=False`."""
-    _check_keywords("DDPStrategy", kwargs, _DDP_KEYWORDS)
-    if kwargs.get("broadcast_buffers", True) is not True:
-        raise ConfigError(
-            "DDPStrategy(broadcast_buffers=False) is not supported: buffers are broadcast."
-        )
-    hook = kwargs.get("ddp_comm_hook")
-    return DDP(
-        find_unused_parameters=bool(kwargs.get("find_unused_parameters", False)),
-        static_graph=bool(kwargs.get("static_graph", False)),
-        gradient_as_bucket_view=bool(kwargs.get("gradient_as_bucket_view", True)),
-        bucket_cap_mb=kwargs.get("bucket_cap_mb"),
-        comm_hook=(kwargs.get("ddp_comm_state"), hook) if hook is not None else None,
-    )
+root_device = property(lambda s: s.device, doc="Lightning's name for `device`.")
+lightning_module = property(lambda s: s.module, doc="The user's Module, once set up.")
+world_size = _rank("world_size", 1)
+global_rank = _rank("rank", 0)
+local_rank = _rank("local_rank", 0)
+is_global_zero = _rank("is_global_zero", True)
+
+
+def barrier(*_name: Any) -> None:
+    """Lightning's `strategy.barrier(name=None)`: waits for every rank. Collective."""
+    distributed.barrier()
+
+
+def broadcast(obj: Any, src: int = 0) -> Any:
+    """Lightning's `strategy.broadcast(obj, src=0)`: every rank gets rank `src`'s `obj` (any
+    picklable object). Collective; returns `obj` without a process group."""
+    if not dist.is_initialized():
+        return obj
+    dist.broadcast_object_list(box := [obj], src=src)
+    return box[0]
+
+
+def reduce(tensor: Any, group: Any = None, reduce_op: Any = "mean") -> Any:
+    """Lightning's `strategy.reduce(tensor, group=None, reduce_op="mean")`: the tensor reduced over
+    the ranks ("mean" or "sum", or a torch ReduceOp). Collective; a non-tensor is returned as
+    it is, as in Lightning. Raises ConfigError for another reduce_op."""
+    if not isinstance(tensor, torch.Tensor) or not distributed.is_distributed():
+        return tensor
+    op = str(getattr(reduce_op, "name", reduce_op)).lower()
+    if op not in ("mean", "avg", "sum"):
+        raise ConfigError(f"strategy.reduce(reduce_op={reduce_op!r}) is not valid: use 'mean'.")
+    out = tensor.clone()
+    dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)
+    return out / dist.get_world_size(group) if op in ("mean", "avg") else out
+
+
+# Each backend's class body takes them as static methods.
+COLLECTIVES = staticmethod(barrier), staticmethod(broadcast), staticmethod(reduce)

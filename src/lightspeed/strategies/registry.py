@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from lightspeed.errors import ConfigError
-from lightspeed.strategies.base import Strategy
+from lightspeed.strategies.base import METHODS, READABLE, Strategy
 from lightspeed.strategies.ddp import DDP, ZeRO1
 from lightspeed.strategies.single import SingleDevice
 
@@ -80,6 +80,6 @@ def build_strategy(value: Any, world_size: int) -> Strategy:
         return value
     raise ConfigError(
         f"strategy={value!r} is not valid: expected a strategy name or an object with the Strategy "
-        "methods "
-        "(check, connect, configure_model, setup, forward, backward, step, save, load, teardown)."
+        f"methods ({', '.join(METHODS)}) and members ({', '.join(READABLE)}): "
+        "lightspeed.strategies.base."
     )

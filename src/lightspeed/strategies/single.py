@@ -4,15 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
+import lightspeed.strategies.lightning as lightning
 from lightspeed.checkpoint.io import load_replicated, save_replicated
 from lightspeed.checkpoint.layouts import Portable, optimizer_param_names, write_torch
 from lightspeed.perf.kernels import apply_compile, build_optimizers_fast
 from lightspeed.perf.precision import Precision, StepGate, optimizer_step
 from lightspeed.runtime.launch import DistInfo
+from lightspeed.runtime.memory import measure_module
 from lightspeed.specs import RunSpec, StepStats
+from lightspeed.strategies.common import checkpoint_layout, fork_of, options_of
 
 
 @dataclass
@@ -23,11 +27,34 @@ class SingleDevice:
     optimizers: list = field(default_factory=list)
     schedulers: list = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        self.dist: DistInfo | None = None
+        self.device: torch.device | None = None
+        self.module: torch.nn.Module | None = None
+        self.is_fork = False
+
+    # What others may read (strategies/base.py), and Lightning's names for it.
+    model = property(lambda self: self.module)
+    layout = checkpoint_layout
+    root_device, lightning_module = lightning.root_device, lightning.lightning_module
+    world_size, global_rank = lightning.world_size, lightning.global_rank
+    local_rank, is_global_zero = lightning.local_rank, lightning.is_global_zero
+    barrier, broadcast, reduce = lightning.COLLECTIVES
+
+    def measure(self) -> dict[str, int]:
+        return measure_module(self.module, self.optimizers)
+
+    def settings(self) -> dict[str, Any]:
+        return options_of(self)
+
+    def fork(self) -> SingleDevice:
+        return fork_of(self)
+
     def check(self, spec: RunSpec) -> None:
         pass  # one device honours every flag
 
     def connect(self, spec: RunSpec, dist_info: DistInfo, device: torch.device) -> None:
-        self.spec, self.device = spec, device
+        self.spec, self.dist, self.device = spec, dist_info, device
         self.precision = Precision(spec.precision, device.type)
         if device.type == "cuda":
             torch.cuda.set_device(device)

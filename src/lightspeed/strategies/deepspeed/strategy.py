@@ -30,6 +30,7 @@ import psutil
 import torch
 import torch.distributed as dist
 
+import lightspeed.strategies.lightning as lightning
 from lightspeed.checkpoint.io import (
     DEEPSPEED_DIR as TAG,
 )  # the sub-directory that holds DeepSpeed's files
@@ -38,11 +39,14 @@ from lightspeed.errors import ConfigError
 from lightspeed.perf.kernels import apply_compile, build_optimizers_fast, rebind_schedulers
 from lightspeed.runtime.distributed import init_process_group
 from lightspeed.runtime.launch import DistInfo
-from lightspeed.specs import RunSpec, StepStats
+from lightspeed.specs import RunSpec, SchedulerConfig, StepStats
 from lightspeed.strategies.common import (
     StepRunner,
     apply_activation_checkpointing,
+    checkpoint_layout,
     configure_with_plain_twin,
+    fork_of,
+    options_of,
 )
 from lightspeed.strategies.deepspeed.config import (
     REDUCE_BUCKET,
@@ -57,6 +61,7 @@ from lightspeed.strategies.deepspeed.host_memory import (
     offloaded_bytes_per_param,
 )
 from lightspeed.strategies.deepspeed.manual import EngineOptimizer
+from lightspeed.strategies.deepspeed.measure import measure_engine
 from lightspeed.strategies.deepspeed.multi import (
     check_group,
     initialize_group,
@@ -76,6 +81,7 @@ from lightspeed.strategies.deepspeed.zero3 import (
     mark_leaf_modules,
     partitioned_init,
     prefetch_bucket,
+    release_engine,
     start_deepcompile,
     wants_deepcompile,
     whole_numel,
@@ -97,37 +103,37 @@ def _import_deepspeed():
 
 @dataclass
 class DeepSpeed:
-    """DeepSpeed ZeRO as a lightspeed strategy.
+    """DeepSpeed ZeRO as a lightspeed strategy (Lightning's name for it: `DeepSpeedStrategy`,
+    deepspeed/lightning.py, which also takes Lightning's keywords).
 
     Args:
         stage: ZeRO stage: 1 shards optimizer states, 2 also gradients, 3 also parameters.
         offload_optimizer: move optimizer states and step to "cpu" or "nvme" (a torch Adam/AdamW
-        becomes
-            DeepSpeedCPUAdam with the same hyper-parameters).
+            becomes DeepSpeedCPUAdam with the same hyper-parameters).
         offload_params: stage 3 only: keep parameters on "cpu" or "nvme" between uses.
         nvme_path: directory for "nvme" offload; required with it.
         pin_memory: page-lock the offloaded host buffers (default: on CUDA). Pinned copies are
-        faster, but torch
-            rounds each pinned block up to a power of two, so a multi-GiB buffer can take up to
-            twice its size; False lets the largest models fit in host memory (docs/benchmarks.md:
-            5.91B on one H200 that way).
+            faster, but torch rounds each pinned block up to a power of two, so a multi-GiB buffer
+            can take up to twice its size; False lets the largest models fit in host memory
+            (docs/benchmarks.md: 5.91B on one H200 that way).
         config: a DeepSpeed config dict or a JSON file; merged over the config built from the
-        Trainer's flags. activation_checkpointing: block classes whose activations are recomputed in
-        the backward. allgather_bucket_size, reduce_bucket_size: ZeRO bucket sizes (elements); None:
-        REDUCE_BUCKET's for the stage. leaf_modules: stage 3: classes whose parameters are gathered
-        at once (one fetch per block, not per Linear;
-            docs/benchmarks.md). Default: the repeated blocks (nn.ModuleList children); [] is
-            DeepSpeed's default.
+            Trainer's flags. Afterwards `.config` (Lightning's name) is the config as a dict: the
+            user's (or the ZeRO stage alone) until `setup`, then the one the engine was built with.
+        activation_checkpointing: block classes whose activations are recomputed in the backward.
+        allgather_bucket_size, reduce_bucket_size: ZeRO bucket sizes (elements); None:
+            REDUCE_BUCKET's for the stage.
+        leaf_modules: stage 3: classes whose parameters are gathered at once (one fetch per block,
+            not per Linear; docs/benchmarks.md). Default: the repeated blocks (nn.ModuleList
+            children); [] is DeepSpeed's default.
         deepcompile: stage 3 on CUDA: DeepSpeed's DeepCompile compiles the step (forward, backward
-        and ZeRO-3's
-            gathers and reductions in one graph, no per-module hooks; `zero3.wants_deepcompile`).
-            The first steps compile (minutes on a cold cache). Also on when the config sets
-            `compile.deepcompile`.
+            and ZeRO-3's gathers and reductions in one graph, no per-module hooks;
+            `zero3.wants_deepcompile`). The first steps compile (minutes on a cold cache). Also on
+            when the config sets `compile.deepcompile`.
     Raises:
         ConfigError: bad stage, offload or leaf_modules, nvme without nvme_path, a missing or
-        invalid config file;
-            in `check` clipping by value, 16-mixed off CUDA, or gradient_clip_val with manual
-            optimization; later, a config key contradicting a Trainer flag.
+            invalid config file; in `check` clipping by value, 16-mixed off CUDA, or
+            gradient_clip_val with manual optimization; later, a config key contradicting a
+            Trainer flag.
     """
 
     stage: Literal[1, 2, 3] = 2
@@ -183,7 +189,10 @@ class DeepSpeed:
         self.reduce_bucket_size = self.reduce_bucket_size or REDUCE_BUCKET[self.stage]
         if importlib.util.find_spec("deepspeed") is None:
             _import_deepspeed()  # raises the install hint now, before any rank is started
-        self.user_config = read_config(self.config)
+        # One dict: a change to `.config` before fit reaches the engine, as in Lightning.
+        self.config = self.user_config = read_config(self.config) or {
+            "zero_optimization": {"stage": self.stage}
+        }
         self.deepcompile = wants_deepcompile(
             self.deepcompile,
             self.user_config,
@@ -196,6 +205,30 @@ class DeepSpeed:
         self.name = f"deepspeed_stage_{self.stage}{offload}{nvme}"
         self.engine, self._prepared, self.micro_batch_size, self._leaf_numel = None, False, None, 0
         self._compile_pending = False
+        self.dist: DistInfo | None = None
+        self.device: torch.device | None = None
+        self.module: torch.nn.Module | None = None
+        self.is_fork = False
+
+    # What others may read (strategies/base.py), and Lightning's names for it.
+    model = deepspeed_engine = property(lambda self: self.engine)
+    zero_stage_3 = property(lambda self: self.stage == 3)
+    layout = checkpoint_layout
+    root_device, lightning_module = lightning.root_device, lightning.lightning_module
+    world_size, global_rank = lightning.world_size, lightning.global_rank
+    local_rank, is_global_zero = lightning.local_rank, lightning.is_global_zero
+    barrier, broadcast, reduce = lightning.COLLECTIVES
+
+    def measure(self) -> dict[str, int]:
+        return measure_engine(self.engine)
+
+    def settings(self) -> dict[str, Any]:
+        engine_config = getattr(self.engine, "config", None)
+        extra = {"deepspeed_config": engine_config} if isinstance(engine_config, dict) else {}
+        return {**options_of(self), **extra}
+
+    def fork(self) -> DeepSpeed:
+        return fork_of(self)
 
     # ------------------------------------------------------------------ config
     def check(self, spec: RunSpec) -> None:
@@ -434,7 +467,7 @@ class DeepSpeed:
             ):  # DeepCompile gathers blocks without leaf hooks
                 self._leaf_numel = mark_leaf_modules(deepspeed, module, self.leaf_modules)
             self._prepared = True
-        config = self.build_config(module)
+        config = self.config = self.build_config(module)  # `.config` shows what the engine got
         self.input_dtype = engine_dtype(
             config
         )  # forward casts the batch's float tensors to the weights' dtype
@@ -447,7 +480,9 @@ class DeepSpeed:
                 self.stage < 3
             ):  # stages 1 and 2 shard optimizer state only, and refuse to run without an optimizer
                 config["zero_optimization"] = {**config["zero_optimization"], "stage": 0}
+            self.config = config
         elif "optimizer" in config:
+            self.schedulers = []  # a config scheduler joins them below
             self._log0(
                 "DeepSpeed: the config has an 'optimizer' section; configure_optimizers is not "
                 "used."
@@ -519,6 +554,11 @@ class DeepSpeed:
         self.optimizers = (
             [ds_optimizer] if build_optimizers is not None and ds_optimizer is not None else []
         )
+        if self.engine.lr_scheduler is not None and self.spec.automatic_optimization:
+            # The config's scheduler steps with the loop's, after each optimizer step (Lightning's
+            # way): `trainer.lr_scheduler_configs` shows it and a checkpoint carries its state.
+            config_scheduler = SchedulerConfig(self.engine.lr_scheduler, interval="step")
+            self.schedulers, self.engine.lr_scheduler = [*self.schedulers, config_scheduler], None
         # DeepCompile starts at the first training step, after any checkpoint load; evaluation
         # engines keep hooks
         self._compile_pending = self.deepcompile and bool(self.optimizers)
@@ -629,6 +669,10 @@ class DeepSpeed:
         )
 
     def teardown(self) -> None:
+        if self.is_fork:  # a trial's engine: freed for collection; the group is the parent's
+            self.engine, engine = None, self.engine
+            release_engine(engine)
+            return
         if self.engine is not None:  # left to interpreter shutdown, gloo's threads can abort a rank
             self.engine, engine = None, self.engine
             if (
