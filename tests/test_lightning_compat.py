@@ -222,3 +222,62 @@ def test_model_summary_utility_and_callback(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| Type   | Params | Mode  | FLOPs | In sizes | Out sizes" in out
     assert "69        Total params" in out
+
+
+# ------------------------------------------------------------------ utilities, loggers, optimizers
+def test_utilities_at_lightning_paths():
+    import random
+
+    from lightspeed.loggers.logger import DummyExperiment, DummyLogger
+    from lightspeed.utilities import find_shared_parameters, set_shared_parameters
+    from lightspeed.utilities.enums import GradClipAlgorithmType
+    from lightspeed.utilities.exceptions import _augment_message
+    from lightspeed.utilities.seed import isolate_rng, seed_everything
+
+    assert seed_everything(7) == 7
+    random.random()
+    with isolate_rng():
+        drawn = random.random()
+    assert random.random() == drawn
+    assert GradClipAlgorithmType.supported_types() == ["value", "norm"]
+    assert GradClipAlgorithmType.NORM == "norm"
+    error = ValueError("Hello. Test message.", 3)
+    _augment_message(error, ".*Test.*", "new")
+    assert error.args == ("new", 3)
+
+    model = torch.nn.Sequential(
+        torch.nn.Linear(2, 2, bias=False), torch.nn.Linear(2, 2, bias=False)
+    )
+    model[1].weight = model[0].weight
+    assert find_shared_parameters(model) == [["0.weight", "1.weight"]]
+    model[1].weight = torch.nn.Parameter(torch.zeros(2, 2))
+    set_shared_parameters(model, [["0.weight", "1.weight"]])
+    assert model[1].weight is model[0].weight
+
+    DummyLogger().log_text("anything", step=1)  # any call is a no-op
+    experiment = DummyExperiment()
+    experiment["key"] = 1
+    assert experiment["key"] is experiment
+
+
+def test_configure_optimizers_forms_and_lightning_messages():
+    from lightspeed.core.optimizer import _configure_optimizers, parse_optimizers
+    from lightspeed.errors import ConfigError
+    from lightspeed.utilities.types import LRSchedulerConfig
+
+    layer = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt)
+    # `monitor` beside `lr_scheduler` (Lightning's documented dict form)
+    _, configs = parse_optimizers({"optimizer": opt, "lr_scheduler": plateau, "monitor": "val"})
+    assert configs == [LRSchedulerConfig(plateau, reduce_on_plateau=True, monitor="val")]
+    # under manual optimization the user steps it: no monitor needed
+    _, configs = parse_optimizers({"optimizer": opt, "lr_scheduler": plateau}, automatic=False)
+    assert configs[0].scheduler is plateau
+    with pytest.raises(ConfigError, match="must include a monitor when a `ReduceLROnPlateau`"):
+        parse_optimizers({"optimizer": opt, "lr_scheduler": plateau})
+    with pytest.raises(ConfigError, match="Unknown configuration for model optimizers"):
+        _configure_optimizers("adam")
+    step = torch.optim.lr_scheduler.StepLR(opt, 1)
+    with pytest.raises(ConfigError, match='"interval" key in lr scheduler dict must be "step"'):
+        parse_optimizers({"optimizer": opt, "lr_scheduler": {"scheduler": step, "interval": "x"}})

@@ -33,6 +33,11 @@ class TrainerState:
     stage: str | None
     status: str
 
+    @property
+    def finished(self) -> bool:
+        """Whether the last entry point ran to its end (Lightning's `trainer.state.finished`)."""
+        return self.status == "finished"
+
 
 def _one_or_list(loaders: Any) -> Any:
     """As Lightning returns evaluation loaders: the loader itself when there is one, else the list
@@ -86,8 +91,8 @@ class LightningNames:
     def model(self) -> Any:
         """What the strategy runs: the DDP wrapper, the DeepSpeed engine, else the Module (FSDP2
         shards in place)."""
-        model = self.strategy.model  # None until the strategy is set up
-        return model if model is not None else self._module
+        wrapped = vars(self.strategy).get("wrapped") or vars(self.strategy).get("engine")
+        return wrapped if wrapped is not None else self._module
 
     optimizers = property(lambda self: self.strategy.optimizers)
     lr_scheduler_configs = property(

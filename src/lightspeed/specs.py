@@ -37,13 +37,16 @@ class RunSpec:
 
 @dataclass
 class SchedulerConfig:
-    """One LR scheduler with Lightning's stepping options (from `configure_optimizers`)."""
+    """One LR scheduler with Lightning's stepping options (from `configure_optimizers`); Lightning's
+    `LRSchedulerConfig`, its fields in Lightning's order."""
 
     scheduler: Any
+    name: str | None = None  # LearningRateMonitor's key for it (Lightning's "name")
     interval: Literal["step", "epoch"] = "epoch"
     frequency: int = 1
+    reduce_on_plateau: bool = False  # stepped with the `monitor` metric's value
     monitor: str | None = None
-    name: str | None = None  # LearningRateMonitor's key for it (Lightning's "name")
+    strict: bool = True  # a missing monitored metric is an error (False: a warning, no step)
 
 
 class StepStats(TypedDict, total=False):

@@ -279,7 +279,11 @@ class Trainer(LightningNames):
         phase = "fit" if stage == "fit" else "eval"
         if self._phase not in ("fit", phase):
             factory = (
-                (lambda: parse_optimizers(module.configure_optimizers()))
+                (
+                    lambda: parse_optimizers(
+                        module.configure_optimizers(), module.automatic_optimization, module
+                    )
+                )
                 if phase == "fit"
                 else None
             )

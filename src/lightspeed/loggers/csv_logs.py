@@ -23,6 +23,9 @@ class CSVLogger:
     Hyper-parameters go to `hparams.yaml`, artifacts to `artifacts/`, and `finalize` writes
     `status.yaml` (the status and the UTC time it ended)."""
 
+    NAME_HPARAMS_FILE = "hparams.yaml"
+    NAME_METRICS_FILE = "metrics.csv"
+
     def __init__(
         self,
         save_dir: str | os.PathLike = ".",
@@ -43,8 +46,8 @@ class CSVLogger:
 
     @property
     def experiment(self) -> Any:
-        """This logger itself on rank 0 (it has `log_metrics` and `log_hyperparams`), NoExperiment
-        elsewhere."""
+        """This logger itself on rank 0 (it has `log_metrics` and `log_hyperparams`),
+        DummyExperiment elsewhere."""
         return _on_rank_zero(lambda: self)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:

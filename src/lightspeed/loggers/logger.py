@@ -53,10 +53,10 @@ def flatten(params: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _check_status(status: str) -> None:
-    if status not in STATUSES:
-        raise ConfigError(
-            f"finalize(status={status!r}) is not valid: use one of {', '.join(STATUSES)}."
-        )
+    # The Trainer passes one of STATUSES; a user may pass another word (Lightning's tests call
+    # finalize("finished")): any string is recorded as it is.
+    if not isinstance(status, str):
+        raise ConfigError(f"finalize(status={status!r}) is not valid: expected a string.")
 
 
 def _place_artifact(path: str | os.PathLike, log_dir: str) -> Path:
@@ -79,20 +79,55 @@ def _place_artifact(path: str | os.PathLike, log_dir: str) -> Path:
     return dest
 
 
-class NoExperiment:
+class DummyExperiment:
     """What `logger.experiment` is on ranks other than 0, as in Lightning: every method call does
     nothing, so `self.logger.experiment.add_image(...)` in a step run by every rank writes once."""
 
-    def __getattr__(self, name: str) -> Any:
-        return lambda *args, **kwargs: self
+    def nop(self, *args: Any, **kwargs: Any) -> None: ...
 
-    def __getitem__(self, key: Any) -> NoExperiment:
+    def __getattr__(self, name: str) -> Any:
+        return self.nop
+
+    def __getitem__(self, key: Any) -> DummyExperiment:
         return self
+
+    def __setitem__(self, key: Any, value: Any) -> None: ...  # stateless
+
+
+class DummyLogger:
+    """A logger that logs nothing and accepts any call (Lightning's, e.g. for `fast_dev_run`):
+    `logger.log_text(...)` of any tracker is a no-op."""
+
+    log_dir = None
+
+    @property
+    def experiment(self) -> DummyExperiment:
+        return DummyExperiment()
+
+    def log_metrics(self, *args: Any, **kwargs: Any) -> None: ...
+
+    def log_hyperparams(self, *args: Any, **kwargs: Any) -> None: ...
+
+    def finalize(self, *args: Any, **kwargs: Any) -> None: ...
+
+    @property
+    def name(self) -> str:
+        return ""
+
+    @property
+    def version(self) -> str:
+        return ""
+
+    def __getitem__(self, index: int) -> DummyLogger:
+        return self  # `trainer.logger[0]` where a list of loggers was expected
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: None
 
 
 def _on_rank_zero(make: Any) -> Any:
-    """`make()` (the logger's experiment object) on global rank 0, NoExperiment elsewhere."""
-    return make() if rank_zero_only.rank == 0 else NoExperiment()
+    """`make()` (the logger's experiment object) on global rank 0, DummyExperiment elsewhere."""
+    return make() if rank_zero_only.rank == 0 else DummyExperiment()
 
 
 def _next_version(root: Path) -> int:

@@ -54,7 +54,7 @@ class MLflowLogger:
 
     @property
     def experiment(self) -> Any:
-        """The MlflowClient on rank 0 (as Lightning's MLFlowLogger gives), NoExperiment
+        """The MlflowClient on rank 0 (as Lightning's MLFlowLogger gives), DummyExperiment
         elsewhere."""
         return _on_rank_zero(lambda: self.client)
 

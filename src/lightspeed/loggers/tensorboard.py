@@ -13,12 +13,15 @@ from lightspeed.loggers.logger import (
     _place_artifact,
     plain,
 )
+from lightspeed.utilities.imports import _TENSORBOARD_AVAILABLE, _TENSORBOARDX_AVAILABLE
 
 
 class TensorBoardLogger:
     """Writes scalars with tensorboard's SummaryWriter (via torch.utils.tensorboard);
     hyper-parameters and the final status as text; artifacts are placed in
     `<log_dir>/artifacts/`."""
+
+    NAME_HPARAMS_FILE = "hparams.yaml"
 
     def __init__(
         self,
@@ -34,7 +37,7 @@ class TensorBoardLogger:
 
     @property
     def experiment(self) -> Any:
-        """The SummaryWriter on rank 0 (`self.logger.experiment.add_image(...)`), NoExperiment
+        """The SummaryWriter on rank 0 (`self.logger.experiment.add_image(...)`), DummyExperiment
         elsewhere."""
         return _on_rank_zero(lambda: self.writer)
 
@@ -69,3 +72,6 @@ class TensorBoardLogger:
             self._writer.flush()
             self._writer.close()
             self._writer = None
+
+
+__all__ = ["TensorBoardLogger", "_TENSORBOARD_AVAILABLE", "_TENSORBOARDX_AVAILABLE"]

@@ -60,7 +60,8 @@ class WandbLogger:
 
     @property
     def experiment(self) -> Any:
-        """The wandb Run on rank 0 (`self.logger.experiment.log({...})`), NoExperiment elsewhere."""
+        """The wandb Run on rank 0 (`self.logger.experiment.log({...})`), DummyExperiment
+        elsewhere."""
         return _on_rank_zero(lambda: self.run)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:

@@ -11,6 +11,7 @@ from lightspeed.data.loaders import CombinedLoader
 from lightspeed.runtime.rng import seed_everything
 from lightspeed.utilities.exceptions import MisconfigurationException
 from lightspeed.utilities.grads import grad_norm
+from lightspeed.utilities.parameter_tying import find_shared_parameters, set_shared_parameters
 from lightspeed.utilities.parsing import AttributeDict, is_picklable
 from lightspeed.utilities.rank_zero import (
     rank_zero_debug,
@@ -23,6 +24,7 @@ __all__ = [
     "AttributeDict",
     "CombinedLoader",
     "MisconfigurationException",
+    "find_shared_parameters",
     "grad_norm",
     "is_picklable",
     "rank_zero_debug",
@@ -30,4 +32,5 @@ __all__ = [
     "rank_zero_only",
     "rank_zero_warn",
     "seed_everything",
+    "set_shared_parameters",
 ]

@@ -10,6 +10,8 @@ from typing import Any, Union
 
 import torch
 
+from lightspeed.specs import SchedulerConfig
+
 STEP_OUTPUT = Union[
     torch.Tensor, Mapping[str, Any], None
 ]  # what training_step / validation_step return
@@ -35,7 +37,12 @@ OptimizerLRScheduler = (
     ]
 )
 
+# The loop's record of one scheduler (specs.py), under Lightning's name:
+# `trainer.lr_scheduler_configs` holds these.
+LRSchedulerConfig = SchedulerConfig
+
 __all__ = [
+    "LRSchedulerConfig",
     "STEP_OUTPUT",
     "TRAIN_DATALOADERS",
     "EVAL_DATALOADERS",
