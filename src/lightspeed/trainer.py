@@ -369,6 +369,11 @@ class Trainer(LightningNames):
                 f"fit needs training data: pass train_dataloaders= or define train_dataloader() on "
                 f"{type(model).__name__}."
             )
+        # LearningRateFinder / BatchSizeFinder (lightspeed.tuner) run their short trial fits here,
+        # where Lightning runs them at fit start; they leave the model and this Trainer as they
+        # were.
+        for tuner in [cb for cb in self.callbacks if hasattr(cb, "run_before_fit")]:
+            tuner.run_before_fit(self, model, train_dataloaders, val_dataloaders, datamodule)
         self.datamodule = datamodule
         with self._entry(model, "fit") as model:
             data = lambda: fit_loaders(

@@ -1,9 +1,11 @@
 """Callbacks: hooks into the loop with state that travels in checkpoints, one file each (Lightning's
 paths)."""
 
+from lightspeed.callbacks.batch_size_finder import BatchSizeFinder
 from lightspeed.callbacks.callback import Callback
 from lightspeed.callbacks.early_stopping import EarlyStopping
 from lightspeed.callbacks.finetuning import BackboneFinetuning, BaseFinetuning
+from lightspeed.callbacks.lr_finder import LearningRateFinder
 from lightspeed.callbacks.lr_monitor import LearningRateMonitor
 from lightspeed.callbacks.model_checkpoint import ModelCheckpoint
 from lightspeed.callbacks.model_summary import ModelSummary
@@ -12,6 +14,8 @@ from lightspeed.callbacks.rich_model_summary import RichModelSummary
 from lightspeed.callbacks.timer import Timer
 
 __all__ = [
+    "BatchSizeFinder",
+    "LearningRateFinder",
     "BackboneFinetuning",
     "BaseFinetuning",
     "Callback",
