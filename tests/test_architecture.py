@@ -29,7 +29,8 @@ LAYERS: dict[int, set[str]] = {
     3: {
         "utilities",
         "config",
-    },  # Lightning's utility names; the Trainer's flags, checked and frozen
+        "profilers",
+    },  # Lightning's utility names; the Trainer's flags, checked and frozen; profilers (timing)
     4: {"perf"},  # fused optimizers, compile, mixed precision and the shared clip-then-step
     5: {"checkpoint"},  # the Checkpointer, file formats, one reader per on-disk layout
     6: {"loggers"},

@@ -281,3 +281,98 @@ def test_configure_optimizers_forms_and_lightning_messages():
     step = torch.optim.lr_scheduler.StepLR(opt, 1)
     with pytest.raises(ConfigError, match='"interval" key in lr scheduler dict must be "step"'):
         parse_optimizers({"optimizer": opt, "lr_scheduler": {"scheduler": step, "interval": "x"}})
+
+
+# ------------------------------------------------------------------ callbacks at Lightning's paths
+def _fit_boring(tmp_path, model=None, **kw):
+    from lightspeed import Trainer
+    from lightspeed.demos.boring_classes import BoringModel
+
+    trainer = Trainer(
+        default_root_dir=tmp_path,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        **kw,
+    )
+    trainer.fit(model or BoringModel())
+    return trainer
+
+
+def test_gradient_accumulation_scheduler_sets_steps_per_epoch(tmp_path):
+    from lightspeed.callbacks import GradientAccumulationScheduler
+    from lightspeed.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="Epoch should be an int"):
+        GradientAccumulationScheduler({-1: 2})
+    with pytest.raises(ConfigError, match="Accumulation factor should be an int"):
+        GradientAccumulationScheduler({0: 0})
+    schedule = GradientAccumulationScheduler({1: 2, 2: 5})
+    trainer = _fit_boring(
+        tmp_path, max_epochs=3, limit_train_batches=10, limit_val_batches=0, callbacks=schedule
+    )
+    assert trainer.global_step == 10 + 5 + 2  # 1, then 2, then 5 batches per optimizer step
+    with pytest.raises(ValueError, match="`accumulate_grad_batches` and are using the"):
+        _fit_boring(tmp_path, max_steps=1, accumulate_grad_batches=2, callbacks=schedule)
+
+
+def test_prediction_writer_gets_batch_indices(tmp_path):
+    from torch.utils.data import DataLoader
+
+    from lightspeed import Trainer
+    from lightspeed.callbacks import BasePredictionWriter
+    from lightspeed.demos.boring_classes import BoringModel, RandomDataset
+
+    class Writer(BasePredictionWriter):
+        def __init__(self):
+            super().__init__("batch_and_epoch")
+            self.batches, self.epochs = [], []
+
+        def write_on_batch_end(self, trainer, module, prediction, indices, batch, idx, dl_idx):
+            self.batches.append((indices, idx, dl_idx, tuple(prediction.shape)))
+
+        def write_on_epoch_end(self, trainer, module, predictions, batch_indices):
+            self.epochs.append((len(predictions), batch_indices))
+
+    writer = Writer()
+    trainer = Trainer(default_root_dir=tmp_path, logger=False, callbacks=writer)
+    trainer.predict(BoringModel(), DataLoader(RandomDataset(32, 6), batch_size=4))
+    assert writer.batches == [([0, 1, 2, 3], 0, 0, (4, 2)), ([4, 5], 1, 0, (2, 2))]
+    assert writer.epochs == [(2, [[[0, 1, 2, 3], [4, 5]]])]
+
+
+def test_profilers_time_actions(tmp_path, capsys):
+    from lightspeed.profilers import AdvancedProfiler, PassThroughProfiler, SimpleProfiler
+
+    profiler = SimpleProfiler()
+    for _ in range(3):
+        with profiler.profile("step"):
+            sum(range(1000))
+    assert len(profiler.recorded_durations["step"]) == 3
+    profiler.describe()
+    assert "step" in capsys.readouterr().out
+    advanced = AdvancedProfiler(dirpath=tmp_path, filename="prof")
+    with advanced.profile("work"):
+        sorted(range(100))
+    advanced.describe()
+    assert "Profile stats for: work" in (tmp_path / "prof.txt").read_text()
+    with PassThroughProfiler().profile("nothing"):
+        pass
+
+
+def test_on_exception_checkpoint_saves_when_fit_raises(tmp_path):
+    from lightspeed.callbacks import OnExceptionCheckpoint
+    from lightspeed.demos.boring_classes import BoringModel
+
+    class Fails(BoringModel):
+        def training_step(self, batch, batch_idx):
+            if self.global_step == 2:
+                raise RuntimeError("boom")
+            return super().training_step(batch, batch_idx)
+
+    callback = OnExceptionCheckpoint(tmp_path / "ckpts")
+    with pytest.raises(RuntimeError, match="boom"):
+        _fit_boring(tmp_path, Fails(), max_steps=5, callbacks=[callback])
+    assert callback.ckpt_path.endswith("on_exception.ckpt")
+    assert any((tmp_path / "ckpts").iterdir())

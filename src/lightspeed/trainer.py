@@ -133,6 +133,8 @@ class Trainer(LightningNames):
             self.callbacks.append(RunMetrics())
         if cfg.max_time is not None:  # Lightning's max_time is a Timer, checked after every step
             self.callbacks.append(Timer(cfg.max_time))
+        # what the loop reads each epoch; a GradientAccumulationScheduler sets it at epoch start
+        self.accumulate_grad_batches = cfg.accumulate_grad_batches
         summaries = [c for c in self.callbacks if isinstance(c, ModelSummary)]
         if cfg.enable_model_summary and not summaries:  # it prints at fit start, as Lightning's
             self.callbacks.append(default_model_summary(self.callbacks))
@@ -455,7 +457,7 @@ class Trainer(LightningNames):
             resumed_iterator(loader, skip, rng), loader
         )  # rng: restored where it was saved
         # Manual optimization steps per batch, however the user accumulates.
-        size = self.cfg.accumulate_grad_batches if module.automatic_optimization else 1
+        size = self.accumulate_grad_batches if module.automatic_optimization else 1
         for window in accumulation_windows(batches, skip, n, size):
             self.is_last_batch = window[-1][0] + 1 >= n
             if (out := self._train_window(module, window)) is SKIP_EPOCH:
@@ -523,7 +525,7 @@ class Trainer(LightningNames):
             )
             if module.automatic_optimization:
                 self.guard.observe(loss := hooks.loss_of(out), i)
-                loss = loss / self.cfg.accumulate_grad_batches
+                loss = loss / self.accumulate_grad_batches
                 hooks.on_before_backward(self, module, loss)
                 self.strategy.backward(loss)
                 hooks.on_after_backward(self, module)

@@ -5,10 +5,13 @@ from lightspeed.callbacks.batch_size_finder import BatchSizeFinder
 from lightspeed.callbacks.callback import Callback
 from lightspeed.callbacks.early_stopping import EarlyStopping
 from lightspeed.callbacks.finetuning import BackboneFinetuning, BaseFinetuning
+from lightspeed.callbacks.gradient_accumulation_scheduler import GradientAccumulationScheduler
 from lightspeed.callbacks.lr_finder import LearningRateFinder
 from lightspeed.callbacks.lr_monitor import LearningRateMonitor
 from lightspeed.callbacks.model_checkpoint import ModelCheckpoint
 from lightspeed.callbacks.model_summary import ModelSummary
+from lightspeed.callbacks.on_exception_checkpoint import OnExceptionCheckpoint
+from lightspeed.callbacks.prediction_writer import BasePredictionWriter
 from lightspeed.callbacks.progress import RichProgressBar, TQDMProgressBar
 from lightspeed.callbacks.rich_model_summary import RichModelSummary
 from lightspeed.callbacks.timer import Timer
@@ -18,11 +21,14 @@ __all__ = [
     "LearningRateFinder",
     "BackboneFinetuning",
     "BaseFinetuning",
+    "BasePredictionWriter",
     "Callback",
     "EarlyStopping",
+    "GradientAccumulationScheduler",
     "LearningRateMonitor",
     "ModelCheckpoint",
     "ModelSummary",
+    "OnExceptionCheckpoint",
     "RichModelSummary",
     "RichProgressBar",
     "TQDMProgressBar",
