@@ -1,6 +1,7 @@
 """Verified checkpoints: meta.json records each file's size and CRC-32; `verify(path, full=True)`
-names a file whose bytes changed; a missing optimizer state is an error; an engine's failure on a
-damaged checkpoint (DeepSpeed, DCP) becomes one ConfigError naming the checkpoint and the file.
+names a file whose bytes changed; a missing optimizer state is an error; a damaged file of a
+DeepSpeed or DCP checkpoint is named by its checksum before the engine reads it (every byte a resume
+reads is checked: tests/test_checksummed_resume.py).
 
     PYTHONPATH=src .venv/bin/python -m pytest -q tests/test_verified_checkpoints.py
 """
@@ -63,7 +64,7 @@ def test_missing_optimizer_state_is_an_error(saved, tmp_path):
 @pytest.mark.parametrize(
     "strategy, victim", [("deepspeed_stage_2", "mp_rank_00_model_states.pt"), ("fsdp", ".metadata")]
 )
-def test_engine_failure_names_checkpoint_and_file(tmp_path, shared_run, strategy, victim):
+def test_damage_engines_would_fail_on_is_named_first(tmp_path, shared_run, strategy, victim):
     # A copy of the step-15 checkpoint of tests/test_strategies.py's 2-rank run (made once per
     # session).
     from test_strategies import RESUME_AT, conformance_run
@@ -76,7 +77,8 @@ def test_engine_failure_names_checkpoint_and_file(tmp_path, shared_run, strategy
     ckpt = tmp_path / "ckpt"
     shutil.copytree(saved, ckpt)
     file = next(p for p in ckpt.rglob(victim))
-    # Same size, damaged content: passes the cheap pre-launch check, fails inside the engine.
+    # Same size, damaged content: passes the cheap pre-launch check; the checksums catch it before
+    # the engine (which would fail on it) reads it.
     data = bytearray(file.read_bytes())
     data[: len(data) // 2] = bytes(len(data) // 2)
     file.write_bytes(bytes(data))
@@ -91,7 +93,6 @@ def test_engine_failure_names_checkpoint_and_file(tmp_path, shared_run, strategy
         check=False,
     )
     assert run.returncode != 0
-    assert f"ConfigError: checkpoint {ckpt} could not be loaded by {strategy}" in run.stderr, (
+    assert f"ConfigError: checkpoint file {file} is corrupt: its CRC-32 differs" in run.stderr, (
         run.stderr[-3000:]
     )
-    assert f"{victim} is corrupt: its CRC-32 differs" in run.stderr, run.stderr[-3000:]

@@ -20,9 +20,9 @@ Every rank calls `save` (DeepSpeed and DCP require it). The data goes to `.tmp-<
 renamed to `<name>` only when every rank has finished; the `last` symlink moves only after that
 rename. A crash at any point leaves `last` pointing at a complete checkpoint. `resolve` checks a
 checkpoint cheaply (sizes and file headers) on rank 0 only, before the load. Every load then checks
-the CRC-32 of each file each rank reads, beside the read (checkpoint/integrity.py), and every rank
-agrees on the verdict before the run goes on: a changed byte is a ConfigError naming the file, the
-two checksums and the newest checkpoint beside it that is intact.
+the CRC-32 of each file each rank is about to read (checkpoint/integrity.py), and every rank agrees
+on the verdict before any state is loaded: a changed byte is a ConfigError naming the file, the two
+checksums and the newest checkpoint beside it that is intact.
 """
 
 from __future__ import annotations
@@ -42,10 +42,10 @@ import torch.distributed as dist
 
 from lightspeed.checkpoint.integrity import (
     TRAINER_STATE,
-    Checking,
     Mismatch,
     describe,
     files_read,
+    first_mismatch,
     owned,
     sums,
     verify_files,
@@ -132,14 +132,13 @@ class Checkpointer:
         (`_read_portable`); one line on rank 0 says what was carried over and what was not. Raises
         ConfigError on every rank when a file any rank read differs from its recorded checksum."""
         meta = self._meta(path)
-        checking = self._check(path, meta, with_optimizer, loop_state=True)
-        self._load_strategy(path, meta, with_optimizer, checking)
-        state = self._torch_load(path / TRAINER_STATE, checking)
+        self._check(path, meta, with_optimizer, loop_state=True)
+        self._load_strategy(path, meta, with_optimizer)
+        state = _torch_load(path / TRAINER_STATE)
         rng_file = path / f"rng-rank{self.rank}.pt"
         # rank r's random stream means nothing on another world size
         same_ranks = meta.get("world_size") == self.world_size
-        rng = self._torch_load(rng_file, checking) if same_ranks and rng_file.exists() else None
-        self._agree(path, checking)
+        rng = _torch_load(rng_file) if same_ranks and rng_file.exists() else None
         for cb in self.callbacks:
             if cb.state_key in state["callbacks"]:
                 cb.load_state_dict(state["callbacks"][cb.state_key])
@@ -154,9 +153,8 @@ class Checkpointer:
         `ckpt_path` needs. Returns meta.json. Raises ConfigError naming the checkpoint (and the file
         at fault, where one is) when it cannot be loaded or a file differs from its checksum."""
         meta = self._meta(path)
-        checking = self._check(path, meta, with_optimizer, loop_state=False)
-        self._load_strategy(path, meta, with_optimizer, checking)
-        self._agree(path, checking)
+        self._check(path, meta, with_optimizer, loop_state=False)
+        self._load_strategy(path, meta, with_optimizer)
         return meta
 
     def _meta(self, path: Path) -> dict:
@@ -165,20 +163,25 @@ class Checkpointer:
         # others not.
         return broadcast_from_rank0(read_meta(path) if self.rank == 0 else None)
 
-    def _check(self, path: Path, meta: dict, with_optimizer: bool, loop_state: bool) -> Checking:
-        """Starts checking the checksums of the files this rank is about to read."""
+    def _check(self, path: Path, meta: dict, with_optimizer: bool, loop_state: bool) -> None:
+        """Collective. Each rank checks the checksums of the files it is about to read; when any
+        rank found a changed byte, every rank raises the same ConfigError (the first such rank's
+        file), naming the newest intact checkpoint beside it. Nothing is loaded before."""
         native = self._is_native(meta)
         names = files_read(meta, self.rank, self.world_size, native, with_optimizer, loop_state)
-        return Checking(path, meta, names, self.rank)
+        found: list[Mismatch | None] = _gather(first_mismatch(path, meta, names, self.rank))
+        first = next((m for m in found if m is not None), None)
+        if first is None:
+            return
+        intact = broadcast_from_rank0(_last_intact(path) if self.rank == 0 else None)
+        raise ConfigError(describe(path, first) + _intact_sentence(path, intact))
 
     def _is_native(self, meta: dict) -> bool:
         saved, ranks = meta.get("strategy", "?"), meta.get("world_size", 0)
         return layout(saved, ranks) == layout(self.strategy.name, self.world_size)
 
-    def _load_strategy(
-        self, path: Path, meta: dict, with_optimizer: bool, checking: Checking
-    ) -> None:
-        portable = self._read_portable(path, meta, with_optimizer, checking)
+    def _load_strategy(self, path: Path, meta: dict, with_optimizer: bool) -> None:
+        portable = self._read_portable(path, meta, with_optimizer)
         self._say_what_travels(meta, with_optimizer)
         try:
             self.strategy.load(path, with_optimizer=with_optimizer, portable=portable)
@@ -188,31 +191,10 @@ class Checkpointer:
         except BaseException as e:
             raise ConfigError(
                 f"checkpoint {path} could not be loaded by {self.strategy.name}: "
-                f"{_culprit(path, e, checking.wait())}"
+                f"{_culprit(path, e)}"
             ) from e
 
-    def _torch_load(self, file: Path, checking: Checking) -> Any:
-        try:
-            return _torch_load(file)
-        except ConfigError:  # a damaged pickle: the checksum names it better
-            if found := checking.wait():
-                raise ConfigError(_with_intact(file.parent, describe(file.parent, found))) from None
-            raise
-
-    def _agree(self, path: Path, checking: Checking) -> None:
-        """Collective: raises the same ConfigError on every rank when any rank's check found a file
-        whose bytes changed (the first such rank's), naming the newest intact checkpoint beside it.
-        Every rank waits here for its own check to end."""
-        found: list[Mismatch | None] = _gather(checking.wait())
-        first = next((m for m in found if m is not None), None)
-        if first is None:
-            return
-        intact = broadcast_from_rank0(_last_intact(path) if self.rank == 0 else None)
-        raise ConfigError(describe(path, first) + _intact_sentence(path, intact))
-
-    def _read_portable(
-        self, path: Path, meta: dict, with_optimizer: bool, checking: Checking
-    ) -> dict | None:
+    def _read_portable(self, path: Path, meta: dict, with_optimizer: bool) -> dict | None:
         """None when this strategy reads `path` natively (same on-disk layout); else the checkpoint
         in the neutral form, read by rank 0 and broadcast (every rank then holds the whole model and
         optimizer state on CPU for the moment of the load: the price of not needing a shared
@@ -226,9 +208,7 @@ class Checkpointer:
                 found = read_portable(path, saved, with_optimizer)
             # noqa: BLE001 - every rank must learn of it, or the others wait forever
             except Exception as e:
-                if mismatch := checking.wait():  # the damaged file, named by its checksum
-                    found = ConfigError(_with_intact(path, describe(path, mismatch)))
-                elif isinstance(e, ConfigError):
+                if isinstance(e, ConfigError):
                     found = e
                 else:
                     found = ConfigError(
@@ -392,7 +372,7 @@ def verify(path: str | os.PathLike, full: bool = True) -> None:
     verify_files(path, meta)
     if not full:
         return
-    if found := Checking(path, meta, list(meta.get("files") or {}), rank=None).wait():
+    if found := first_mismatch(path, meta, list(meta.get("files") or {}), rank=None):
         raise ConfigError(describe(path, found))
 
 
@@ -432,11 +412,9 @@ def _with_intact(path: Path, message: str) -> str:
     return message + _intact_sentence(path, _last_intact(path))
 
 
-def _culprit(path: Path, error: BaseException, mismatch: Mismatch | None) -> str:
-    """What to tell the user when an engine fails on a checkpoint: the file at fault if this rank's
-    check or a full one finds it."""
-    if mismatch is not None:
-        return _with_intact(path, describe(path, mismatch))
+def _culprit(path: Path, error: BaseException) -> str:
+    """What to tell the user when an engine fails on a checkpoint: the file at fault if a full check
+    finds one (the load's own check covers the files it read; an engine may read more)."""
     try:
         verify(path, full=True)
     except ConfigError as found:
