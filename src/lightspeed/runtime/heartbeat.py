@@ -12,14 +12,18 @@ MASTER_ADDR:MASTER_PORT, through its own connection) under `lightspeed/heartbeat
 the training thread touches the store or the device.
 
 Who reads it:
-- a rank waiting in a collective: its heartbeat thread prints `describe(read(...))` shortly before
-the collective
-  timeout (`Trainer(timeout=)`) ends the wait (NCCL's watchdog then aborts the process, and nothing
-  else could speak); an uncaught timeout the thread did not report prints it before the traceback.
-  Under torchrun or SLURM these are the only reports;
+- a rank that has waited STALL_S (30 s) in one collective, whatever the collective timeout: its
+  heartbeat thread prints the report once, if no lower rank is waiting too (one rank speaks), and
+  keeps waiting: a rank that is only slow (a long save on rank 0, a slow first step) may still come,
+  and then a second line says the wait ended. The policy is to name, not to abort: the collective
+  timeout (`Trainer(timeout=)`, 600 s by default) still ends a wait that never ends;
+- a rank waiting in a collective shortly before that timeout: its thread prints the report again
+  (NCCL's watchdog then aborts the process, and nothing else could speak); an uncaught timeout the
+  thread did not report prints it before the traceback. Under torchrun or SLURM these are the only
+  reports;
 - the local launcher (`launch.start_local_ranks`): when no rank has moved for 1.5 x the timeout
-(every rank stuck
-  outside a collective, which no collective timeout catches), it prints the report and ends the job.
+  (every rank stuck outside a collective, which no collective timeout catches), it prints the
+  report and ends the job.
 """
 
 from __future__ import annotations
@@ -35,9 +39,11 @@ from datetime import timedelta
 from typing import Any
 
 INTERVAL_S = 1.0  # how often a rank publishes where it is
-STALE_S = (
-    10.0  # a rank whose last heartbeat is older than this is not answering at all (frozen or gone)
-)
+STALE_S = 10.0  # a rank whose last heartbeat is older than this is not answering (frozen or gone)
+# A rank waiting this long in one collective names the ranks it waits for, whatever the collective
+# timeout: long enough for a slow step or a modest save, short enough to name a hang within a
+# minute at the defaults.
+STALL_S = 30.0
 _KEY = "lightspeed/heartbeat/"
 _STEP_FUNCTIONS = ("training_step", "validation_step", "test_step", "predict_step")
 
@@ -116,7 +122,8 @@ class _Heart:
         self.last: tuple = ()
         self.latest: Beat | None = None  # the last beat the thread published
         self.timeout_s = 600.0  # the collective timeout
-        self.warned = False  # the current wait was reported
+        self.warned = False  # the current wait was reported near the timeout
+        self.named: Beat | None = None  # the wait reported after STALL_S (this rank spoke)
         self.since = time.time()
 
     def sample(self) -> Beat:
@@ -144,11 +151,36 @@ class _Heart:
             try:
                 self.latest = beat = self.sample()
                 self.publish(beat)
+                self.watch(beat)
                 self.warn(beat)
-            except (
-                Exception
-            ):  # the store's host (rank 0) is gone: the launcher or the timeout reports that
+            # the store's host (rank 0) is gone: the launcher or the timeout reports that
+            except Exception:
                 return
+
+    def watch(self, beat: Beat) -> None:
+        """After STALL_S in one collective, says once whom this rank waits for (if no lower rank
+        waits too: they would say the same); when that wait ends, says so."""
+        self.note_end(beat)
+        waited = beat.seen - beat.since
+        if not beat.waiting or waited < STALL_S or self.named is not None:
+            return
+        # The lowest waiting rank speaks: one read when rank 0 waits too (the usual case).
+        lower = (_read_ranks(self.store, range(r, r + 1))[0] for r in range(self.rank))
+        if any(b is not None and b.waiting for b in lower):
+            return
+        self.named = beat
+        _say(
+            f"[lightspeed] rank {self.rank} has waited {waited:.0f} s in {beat.phase} "
+            f"({beat.where}) {_at(beat)}: {describe(read(self.store, self.group[0]))} "
+            "Still waiting: a slow rank may yet come; a "
+            f"hung one ends the job at the {self.timeout_s:g} s collective timeout "
+            "(Trainer(timeout=))."
+        )
+
+    def note_end(self, beat: Beat) -> None:
+        if self.named is not None and beat.since != self.named.since:  # it moved on
+            took, phase, self.named = beat.seen - self.named.since, self.named.phase, None
+            _say(f"[lightspeed] rank {self.rank}: the wait in {phase} ended after {took:.0f} s.")
 
     def warn(self, beat: Beat) -> None:
         # Said shortly before the collective timeout ends the wait, because NCCL's watchdog then
@@ -234,6 +266,7 @@ def stop() -> None:
     _heart.stop_event.set()
     _heart.thread.join(timeout=2 * INTERVAL_S)
     _heart.thread = None  # a later process group starts a new one
+    _heart.note_end(_heart.sample())  # a reported wait that ended since the last tick
     try:
         beat = _heart.latest or _heart.sample()
         beat.left = True
@@ -256,11 +289,20 @@ def is_timeout(exc: BaseException) -> bool:
 def read(store: Any, world_size: int) -> list[Beat | None]:
     """Every rank's last heartbeat from `store` (None for a rank that never published). Does not
     wait."""
+    return _read_ranks(store, range(world_size))
+
+
+def _read_ranks(store: Any, ranks: range) -> list[Beat | None]:
     beats: list[Beat | None] = []
-    for r in range(world_size):
+    for r in ranks:
         key = f"{_KEY}{r}"
         beats.append(Beat(**json.loads(store.get(key))) if store.check([key]) else None)
     return beats
+
+
+def _say(line: str) -> None:
+    # sys.__stderr__: torch's excepthook may have swapped sys.stderr for a buffer
+    print(line, file=sys.__stderr__, flush=True)
 
 
 def describe(beats: list[Beat | None], now: float | None = None) -> str:

@@ -167,9 +167,10 @@ def share_cpus(info: DistInfo) -> int | None:
 
 
 _exit_state = {"installed": False, "failed": False}
-PEER_FAILURE_GRACE_S = (
-    5.0  # rank 0's time to fail by itself after another local rank died (start_local_ranks)
-)
+# rank 0's time to fail by itself after another local rank died (start_local_ranks)
+PEER_FAILURE_GRACE_S = 5.0
+# a spawned rank's wait, on a lost connection, for its parent's exit to show (watch_parent)
+PARENT_EXIT_S = 2.0
 
 
 def end_with_os_exit() -> None:
@@ -449,22 +450,57 @@ def _script_argv() -> list[str]:
 
 def watch_parent() -> None:
     """On a rank lightspeed spawned: exit if rank 0 (our parent) disappears, so no rank is left
-    hanging."""
+    hanging, and name it. Rank 0 started the job, so when it is killed (SIGKILL, the OOM killer)
+    no launcher is left to say so: its ranks do. A rank in a collective with it fails at once
+    ("Connection reset by peer"), often before the watch below looks, so an uncaught error names
+    rank 0 first when rank 0 is gone (waiting up to PARENT_EXIT_S for its exit to show: a killed
+    process's sockets close before its children are handed to a new parent)."""
     parent = os.environ.get("LIGHTSPEED_PARENT_PID")
     if not parent:
         return
-    parent_pid = int(parent)
+    parent_pid, rank, said = int(parent), os.environ.get("RANK"), threading.Lock()
+
+    def gone(wait_s: float = 0.0) -> bool:
+        deadline = time.monotonic() + wait_s
+        while os.getppid() == parent_pid:  # an orphan is adopted by init or a subreaper
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
+    def say() -> None:
+        if said.acquire(blocking=False):  # once, from this thread or the excepthook
+            print(
+                f"[lightspeed] rank 0 (pid {parent_pid}) is gone (killed, or it ended without its "
+                f"ranks); rank {rank} stops too.",
+                file=sys.__stderr__,
+                flush=True,
+            )
 
     def watch() -> None:
         while True:
-            if os.getppid() != parent_pid:
-                print(
-                    f"[lightspeed] rank 0 (pid {parent_pid}) is gone; rank "
-                    f"{os.environ.get('RANK')} stops too.",
-                    file=sys.__stderr__,
-                    flush=True,
-                )
+            if gone():
+                say()
                 os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(0.5)
 
+    previous_hook = sys.excepthook
+
+    def on_uncaught(kind, exc, tb) -> None:
+        if gone(PARENT_EXIT_S if _lost_peer(exc) else 0.0):
+            say()
+        previous_hook(kind, exc, tb)
+
+    sys.excepthook = on_uncaught
     threading.Thread(target=watch, name="lightspeed-parent-watchdog", daemon=True).start()
+
+
+def _lost_peer(exc: BaseException | None) -> bool:
+    """Whether `exc` (or its cause) is a broken connection to another rank (gloo: "Connection reset
+    by peer", "Connection closed by peer"; a socket error)."""
+    while exc is not None:
+        text = str(exc).lower()
+        if isinstance(exc, ConnectionError) or any(w in text for w in ("connection", "peer")):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
