@@ -7,14 +7,15 @@ Writes the replicated layout single-device and DDP runs save (model.safetensors 
 AdamW's two moments: 12 bytes per parameter; the default 2^28 parameters make a 1 GiB weights file
 and a 2 GiB optimizer file), then times, in one run:
 
-  save          save_replicated (safetensors + torch.save), as a checkpoint save does
-  save sums     the CRC-32 read-back of both files that fills meta.json
-  load          load_replicated into the model and a torch AdamW (page cache warm; with --cold
-                both files are dropped from the page cache before each timed case)
-  load + check  the same, with integrity.Checking reading and CRC-ing both files on its thread
-  check, then   Checking first, then the load (which then reads from the page cache)
-  check alone   Checking on its own
-  crc32, xxh3   the two hashes over the optimizer file (page cache warm), for the choice of hash
+  save              save_replicated (safetensors + torch.save), as a checkpoint save does
+  save sums         the CRC-32 read-back of both files that fills meta.json
+  load              load_replicated into the model and a torch AdamW (page cache warm; with
+                    --cold both files are dropped from the page cache before each timed case)
+  check, then load  integrity.first_mismatch over both files, then the load (which then reads
+                    the page cache): what Checkpointer.load does
+  check beside      the check on a thread while the load runs (the alternative not taken)
+  check alone       first_mismatch on its own
+  crc32, xxh3       the two hashes over the optimizer file, for the choice of hash
 
 With --ranks N, N processes load at once (N ranks of one host reading one replicated checkpoint,
 as under DDP): each reports its own times, the table their median. Ratios are against the plain
@@ -27,12 +28,13 @@ import argparse
 import multiprocessing as mp
 import os
 import statistics
+import threading
 import time
 from pathlib import Path
 
 import torch
 
-from lightspeed.checkpoint.integrity import Checking, crc32, sums
+from lightspeed.checkpoint.integrity import crc32, first_mismatch, sums
 from lightspeed.checkpoint.io import OPTIMIZER, WEIGHTS, load_replicated, save_replicated
 
 
@@ -72,13 +74,17 @@ def measure(
     def load():
         load_replicated(path, model, [opt], with_optimizer=True)
 
-    def load_and_check():
-        checking = Checking(path, meta, names, rank=0)
-        load()
-        assert checking.wait() is None
+    def check():
+        assert first_mismatch(path, meta, names, rank=0) is None
 
-    def check_then_load():
-        assert Checking(path, meta, names, rank=0).wait() is None
+    def check_beside_load():  # the alternative not taken: the check on a thread during the load
+        thread = threading.Thread(target=check)
+        thread.start()
+        load()
+        thread.join()
+
+    def check_then_load():  # what Checkpointer.load does
+        check()
         load()
 
     def hash_xxh3():
@@ -91,9 +97,9 @@ def measure(
 
     cases = {
         "load": load,
-        "load + check (beside)": load_and_check,
-        "check, then load": check_then_load,
-        "check alone": lambda: Checking(path, meta, names, rank=0).wait(),
+        "check, then load (lightspeed)": check_then_load,
+        "check beside the load (thread)": check_beside_load,
+        "check alone": check,
         "crc32 (optimizer file)": lambda: crc32(path / OPTIMIZER),
     }
     try:
