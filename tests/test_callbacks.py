@@ -126,10 +126,10 @@ def test_learning_rate_monitor_matches_scheduler(tmp_path):
     )
     trainer.fit(Sched(), regression_data())
     rows = [r for r in csv.DictReader(logger.path.open()) if r.get("lr-SGD")]
-    # At step s the logged rate is the one the next update uses: the scheduler's lambda after s
-    # steps.
+    # Logged before each step, as Lightning: at step s the rate that update uses, the scheduler's
+    # lambda after s steps.
     assert [(int(r["step"]), float(r["lr-SGD"])) for r in rows] == [
-        (s, 1.0 / (s + 1)) for s in range(1, 6)
+        (s, 1.0 / (s + 1)) for s in range(0, 5)
     ]
     assert trainer.strategy.schedulers[0].scheduler.get_last_lr() == [1.0 / 6]
 

@@ -288,14 +288,13 @@ def _fit_boring(tmp_path, model=None, **kw):
     from lightspeed import Trainer
     from lightspeed.demos.boring_classes import BoringModel
 
-    trainer = Trainer(
-        default_root_dir=tmp_path,
+    flags = dict(
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        **kw,
     )
+    trainer = Trainer(default_root_dir=tmp_path, **{**flags, **kw})
     trainer.fit(model or BoringModel())
     return trainer
 
@@ -376,3 +375,31 @@ def test_on_exception_checkpoint_saves_when_fit_raises(tmp_path):
         _fit_boring(tmp_path, Fails(), max_steps=5, callbacks=[callback])
     assert callback.ckpt_path.endswith("on_exception.ckpt")
     assert any((tmp_path / "ckpts").iterdir())
+
+
+def test_learning_rate_monitor_names_as_lightning(tmp_path):
+    from lightspeed import CSVLogger
+    from lightspeed.callbacks import LearningRateMonitor
+    from lightspeed.demos.boring_classes import BoringModel
+    from lightspeed.errors import ConfigError
+
+    class TwoAdams(BoringModel):
+        def configure_optimizers(self):
+            first = torch.optim.Adam(self.layer.parameters(), lr=0.1)
+            second = torch.optim.Adam(
+                [{"params": [self.layer.weight]}, {"params": [self.layer.bias], "name": "bias"}],
+                lr=0.2,
+            )
+            return [first, second]
+
+        def training_step(self, batch, batch_idx):
+            return None  # manual optimization below is not needed: nothing to step
+
+    monitor = LearningRateMonitor(log_momentum=True)
+    model = TwoAdams()
+    model.automatic_optimization = False
+    _fit_boring(tmp_path, model, max_steps=2, callbacks=[monitor], logger=CSVLogger(tmp_path))
+    assert list(monitor.lrs) == ["lr-Adam", "lr-Adam-1/pg1", "lr-Adam-1/bias"]
+    assert monitor.last_momentum_values["lr-Adam-momentum"] == 0.9
+    with pytest.raises(ConfigError, match="has no logger"):
+        _fit_boring(tmp_path, max_steps=1, callbacks=[LearningRateMonitor()])

@@ -530,11 +530,17 @@ def test_scheduler_name_keys_learning_rate_monitor(tmp_path):
                 "lr_scheduler": {"scheduler": sched, "name": "Sean", "interval": "step"},
             }
 
-    monitor = ls.LearningRateMonitor(logging_interval="step")
-    trainer = make_trainer(tmp_path, max_steps=3, log_every_n_steps=1, callbacks=[monitor])
+    monitor = ls.LearningRateMonitor(logging_interval="step")  # it needs a logger, as Lightning's
+    trainer = make_trainer(
+        tmp_path,
+        max_steps=3,
+        log_every_n_steps=1,
+        callbacks=[monitor],
+        logger=ls.CSVLogger(tmp_path),
+    )
     trainer.fit(Named(), regression_data())
     assert trainer.lr_scheduler_configs[0].name == "Sean"
-    assert monitor.lrs == {"Sean": [0.05, 0.025, 0.0125]}
+    assert monitor.lrs == {"Sean": [0.1, 0.05, 0.025]}  # before each step: the rate it uses
 
 
 class OneCycle(Regress):
