@@ -403,3 +403,24 @@ def test_learning_rate_monitor_names_as_lightning(tmp_path):
     assert monitor.last_momentum_values["lr-Adam-momentum"] == 0.9
     with pytest.raises(ConfigError, match="has no logger"):
         _fit_boring(tmp_path, max_steps=1, callbacks=[LearningRateMonitor()])
+
+
+def test_timer_zero_duration_and_stages(tmp_path):
+    from datetime import timedelta
+
+    from lightspeed.callbacks import Timer
+    from lightspeed.demos.boring_classes import BoringModel
+    from lightspeed.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="format DD:HH:MM:SS"):
+        Timer("6:00:00")
+    with pytest.raises(ConfigError, match="Unsupported parameter value"):
+        Timer(interval="batch")
+    timer = Timer(timedelta(0))  # spent before the first step: fit stops at once
+    trainer = _fit_boring(tmp_path, max_epochs=2, callbacks=[timer])
+    assert trainer.global_step == 0 and timer._duration == 0
+    timer = Timer()
+    trainer = _fit_boring(tmp_path, max_steps=2, callbacks=[timer])
+    trainer.test(BoringModel(), verbose=False)
+    assert timer.time_elapsed("train") > 0 and timer.time_elapsed("test") > 0
+    assert timer.state_dict()["time_elapsed"]["predict"] == 0

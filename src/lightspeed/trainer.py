@@ -73,6 +73,7 @@ from lightspeed.runtime.preemption import Preemption
 from lightspeed.runtime.rng import rng_state, seed_everything, set_rng_state
 from lightspeed.specs import LoopState, RunSpec, StepStats
 from lightspeed.strategies import build_strategy
+from lightspeed.utilities.rank_zero import rank_zero_info
 
 __all__ = ["Trainer", "seed_everything"]
 SKIP_EPOCH = object()  # what _train_window returns when on_train_batch_start returned -1
@@ -132,7 +133,12 @@ class Trainer(LightningNames):
         ):  # lr, throughput, memory; the report
             self.callbacks.append(RunMetrics())
         if cfg.max_time is not None:  # Lightning's max_time is a Timer, checked after every step
-            self.callbacks.append(Timer(cfg.max_time))
+            if any(isinstance(c, Timer) for c in self.callbacks):
+                rank_zero_info(
+                    "Ignoring `Trainer(max_time=...)`, callbacks list already contains a Timer."
+                )
+            else:
+                self.callbacks.append(Timer(cfg.max_time))
         # what the loop reads each epoch; a GradientAccumulationScheduler sets it at epoch start
         self.accumulate_grad_batches = cfg.accumulate_grad_batches
         summaries = [c for c in self.callbacks if isinstance(c, ModelSummary)]
@@ -419,10 +425,11 @@ class Trainer(LightningNames):
                 compiled_frames(),
                 compile_step(model, self.cfg.compile),
             )
+            self.should_stop = False  # before on_fit_start: a Timer already spent stops at once
             hooks.call(self, model, "on_fit_start")
             sanity_check(self, model, val)
             hooks.call(self, model, "on_train_start")
-            self.should_stop, self._held, loaded_at = False, False, self.current_epoch
+            self._held, loaded_at = False, self.current_epoch
             while not self._stops() and self.current_epoch < self.cfg.epochs_limit:
                 if (
                     every := self.cfg.reload_dataloaders_every_n_epochs
