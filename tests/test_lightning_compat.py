@@ -424,3 +424,43 @@ def test_timer_zero_duration_and_stages(tmp_path):
     trainer.test(BoringModel(), verbose=False)
     assert timer.time_elapsed("train") > 0 and timer.time_elapsed("test") > 0
     assert timer.state_dict()["time_elapsed"]["predict"] == 0
+
+
+# ------------------------------------------------------------------ progress bars
+def test_tqdm_progress_bar_draws_and_reports_metrics(tmp_path, capsys):
+    import pickle
+
+    from lightspeed import Trainer
+    from lightspeed.callbacks import ProgressBar, RichProgressBar, TQDMProgressBar
+    from lightspeed.callbacks.progress.tqdm_progress import Tqdm
+    from lightspeed.demos.boring_classes import BoringModel
+    from lightspeed.errors import ConfigError
+
+    assert [Tqdm.format_num(x) for x in (1, 1.0, 1e-5, "abc")] == ["1", "1.000", "1e-5", "abc"]
+    with pytest.raises(ConfigError, match="multiple progress bar callbacks"):
+        Trainer(callbacks=[TQDMProgressBar(), RichProgressBar()])
+    assert isinstance(Trainer(logger=False).progress_bar_callback, RichProgressBar)
+
+    class Logs(BoringModel):
+        def training_step(self, batch, batch_idx):
+            out = super().training_step(batch, batch_idx)
+            self.log("shown", 0.5, prog_bar=True)
+            return out
+
+    bar = TQDMProgressBar()
+    trainer = Trainer(
+        default_root_dir=tmp_path,
+        max_epochs=1,
+        limit_train_batches=3,
+        limit_val_batches=2,
+        callbacks=[bar],
+        enable_checkpointing=False,
+    )
+    trainer.fit(Logs())
+    assert isinstance(bar, ProgressBar) and trainer.progress_bar_callback is bar
+    assert (bar.train_progress_bar.n, bar.train_progress_bar.total) == (3, 3)
+    assert bar.val_progress_bar.total == 2 and bar.total_train_batches == 3
+    metrics = bar.get_metrics(trainer, trainer.lightning_module)
+    assert metrics["v_num"] == 0 and metrics["shown"] == 0.5
+    assert "Epoch 0: 100%" in capsys.readouterr().out  # tqdm drew it, not lightspeed's bar
+    pickle.dumps(bar)

@@ -34,9 +34,15 @@ def checked_callbacks(callbacks: Any, enable_progress_bar: bool = True) -> list[
                 f"{hint}; Lightning callbacks need porting to lightspeed.Callback."
             )
     bars = [type(cb).__name__ for cb in callbacks if getattr(cb, "is_progress_bar", False)]
+    if len(bars) > 1:
+        raise ConfigError(
+            "You added multiple progress bar callbacks to the Trainer, but currently only one "
+            f"progress bar is supported ({', '.join(bars)})."
+        )
     if bars and not enable_progress_bar:
         raise ConfigError(
             f"enable_progress_bar=False is not valid with {bars[0]} in callbacks: drop one of them "
-            "(refresh_rate=0 also turns the bar off)."
+            "(refresh_rate=0 also turns the bar off). Trainer was configured with "
+            f"`enable_progress_bar=False` but found `{bars[0]}` in callbacks list."
         )
     return list(callbacks)

@@ -29,6 +29,7 @@ from lightspeed.callbacks import (
     LearningRateMonitor,
     ModelCheckpoint,
     ModelSummary,
+    RichProgressBar,
     Timer,
 )
 from lightspeed.callbacks.rich_model_summary import default_model_summary
@@ -144,6 +145,9 @@ class Trainer(LightningNames):
         summaries = [c for c in self.callbacks if isinstance(c, ModelSummary)]
         if cfg.enable_model_summary and not summaries:  # it prints at fit start, as Lightning's
             self.callbacks.append(default_model_summary(self.callbacks))
+        if cfg.enable_progress_bar and self.progress_bar_callback is None:
+            # lightspeed's own bar, as trainer.progress_bar_callback (Lightning always has one)
+            self.callbacks.append(RichProgressBar())
         check_sync_batchnorm(cfg, self._world_size)
         self.loggers = build_loggers(
             logger if not cfg.fast_dev_run else False, cfg.default_root_dir

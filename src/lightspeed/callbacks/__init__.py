@@ -12,7 +12,7 @@ from lightspeed.callbacks.model_checkpoint import ModelCheckpoint
 from lightspeed.callbacks.model_summary import ModelSummary
 from lightspeed.callbacks.on_exception_checkpoint import OnExceptionCheckpoint
 from lightspeed.callbacks.prediction_writer import BasePredictionWriter
-from lightspeed.callbacks.progress import RichProgressBar, TQDMProgressBar
+from lightspeed.callbacks.progress import ProgressBar, RichProgressBar, TQDMProgressBar
 from lightspeed.callbacks.rich_model_summary import RichModelSummary
 from lightspeed.callbacks.timer import Timer
 
@@ -29,6 +29,7 @@ __all__ = [
     "ModelCheckpoint",
     "ModelSummary",
     "OnExceptionCheckpoint",
+    "ProgressBar",
     "RichModelSummary",
     "RichProgressBar",
     "TQDMProgressBar",

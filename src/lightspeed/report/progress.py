@@ -131,13 +131,13 @@ def print_table(table: Table, console: Console | None = None) -> None:
 
 def start_progress(trainer: Any, steps_per_epoch: int | float) -> ProgressBar | None:
     """The started bar for a fit of `steps_per_epoch` optimizer steps per epoch (on rank 0 with
-    `enable_progress_bar`), else None."""
+    `enable_progress_bar`), else None: also when the progress-bar callback draws itself
+    (TQDMProgressBar) or is off (refresh_rate=0, disabled)."""
     cfg = trainer.cfg
-    bars = [
-        cb for cb in trainer.callbacks if getattr(cb, "is_progress_bar", False)
-    ]  # callbacks.RichProgressBar
+    bars = [cb for cb in trainer.callbacks if getattr(cb, "is_progress_bar", False)]
     if not (cfg.enable_progress_bar and trainer.is_global_zero) or any(
-        cb.refresh_rate == 0 for cb in bars
+        getattr(cb, "draws_itself", False) or cb.refresh_rate == 0 or not _enabled(cb)
+        for cb in bars
     ):
         return None
     total = (
@@ -149,3 +149,7 @@ def start_progress(trainer: Any, steps_per_epoch: int | float) -> ProgressBar | 
     bar = ProgressBar()
     bar.start(total, f"epoch {trainer.current_epoch}")
     return bar
+
+
+def _enabled(bar: Any) -> bool:
+    return getattr(bar, "is_enabled", True)
