@@ -170,10 +170,9 @@ class _Heart:
             return
         self.named = beat
         _say(
-            f"[lightspeed] rank {self.rank} has waited {waited:.0f} s in {beat.phase} "
-            f"({beat.where}) {_at(beat)}: {describe(read(self.store, self.group[0]))} "
-            "Still waiting: a slow rank may yet come; a "
-            f"hung one ends the job at the {self.timeout_s:g} s collective timeout "
+            f"[lightspeed] rank {self.rank} has waited {waited:.0f} s in {beat.phase}: "
+            f"{describe(read(self.store, self.group[0]))} Still waiting: a slow rank may yet come; "
+            f"a hung one ends the job at the {self.timeout_s:g} s collective timeout "
             "(Trainer(timeout=))."
         )
 
