@@ -164,7 +164,7 @@ if __name__ == "__main__":
     if (
         os.environ.get("RANK") == "1"
     ):  # rank 1 starts after rank 0 made version_0: alone, it would count version_1
-        (OUT / "logs" / "lightspeed_logs" / "version_0").mkdir(parents=True, exist_ok=True)
+        (OUT / "logs" / "lightning_logs" / "version_0").mkdir(parents=True, exist_ok=True)
     trainer = Trainer(
         accelerator="cpu",
         devices=2,

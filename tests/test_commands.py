@@ -107,8 +107,8 @@ def test_demo_then_inspect_and_report(tmp_path, monkeypatch, capsys):
     assert "metric" in out and "value" in out  # the summary's header row
     assert "│ checkpoint" in out and "d/checkpoints/epoch=0-step=10 " in out  # relative, whole
     assert "d/demo-gpt.safetensors " in out and "…" not in out and str(tmp_path) not in out
-    assert out.strip().splitlines()[-1] == "report: d/lightspeed_logs/version_0/report.html"
-    assert (tmp_path / "d/lightspeed_logs/version_0/report.html").exists()
+    assert out.strip().splitlines()[-1] == "report: d/lightning_logs/version_0/report.html"
+    assert (tmp_path / "d/lightning_logs/version_0/report.html").exists()
     # Each step saved once: fit's own checkpoint, which `last` points at.
     ckpts = sorted(
         p.name for p in (tmp_path / "d/checkpoints").iterdir() if not p.name.startswith(".")
@@ -131,8 +131,8 @@ def test_demo_then_inspect_and_report(tmp_path, monkeypatch, capsys):
         "34,688",
     ):  # 34,688: the tiny GPT's parameters, tied weights once
         assert row in shown, f"{row!r} not in:\n{shown}"
-    main(["report", "d/lightspeed_logs/version_0"])
-    assert capsys.readouterr().out.strip() == "report: d/lightspeed_logs/version_0/report.html"
+    main(["report", "d/lightning_logs/version_0"])
+    assert capsys.readouterr().out.strip() == "report: d/lightning_logs/version_0/report.html"
 
 
 def test_env_lists_versions_and_deepspeed_ops(capsys):

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 from argparse import Namespace
 
 import pytest
@@ -464,3 +465,46 @@ def test_tqdm_progress_bar_draws_and_reports_metrics(tmp_path, capsys):
     assert metrics["v_num"] == 0 and metrics["shown"] == 0.5
     assert "Epoch 0: 100%" in capsys.readouterr().out  # tqdm drew it, not lightspeed's bar
     pickle.dumps(bar)
+
+
+# ------------------------------------------------------------------ loggers
+def test_csv_and_tensorboard_loggers_as_lightning(tmp_path):
+    from lightspeed.loggers import CSVLogger, TensorBoardLogger
+    from lightspeed.loggers.csv_logs import ExperimentWriter
+
+    (tmp_path / "lightning_logs" / "version_0").mkdir(parents=True)
+    csv_logger = CSVLogger(tmp_path, flush_logs_every_n_steps=2)
+    assert csv_logger.version == 1 and csv_logger.log_dir.endswith("lightning_logs/version_1")
+    csv_logger.log_metrics({"a": torch.tensor(0.5)}, step=0)
+    assert not os.path.exists(csv_logger.experiment.metrics_file_path)  # kept until a flush
+    csv_logger.log_metrics({"a": 1, "b": 2}, step=1)  # the second step flushes, header widened
+    lines = open(os.path.join(csv_logger.log_dir, ExperimentWriter.NAME_METRICS_FILE)).readlines()
+    assert lines[0].strip() == "a,b,step" and len(lines) == 3
+    csv_logger.log_hyperparams(Namespace(lr=0.1))
+    assert os.path.isfile(os.path.join(csv_logger.log_dir, CSVLogger.NAME_HPARAMS_FILE))
+    assert CSVLogger(tmp_path, name="", version="named").log_dir == str(tmp_path / "named")
+
+    tb = TensorBoardLogger(tmp_path, name="tb", sub_dir="sub", default_hp_metric=False)
+    assert tb.log_dir == str(tmp_path / "tb" / "version_0" / "sub")
+    tb.log_hyperparams({"lr": 0.1})
+    tb.log_metrics({"loss": torch.tensor(1.0)}, step=1)
+    tb.finalize("success")
+    assert (tmp_path / "tb" / "version_0" / "sub" / "hparams.yaml").exists()
+    with pytest.warns(UserWarning, match="Could not log computational graph"):
+        TensorBoardLogger(tmp_path, log_graph=True).log_graph(torch.nn.Linear(2, 2))
+
+
+def test_loggers_get_the_users_hparams_only(tmp_path):
+    from lightspeed import CSVLogger
+    from lightspeed.demos.boring_classes import BoringModel
+
+    class Model(BoringModel):
+        def __init__(self, width=3):
+            super().__init__()
+            self.save_hyperparameters()
+
+    logger = CSVLogger(tmp_path)
+    _fit_boring(tmp_path, Model(), max_steps=2, logger=logger)
+    import yaml
+
+    assert yaml.safe_load(open(os.path.join(logger.log_dir, "hparams.yaml"))) == {"width": 3}

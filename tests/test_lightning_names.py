@@ -92,7 +92,7 @@ def test_trainer_names_follow_fit_and_test_as_lightnings_do(tmp_path, accelerato
     )  # the epoch's last batch, after limit_train_batches
     assert (
         seen["log_dir"]
-        == str(tmp_path / "logs" / "lightspeed_logs" / "version_0")
+        == str(tmp_path / "logs" / "lightning_logs" / "version_0")
         == trainer.log_dir
     )
     assert (
@@ -557,11 +557,11 @@ def test_module_reads_lightnings_names_and_writes_through_the_loggers_experiment
         on_gpu=False,
         gathered=torch.tensor(3),
     )  # one process: the value itself, a tensor
-    events = list((tmp_path / "lightspeed_logs" / "version_0").glob("events.out.tfevents.*"))
+    events = list((tmp_path / "lightning_logs" / "version_0").glob("events.out.tfevents.*"))
     assert (
         events
         and trainer.logger.save_dir == str(tmp_path)
-        and trainer.logger.name == "lightspeed_logs"
+        and trainer.logger.name == "lightning_logs"
     )
 
     model.freeze()
@@ -582,7 +582,7 @@ def test_experiment_is_a_no_op_off_rank_zero(tmp_path):
         logger.experiment["key"].log({"x": 1})
     finally:
         rank_zero_only._rank = None  # back to the launch's rank
-    assert not (tmp_path / "lightspeed_logs").exists()  # nothing was written
+    assert not (tmp_path / "lightning_logs").exists()  # nothing was written
     assert type(logger.experiment).__name__ == "SummaryWriter"
 
 
@@ -834,7 +834,7 @@ def test_datamodule_save_hyperparameters_from_datasets_and_prepare_data_per_node
     model = WithHparams(width=3)
     logger = ls.CSVLogger(tmp_path)
     make_trainer(tmp_path, max_steps=2, logger=logger).fit(model, datamodule=dm)
-    saved = (tmp_path / "lightspeed_logs" / "version_0" / "hparams.yaml").read_text()
+    saved = (tmp_path / "lightning_logs" / "version_0" / "hparams.yaml").read_text()
     assert (
         "batch_size: 8" in saved and "width: 3" in saved
     )  # the DataModule's and the Module's, together

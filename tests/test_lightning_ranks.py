@@ -64,7 +64,7 @@ def test_lightning_surface_on_two_ranks(tmp_path, strategy):
             gathered=[[0.5], [1.5]],
             gathered_with_grads=[0.0, 2.0],
         )  # Module.all_gather
-    assert r0["names"]["log_dir"] == str(tmp_path / "logs" / "lightspeed_logs" / "version_0")
+    assert r0["names"]["log_dir"] == str(tmp_path / "logs" / "lightning_logs" / "version_0")
     assert (
         r0["hooks"]
         == r1["hooks"]

@@ -25,7 +25,7 @@ def _losses(cwd: Path, strategy: str) -> list[float]:
         cwd,
     )
     assert run.returncode == 0, f"{strategy} failed:\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
-    log = next(cwd.glob("lightspeed_logs/version_0/metrics.csv"))
+    log = next(cwd.glob("lightning_logs/version_0/metrics.csv"))
     return [float(r["train_loss"]) for r in csv.DictReader(log.open()) if r.get("train_loss")]
 
 

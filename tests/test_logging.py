@@ -60,7 +60,7 @@ def test_csv_and_tensorboard(tmp_path):
         3.0,
         1.5,
     )
-    version = tmp_path / "lightspeed_logs" / "version_0"
+    version = tmp_path / "lightning_logs" / "version_0"
     rows = _rows(version / "metrics.csv")
     step_rows = [r for r in rows if r["a_step"]]
     # log_every_n_steps=2: step values at steps 2, 4, 6, 8; `a` logged on step and epoch is split in
@@ -91,12 +91,12 @@ def test_csv_and_tensorboard(tmp_path):
     assert [e.value for e in events.Scalars("b")] == [15.0, 15.0]
     # A second run under the same root gets the next version.
     make_trainer(tmp_path, max_steps=1, logger=True).fit(Logged(), regression_data())
-    assert (tmp_path / "lightspeed_logs" / "version_1" / "metrics.csv").exists()
+    assert (tmp_path / "lightning_logs" / "version_1" / "metrics.csv").exists()
 
 
 def test_logger_false_and_custom_name(tmp_path):
     make_trainer(tmp_path, max_steps=2, logger=False).fit(Logged(), regression_data())
-    assert not (tmp_path / "lightspeed_logs").exists()
+    assert not (tmp_path / "lightning_logs").exists()
     logger = ls.CSVLogger(tmp_path, name="exp")
     make_trainer(tmp_path, max_steps=2, logger=logger, log_every_n_steps=1).fit(
         Logged(), regression_data()

@@ -83,7 +83,7 @@ def _gan(cwd: Path, strategy: str, *more: str) -> list[tuple[float, float]]:
         f"gan under {strategy} failed:\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
     )
     log = sorted(
-        cwd.glob("lightspeed_logs/version_*/metrics.csv"), key=lambda p: int(p.parent.name[8:])
+        cwd.glob("lightning_logs/version_*/metrics.csv"), key=lambda p: int(p.parent.name[8:])
     )[-1]
     return [
         (float(r["g_loss"]), float(r["d_loss"])) for r in csv.DictReader(log.open()) if r["g_loss"]

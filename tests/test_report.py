@@ -58,7 +58,7 @@ def run_dir(tmp_path_factory) -> Path:
     (tmp / "train.py").write_text(SCRIPT)
     run = launch([str(tmp / "train.py"), str(tmp)], tmp, "python", nproc=1)
     assert run.returncode == 0, run.stderr[-4000:]
-    return tmp / "lightspeed_logs" / "version_0"
+    return tmp / "lightning_logs" / "version_0"
 
 
 def _rows(run_dir: Path) -> list[dict]:
@@ -87,7 +87,7 @@ def test_every_run_records_lr_throughput_memory_per_rank_and_settings(run_dir):
     norms = [(int(r["step"]), float(r["grad_norm"])) for r in all_rows if r.get("grad_norm")]
     assert [s for s, _ in norms] == [2, 4, 6, 8] and all(0 < n < 1e3 for _, n in norms)
     assert sum(1 for r in all_rows if r["val_loss"]) == 2 and any(r["fit_time_s"] for r in all_rows)
-    settings = yaml.safe_load((run_dir / "hparams.yaml").read_text())
+    settings = yaml.safe_load((run_dir / "run.yaml").read_text())
     assert (settings["strategy"], settings["world_size"], settings["device"]) == ("ddp", 2, "cpu")
     assert settings["trainer"]["val_check_interval"] == 4 and settings["parameters"] > 0
     assert (run_dir / "report.html").exists()  # written by RunMetrics at fit end

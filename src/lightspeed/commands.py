@@ -383,7 +383,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Plots loss, throughput and memory from a run's metrics.csv and writes one "
         "self-contained report.html beside it.",
     )
-    r.add_argument("run_dir", help="the run's log folder, e.g. lightspeed_logs/version_0")
+    r.add_argument("run_dir", help="the run's log folder, e.g. lightning_logs/version_0")
     r.set_defaults(run=report, parser=r)
     e = sub.add_parser(
         "env",

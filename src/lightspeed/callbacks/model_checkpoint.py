@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import shutil
 import time
+import weakref
 from pathlib import Path
 from typing import Any, Literal
 
@@ -239,6 +240,9 @@ class ModelCheckpoint(Callback):
             self.best_k[str(path)] = score if score is not None else float(trainer.global_step)
             self._prune(trainer, current=str(path))
         self._drop_previous_last_only(trainer, None if keep else str(path))
+        for lg in trainer.loggers if trainer.is_global_zero else []:
+            if hasattr(lg, "after_save_checkpoint"):  # Lightning's logger hook (W&B uploads here)
+                lg.after_save_checkpoint(weakref.proxy(self))
         if self.verbose:
             what = ""
             if self.monitor is not None:

@@ -22,13 +22,16 @@ import dataclasses
 import resource
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from lightspeed.callbacks import Callback, LearningRateMonitor
-from lightspeed.report.run_report import MEMORY_PREFIX
+from lightspeed.loggers.csv_logs import CSVLogger
+from lightspeed.loggers.logger import plain
+from lightspeed.report.run_report import MEMORY_PREFIX, RUN_SETTINGS
 from lightspeed.specs import TrainerView as Trainer
 
 Module = torch.nn.Module
@@ -91,7 +94,7 @@ def count_parameters(module: torch.nn.Module) -> int:
 
 
 def run_settings(trainer: Trainer, module: Module) -> dict[str, Any]:
-    """What the report's settings table shows and `hparams.yaml` holds: strategy (name and options),
+    """What the report's settings table shows and `run.yaml` holds: strategy (name and options),
     world size, device, precision, parameter count, the Trainer's flags and the module's `hparams`
     if it has any."""
     settings: dict[str, Any] = {
@@ -147,10 +150,17 @@ class RunMetrics(Callback):
         # A LearningRateMonitor the user added logs the rates under the same names: one writer per
         # key.
         self._log_lr = not any(isinstance(cb, LearningRateMonitor) for cb in trainer.callbacks)
-        if trainer.is_global_zero:
-            settings = run_settings(trainer, module)
-            for lg in trainer.loggers:
-                lg.log_hyperparams(settings)
+        # The run's settings go to `run.yaml` beside the CSVLogger's metrics (the report's table),
+        # not to the loggers: as in Lightning, they receive the user's hyper-parameters only.
+        csv_logger = next((lg for lg in trainer.loggers if isinstance(lg, CSVLogger)), None)
+        if trainer.is_global_zero and csv_logger is not None:
+            import yaml
+
+            Path(csv_logger.log_dir).mkdir(parents=True, exist_ok=True)
+            settings = plain(run_settings(trainer, module))
+            (Path(csv_logger.log_dir) / RUN_SETTINGS).write_text(
+                yaml.safe_dump(settings, sort_keys=False)
+            )
 
     def on_train_start(self, trainer: Trainer, module: Module) -> None:
         self._reset(
@@ -205,9 +215,9 @@ class RunMetrics(Callback):
         )  # data.DataWait: CUDA runs of 51+ steps
         measured = {"data_wait": wait.share} if wait is not None and wait.share is not None else {}
         trainer.log_metrics({"fit_time_s": time.perf_counter() - self._fit_start, **measured})
-        from lightspeed.loggers import CSVLogger
-
         csv_logger = next((lg for lg in trainer.loggers if isinstance(lg, CSVLogger)), None)
+        if csv_logger is not None:
+            csv_logger.save()  # the rows it still holds: the report reads the file
         if self.report and csv_logger is not None and csv_logger.path.exists():
             from lightspeed.report.run_report import write_report
 

@@ -21,9 +21,10 @@ def agree_log_dirs(loggers: list) -> None:
         return  # different loggers per rank: the user's choice, left as it is
     for lg, values in zip(loggers, agreed):
         for name, value in zip(("version", "log_dir"), values):
-            if value is not None and name in vars(
-                lg
-            ):  # plain attributes only (W&B derives its folder)
+            # plain attributes and settable properties only (CSV's log_dir, W&B's folder derive)
+            attr = getattr(type(lg), name, None)
+            settable = isinstance(attr, property) and attr.fset is not None
+            if value is not None and (name in vars(lg) or settable):
                 setattr(lg, name, value)
 
 

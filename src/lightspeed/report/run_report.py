@@ -1,13 +1,13 @@
 """The run report: PNGs and one self-contained `report.html` in the run's folder, from the files a
 run leaves.
 
-    lightspeed report lightspeed_logs/version_0
+    lightspeed report lightning_logs/version_0
 
-It reads `metrics.csv` (the CSVLogger's), `hparams.yaml` and `status.yaml` when present, and writes
-`loss.png` (train and validation loss against step), `throughput.png` (samples/s and tokens/s
-against step), `memory.png` (peak memory of each rank against step) and `report.html`, which embeds
-the images (base64) and a table of the run's settings, so the one file can be mailed or attached to
-an issue.
+It reads `metrics.csv` (the CSVLogger's), `run.yaml` (RunMetrics's settings) and `status.yaml`
+when present, and writes `loss.png` (train and validation loss against step), `throughput.png`
+(samples/s and tokens/s against step), `memory.png` (peak memory of each rank against step) and
+`report.html`, which embeds the images (base64) and a table of the run's settings, so the one file
+can be mailed or attached to an issue.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any
 from lightspeed.errors import ConfigError
 from lightspeed.loggers.logger import flatten
 
+RUN_SETTINGS = "run.yaml"  # the run's settings, beside metrics.csv (RunMetrics writes it)
 MEMORY_PREFIX = (
     "peak_memory_gib/rank"  # the column prefix RunMetrics logs peak memory under, one per rank
 )
@@ -171,10 +172,11 @@ def write_report(run_dir: str | Path) -> Path:
     if not metrics_file.exists():
         raise ConfigError(
             f"run_dir={str(run_dir)!r} is not a run folder: it has no metrics.csv (a CSVLogger "
-            "writes one, e.g. lightspeed_logs/version_0)."
+            "writes one, e.g. lightning_logs/version_0)."
         )
     series = read_metrics(metrics_file)
-    settings = _read_yaml(run_dir / "hparams.yaml")
+    # RunMetrics's settings (run.yaml); a run folder from before it: what hparams.yaml held
+    settings = _read_yaml(run_dir / RUN_SETTINGS) or _read_yaml(run_dir / "hparams.yaml")
     status = _read_yaml(run_dir / "status.yaml")
     charts = _charts(run_dir, series)
     images = "".join(
@@ -189,7 +191,7 @@ def write_report(run_dir: str | Path) -> Path:
         f"{html.escape(str(run_dir))}</h1>"
         f"<h2>Summary</h2>{_table(_summary(series, status))}"
         f"{images or '<p>No metrics to plot.</p>'}"
-        f"<h2>Settings</h2>{_table(flatten(settings)) if settings else '<p>No hparams.yaml.</p>'}"
+        f"<h2>Settings</h2>{_table(flatten(settings)) if settings else '<p>No run.yaml.</p>'}"
         "</body></html>"
     )
     out = run_dir / "report.html"
