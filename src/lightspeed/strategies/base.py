@@ -94,21 +94,24 @@ class Strategy(Protocol):
     def measure(self) -> dict[str, int]:
         """This rank's bytes of training state by category (runtime/memory.py): "params", "grads",
         "optim", "master". After `setup`; not collective."""
+        ...
 
     def settings(self) -> dict[str, Any]:
         """The strategy's options as the run report shows them (DeepSpeed: and the config its
         engine was built with)."""
+        ...
 
     def fork(self) -> Strategy:
         """A copy for a trial run (the micro-batch planner's), made after `connect` and before
         `configure_model`: same options, device and process group. Its `teardown` frees what the
         trial built and leaves the group joined (it is the parent's)."""
+        ...
 
     def check(self, spec: RunSpec) -> None:
         """Raises ConfigError for flags this backend cannot honour (precision, clipping, device,
         manual optimization). Pure: runs in the launching process before any rank starts."""
 
-    def connect(self, spec: RunSpec, dist: DistInfo, device: torch.device) -> None:
+    def connect(self, spec: RunSpec, dist_info: DistInfo, device: torch.device) -> None:
         """Joins the process group and claims the device. Once per process, in the Trainer's launch
         step."""
 
@@ -149,6 +152,7 @@ class Strategy(Protocol):
         the gradients are complete and before any optimizer steps (grad_norm None where the backend
         has no norm yet); on False the gradients are dropped and nothing steps. It raises to stop
         training."""
+        ...
 
     def save(self, path: Path) -> None:
         """Collective: every rank calls it. Writes model and optimizer state under the directory

@@ -15,11 +15,11 @@ from lightspeed.errors import ConfigError
 from lightspeed.runtime.distributed import broadcast_from_rank0
 from lightspeed.runtime.rng import rng_state, set_rng_state
 
-# The protocol's `layout` on every backend: how its checkpoints lie on disk on this run's world
-# size (checkpoint.layouts.layout), None before `connect`.
-checkpoint_layout = property(
-    lambda s: None if s.dist is None else layout(s.name, s.dist.world_size)
-)
+
+def checkpoint_layout(strategy: Any) -> str | None:
+    """Every backend's `layout`: how its checkpoints lie on disk on this run's world size
+    (checkpoint.layouts.layout); None before `connect`."""
+    return None if strategy.dist is None else layout(strategy.name, strategy.dist.world_size)
 
 
 def options_of(strategy: Any) -> dict[str, Any]:

@@ -117,12 +117,18 @@ class FSDP:
         self._needs_init = self._is_from_full_state = False
         self.module: nn.Module | None = None  # sharded in place by `setup`
         self.dist: DistInfo | None = None
-        self.device: torch.device | None = None
+        self.device: Any = None  # a torch.device, once connected
         self.is_fork = False
 
     # What others may read (strategies/base.py), and Lightning's names for it.
-    model = property(lambda self: self.module)
-    layout = checkpoint_layout
+    @property
+    def model(self) -> Any:
+        return self.module
+
+    @property
+    def layout(self) -> str | None:
+        return checkpoint_layout(self)
+
     root_device, lightning_module = lightning.root_device, lightning.lightning_module
     world_size, global_rank = lightning.world_size, lightning.global_rank
     local_rank, is_global_zero = lightning.local_rank, lightning.is_global_zero

@@ -29,13 +29,19 @@ class SingleDevice:
 
     def __post_init__(self) -> None:
         self.dist: DistInfo | None = None
-        self.device: torch.device | None = None
-        self.module: torch.nn.Module | None = None
+        self.device: Any = None  # a torch.device, once connected
+        self.module: Any = None  # the user's Module, once set up
         self.is_fork = False
 
     # What others may read (strategies/base.py), and Lightning's names for it.
-    model = property(lambda self: self.module)
-    layout = checkpoint_layout
+    @property
+    def model(self) -> Any:
+        return self.module
+
+    @property
+    def layout(self) -> str | None:
+        return checkpoint_layout(self)
+
     root_device, lightning_module = lightning.root_device, lightning.lightning_module
     world_size, global_rank = lightning.world_size, lightning.global_rank
     local_rank, is_global_zero = lightning.local_rank, lightning.is_global_zero

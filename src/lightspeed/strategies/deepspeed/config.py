@@ -32,7 +32,8 @@ def read_config(config: dict | str | Path | None) -> dict:
     path = Path(config)
     if not path.is_file():
         raise ConfigError(
-            f"DeepSpeed config={str(config)!r} is not valid: the file does not exist."
+            f"DeepSpeed config={str(config)!r} is not valid. You passed in a path to a DeepSpeed "
+            "config but the path does not exist."
         )
     try:
         value = json.loads(path.read_text())

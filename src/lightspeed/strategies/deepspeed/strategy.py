@@ -206,14 +206,21 @@ class DeepSpeed:
         self.engine, self._prepared, self.micro_batch_size, self._leaf_numel = None, False, None, 0
         self._compile_pending = False
         self.dist: DistInfo | None = None
-        self.device: torch.device | None = None
-        self.module: torch.nn.Module | None = None
+        self.device: Any = None  # a torch.device, once connected
+        self.module: Any = None  # the user's Module, once set up
         self.is_fork = False
 
     # What others may read (strategies/base.py), and Lightning's names for it.
-    model = deepspeed_engine = property(lambda self: self.engine)
+    @property
+    def model(self) -> Any:
+        return self.engine
+
+    @property
+    def layout(self) -> str | None:
+        return checkpoint_layout(self)
+
+    deepspeed_engine = property(lambda self: self.engine)
     zero_stage_3 = property(lambda self: self.stage == 3)
-    layout = checkpoint_layout
     root_device, lightning_module = lightning.root_device, lightning.lightning_module
     world_size, global_rank = lightning.world_size, lightning.global_rank
     local_rank, is_global_zero = lightning.local_rank, lightning.is_global_zero
