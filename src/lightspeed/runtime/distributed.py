@@ -31,7 +31,7 @@ def init_process_group(info: DistInfo, device: torch.device, timeout_s: float = 
     backend = "nccl" if device.type == "cuda" else "gloo"
     # With nccl, binding the device lets torch create the communicator eagerly and use the right
     # GPU.
-    bind = {"device_id": device} if backend == "nccl" else {}
+    bind: dict[str, Any] = {"device_id": device} if backend == "nccl" else {}
     if not info.is_distributed:
         # One process still gets a group of one (DDP, ZeRO and FSDP need a group): an in-memory
         # store, no port.

@@ -95,6 +95,7 @@ class NonFiniteGuard:
             self._bad_loss = bad
             self._first_bad_batch = torch.where(bad, i, -1)
         else:
+            assert self._first_bad_batch is not None  # set together with _bad_loss
             self._first_bad_batch = torch.where(bad & ~self._bad_loss, i, self._first_bad_batch)
             self._bad_loss = self._bad_loss | bad
         if bad.is_cuda:
@@ -229,6 +230,7 @@ class NonFiniteGuard:
             self.world_size + 1, dtype=torch.float64
         )  # the last slot: first bad batch, as a max
         if self._bad_loss is not None and bool(self._bad_loss):
+            assert self._first_bad_batch is not None  # set together with _bad_loss
             slots[self.rank] += _LOSS
             slots[-1] = float(self._first_bad_batch) + 1
         if grad_norm is not None and not bool(

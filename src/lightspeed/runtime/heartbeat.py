@@ -127,7 +127,8 @@ class _Heart:
         self.since = time.time()
 
     def sample(self) -> Beat:
-        frame = sys._current_frames().get(self.target)
+        frames = sys._current_frames()
+        frame = frames.get(self.target) if self.target is not None else None
         phase, where, waiting = locate(frame)
         if (self.step, phase, where) != self.last:
             self.last, self.since = (self.step, phase, where), time.time()
@@ -277,11 +278,12 @@ def stop() -> None:
 def is_timeout(exc: BaseException) -> bool:
     """Whether `exc` is (or was caused by) a collective's timeout (gloo: "Timed out waiting", nccl:
     "timeout")."""
-    while exc is not None:
-        text = str(exc).lower()
+    cur: BaseException | None = exc
+    while cur is not None:
+        text = str(cur).lower()
         if "timed out" in text or "timeout" in text:
             return True
-        exc = exc.__cause__ or exc.__context__
+        cur = cur.__cause__ or cur.__context__
     return False
 
 

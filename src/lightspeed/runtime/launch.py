@@ -19,7 +19,7 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Literal
+from typing import Any, Literal
 
 from lightspeed.runtime import heartbeat
 
@@ -166,7 +166,7 @@ def share_cpus(info: DistInfo) -> int | None:
     return threads
 
 
-_exit_state = {"installed": False, "failed": False}
+_exit_state: dict[str, Any] = {"installed": False, "failed": False}
 # rank 0's time to fail by itself after another local rank died (start_local_ranks)
 PEER_FAILURE_GRACE_S = 5.0
 # a spawned rank's wait, on a lost connection, for its parent's exit to show (watch_parent)
@@ -369,7 +369,7 @@ class _Heartbeats:
         self.n, self.port, self.limit_s = n, port, limit_s
         self.store, self.next = None, 0.0
 
-    def read(self) -> list | None:
+    def read(self) -> list[heartbeat.Beat | None] | None:
         try:
             self.store = self.store or heartbeat.connect("127.0.0.1", self.port)
             return heartbeat.read(self.store, self.n)
@@ -385,11 +385,10 @@ class _Heartbeats:
         self.next = now + heartbeat.INTERVAL_S
         beats = self.read()
         live = [b for b in beats or () if b is not None and not b.left]
-        return (
-            heartbeat.describe(beats, now)
-            if live and all(now - b.since > self.limit_s for b in live)
-            else None
-        )
+        if not (live and all(now - b.since > self.limit_s for b in live)):
+            return None
+        assert beats is not None  # `live` is non-empty only when beats were read
+        return heartbeat.describe(beats, now)
 
     def report(self) -> str:
         """Where every rank was last seen, when one of them had not moved for a third of the stall
@@ -399,6 +398,7 @@ class _Heartbeats:
         live = [b for b in beats or () if b is not None and not b.left]
         if not any(now - b.since >= self.limit_s / 3 for b in live):
             return ""
+        assert beats is not None  # `live` is non-empty only when beats were read
         return f" Last heartbeats: {heartbeat.describe(beats, now)}"
 
 

@@ -15,7 +15,7 @@ themselves and have none. Call it between backward and step to see gradients: th
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -66,7 +66,7 @@ def tensor_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
         if t is None:
             continue
         if hasattr(t, "to_local"):  # DTensor: this rank's shard only
-            t = t.to_local()
+            t = cast(Any, t).to_local()
         if t.numel() == 0 or t.device.type == "meta":
             continue
         key = (t.data_ptr(), t.numel(), t.dtype)
