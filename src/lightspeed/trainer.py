@@ -357,7 +357,9 @@ class Trainer(LightningNames):
         ):  # several training loaders: each as a single one would be
             return loaders.map(self._distribute)
         if self.cfg.use_distributed_sampler:
-            loaders = with_distributed_sampler(loaders, self.dist, self.cfg.seed or 0)
+            loaders = with_distributed_sampler(
+                loaders, self.strategy.distributed_sampler_kwargs, self.cfg.seed or 0
+            )
         return self.move.loader(loaders)
 
     # ------------------------------------------------------------------ fit

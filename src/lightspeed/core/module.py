@@ -57,6 +57,13 @@ class Module(HyperparametersMixin, torch.nn.Module):
         """Build layers here (not in __init__) to let ZeRO-3/FSDP create them sharded from the
         start."""
 
+    def configure_tensor_parallel(self, mesh: Any) -> None:
+        """Under tensor parallelism (`FSDP(tp=...)`), called once after `configure_model` with the
+        1-D tensor-parallel DeviceMesh: call torch's `parallelize_module(self.model, mesh, plan)`
+        here to choose the plan yourself. If no parameter became a DTensor, lightspeed applies the
+        model's own plan (a Hugging Face `tp_plan`) or its default one
+        (strategies/tensor_parallel.py)."""
+
     def configure_deepspeed(self, config: dict) -> dict:
         """Receives the DeepSpeed config lightspeed built from the Trainer's flags; returns the one
         to use."""

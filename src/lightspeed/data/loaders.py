@@ -243,15 +243,16 @@ class DataWait:
         )
 
 
-def with_distributed_sampler(loader: DataLoader, dist_info: Any, seed: int) -> DataLoader:
+def with_distributed_sampler(loader: DataLoader, replicas: dict[str, int], seed: int) -> DataLoader:
     """Returns `loader` with a DistributedSampler, keeping its own shuffle setting and other
     arguments.
 
     Applied when world_size > 1, and also on one process when the loader shuffles, so the order of
     each epoch is a function of (seed, epoch): that is what makes resuming mid-epoch exact. A custom
-    sampler is kept.
+    sampler is kept. `replicas` is the strategy's `distributed_sampler_kwargs`: the data-parallel
+    size and rank (`num_replicas`, `rank`), which under tensor parallelism are not the world's.
     """
-    rank, world_size = dist_info.rank, dist_info.world_size  # launch.DistInfo
+    rank, world_size = replicas["rank"], replicas["num_replicas"]
     if not isinstance(loader, DataLoader) or isinstance(loader.sampler, DistributedSampler):
         return loader
     shuffle = isinstance(loader.sampler, RandomSampler)

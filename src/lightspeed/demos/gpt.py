@@ -56,13 +56,15 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
-        q, k, v = self.qkv(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        # Heads are counted from the tensors, not from n_head: under tensor parallelism each rank
+        # computes its share of the heads (strategies/tensor_parallel.py).
+        q, k, v = self.qkv(x).chunk(3, dim=2)
+        q, k, v = (t.view(B, T, -1, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         # Flash/efficient attention where the device has it; the causal mask is built in.
         y = F.scaled_dot_product_attention(
             q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0
         )
-        return self.proj(y.transpose(1, 2).contiguous().view(B, T, C))
+        return self.proj(y.transpose(1, 2).contiguous().view(B, T, -1))
 
 
 class Block(nn.Module):

@@ -60,6 +60,7 @@ READABLE = (
     "schedulers",
     "model",
     "layout",
+    "distributed_sampler_kwargs",
     "measure",
     "settings",
     "fork",
@@ -90,6 +91,12 @@ class Strategy(Protocol):
     def layout(self) -> str | None:
         """How this run's checkpoints lie on disk (`checkpoint.layouts.layout`): two runs of one
         layout load each other's natively. None until `connect`."""
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, int] | None:
+        """Lightning's name: the data-parallel coordinates the Trainer's DistributedSampler uses,
+        `{"num_replicas": ..., "rank": ...}` (the world size and rank, except under tensor
+        parallelism, where the ranks of one TP group share their batches). None until `connect`."""
 
     def measure(self) -> dict[str, int]:
         """This rank's bytes of training state by category (runtime/memory.py): "params", "grads",

@@ -22,6 +22,12 @@ def checkpoint_layout(strategy: Any) -> str | None:
     return None if strategy.dist is None else layout(strategy.name, strategy.dist.world_size)
 
 
+# The protocol's `distributed_sampler_kwargs` where every rank is a data-parallel rank.
+sampler_kwargs = property(
+    lambda s: None if s.dist is None else {"num_replicas": s.dist.world_size, "rank": s.dist.rank}
+)
+
+
 def options_of(strategy: Any) -> dict[str, Any]:
     """A backend's `settings()`: its constructor options (its dataclass fields, minus the loop's
     lists), as the run report shows them."""

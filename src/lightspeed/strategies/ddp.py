@@ -30,7 +30,13 @@ from lightspeed.runtime.distributed import barrier, destroy_process_group, init_
 from lightspeed.runtime.launch import DistInfo
 from lightspeed.runtime.memory import measure_module
 from lightspeed.specs import RunSpec, StepStats
-from lightspeed.strategies.common import StepRunner, checkpoint_layout, fork_of, options_of
+from lightspeed.strategies.common import (
+    StepRunner,
+    checkpoint_layout,
+    fork_of,
+    options_of,
+    sampler_kwargs,
+)
 from lightspeed.strategies.zero1 import apply_zero1
 
 CommHook = Literal["fp16", "bf16", "powersgd"]
@@ -73,6 +79,8 @@ class DDP:
         self.is_fork = False
 
     # What others may read (strategies/base.py), and Lightning's names for it.
+    distributed_sampler_kwargs = sampler_kwargs
+
     @property
     def model(self) -> Any:
         return self.wrapped

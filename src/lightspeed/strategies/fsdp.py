@@ -63,6 +63,7 @@ from lightspeed.strategies.common import (
     fork_of,
     options_of,
 )
+from lightspeed.strategies.tensor_parallel import apply_tensor_parallel, build_mesh, check_degree
 
 STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
 
@@ -86,12 +87,19 @@ class FSDP:
         (CPUOffloadPolicy); the
             optimizer steps on CPU.
         activation_checkpointing: block classes whose activations are recomputed in the backward.
+        tp: tensor-parallel degree (strategies/tensor_parallel.py): each group of `tp` consecutive
+            ranks splits the attention and MLP projections, and FSDP shards over the world size / tp
+            data-parallel ranks (a 2-D mesh). 1: no tensor parallelism.
+        tp_plan: with tp > 1, module path (wildcards allowed) -> style name ("colwise", "rowwise",
+            "fused_colwise", ...: `tensor_parallel.STYLES`), instead of the model's own plan.
     """
 
     reshard_after_forward: bool = True
     shard_classes: list[type] | None = None
     cpu_offload: bool = False
     activation_checkpointing: list[type] | None = None
+    tp: int = 1
+    tp_plan: dict[str, str] | None = None
     optimizers: list = field(default_factory=list)
     schedulers: list = field(default_factory=list)
 
@@ -111,7 +119,9 @@ class FSDP:
                     f"FSDP {what}={value!r} is not valid: use None or a list of nn.Module classes "
                     "(the classes themselves, e.g. [Block], not their names)."
                 )
+        check_degree(self.tp, None, "FSDP")
         self.name = "fsdp" if self.reshard_after_forward else "fsdp_grad_op"
+        self.name += f"_tp{self.tp}" if self.tp > 1 else ""
         self._full_state: dict[str, torch.Tensor] | None = None
         self._twin_buffers: dict[str, torch.Tensor] = {}
         self._needs_init = self._is_from_full_state = False
@@ -128,6 +138,13 @@ class FSDP:
     @property
     def layout(self) -> str | None:
         return checkpoint_layout(self)
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, int] | None:
+        """The ranks of one TP group (`tp` consecutive ranks) share their batches."""
+        if self.dist is None:
+            return None
+        return {"num_replicas": self.dist.world_size // self.tp, "rank": self.dist.rank // self.tp}
 
     root_device, lightning_module = lightning.root_device, lightning.lightning_module
     world_size, global_rank = lightning.world_size, lightning.global_rank
@@ -228,6 +245,11 @@ class FSDP:
 
     def _shard(self, module: nn.Module) -> None:
         self.precision.convert_module(module)  # bf16-true: bf16 weights and optimizer states
+        if self.tp > 1:  # TP -> activation checkpointing -> compile -> FSDP (torchtitan's order)
+            mesh_2d = build_mesh(self.device.type, dist.get_world_size(), self.tp)
+            plan = apply_tensor_parallel(module, mesh_2d["tp"], self.tp_plan)
+            if dist.get_rank() == 0:
+                print("\n".join(plan), flush=True)  # the plan table
         if self.activation_checkpointing:
             apply_activation_checkpointing(module, self.activation_checkpointing)
         if (
@@ -238,7 +260,11 @@ class FSDP:
         device = torch.device("cpu") if self.cpu_offload else self.device
         if not self._needs_init:
             module.to(device)
-        mesh = init_device_mesh(self.device.type, (dist.get_world_size(),))
+        mesh = (
+            mesh_2d["dp"]  # FSDP shards over the data-parallel ranks; TP DTensors become 2-D
+            if self.tp > 1
+            else init_device_mesh(self.device.type, (dist.get_world_size(),))
+        )
         units = find_shard_units(module, self.shard_classes)
         if not self.spec.automatic_optimization:
             units += find_child_units(module, units)

@@ -25,11 +25,11 @@ def _deepspeed(stage: int, offload: str | None = None) -> Callable[[], Any]:
     return build
 
 
-def _fsdp(reshard_after_forward: bool):
+def _fsdp(reshard_after_forward: bool, tp: int = 1):
     def build():
         from lightspeed.strategies.fsdp import FSDP
 
-        return FSDP(reshard_after_forward=reshard_after_forward)
+        return FSDP(reshard_after_forward=reshard_after_forward, tp=tp)
 
     return build
 
@@ -48,6 +48,10 @@ STRATEGIES: dict[str, Callable[[], Any]] = {
     "zero1": ZeRO1,
     "fsdp": _fsdp(True),
     "fsdp_grad_op": _fsdp(False),
+    # FSDP2 x tensor parallelism over a 2-D mesh (world size / tp data-parallel ranks; with devices
+    # == tp, plain TP): strategies/tensor_parallel.py
+    **{f"fsdp_tp{tp}": _fsdp(True, tp) for tp in (2, 4, 8)},
+    **{f"fsdp_grad_op_tp{tp}": _fsdp(False, tp) for tp in (2, 4, 8)},
     "deepspeed": _deepspeed(2),
     "deepspeed_stage_1": _deepspeed(1),
     "deepspeed_stage_1_offload": _deepspeed(1, "cpu"),
@@ -75,11 +79,22 @@ def build_strategy(value: Any, world_size: int) -> Strategy:
                 f"{', '.join(sorted(STRATEGIES))}, "
                 "or a strategy object such as DeepSpeed(stage=3)."
             )
-        return STRATEGIES[key]()
+        return _checked(STRATEGIES[key](), world_size)
     if isinstance(value, Strategy):
-        return value
+        return _checked(value, world_size)
     raise ConfigError(
         f"strategy={value!r} is not valid: expected a strategy name or an object with the Strategy "
         f"methods ({', '.join(METHODS)}) and members ({', '.join(READABLE)}): "
         "lightspeed.strategies.base."
     )
+
+
+def _checked(strategy: Any, world_size: int) -> Any:
+    """`strategy`, once its tensor-parallel degree is known to divide the world size: a ConfigError
+    in the Trainer's constructor, before any rank starts."""
+    tp = getattr(strategy, "tp", 1)  # FSDP's (and DeepSpeed's) option; 1 where there is none
+    if tp != 1:
+        from lightspeed.strategies.tensor_parallel import check_degree
+
+        check_degree(tp, world_size, type(strategy).__name__)
+    return strategy

@@ -16,7 +16,7 @@ from lightspeed.perf.precision import Precision, StepGate, optimizer_step
 from lightspeed.runtime.launch import DistInfo
 from lightspeed.runtime.memory import measure_module
 from lightspeed.specs import RunSpec, StepStats
-from lightspeed.strategies.common import checkpoint_layout, fork_of, options_of
+from lightspeed.strategies.common import checkpoint_layout, fork_of, options_of, sampler_kwargs
 
 
 @dataclass
@@ -34,6 +34,8 @@ class SingleDevice:
         self.is_fork = False
 
     # What others may read (strategies/base.py), and Lightning's names for it.
+    distributed_sampler_kwargs = sampler_kwargs
+
     @property
     def model(self) -> Any:
         return self.module

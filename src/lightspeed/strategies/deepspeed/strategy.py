@@ -47,6 +47,7 @@ from lightspeed.strategies.common import (
     configure_with_plain_twin,
     fork_of,
     options_of,
+    sampler_kwargs,
 )
 from lightspeed.strategies.deepspeed.config import (
     REDUCE_BUCKET,
@@ -211,6 +212,8 @@ class DeepSpeed:
         self.is_fork = False
 
     # What others may read (strategies/base.py), and Lightning's names for it.
+    distributed_sampler_kwargs = sampler_kwargs
+
     @property
     def model(self) -> Any:
         return self.engine
