@@ -16,6 +16,7 @@ import contextlib
 import io
 import os
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -25,7 +26,8 @@ from lightspeed.checkpoint.io import WEIGHTS, load_weights, save_weights
 
 def full_state_dict(ckpt: str | os.PathLike) -> dict[str, torch.Tensor]:
     """Reads a checkpoint directory (or its parent with `last`) into one fp32 state dict on CPU."""
-    path = resolve(ckpt, Path(ckpt))
+    # (None only for "last" with nothing saved: read_meta then fails)
+    path = cast(Path, resolve(ckpt, Path(ckpt)))
     strategy = read_meta(path)["strategy"]
     if strategy.startswith("deepspeed"):
         from lightspeed.strategies.deepspeed.strategy import full_state_dict as read
@@ -33,8 +35,8 @@ def full_state_dict(ckpt: str | os.PathLike) -> dict[str, torch.Tensor]:
         from lightspeed.strategies.fsdp import full_state_dict as read
     else:
 
-        def read(p: Path) -> dict[str, torch.Tensor]:
-            return load_weights(p / WEIGHTS)
+        def read(path: Path) -> dict[str, torch.Tensor]:
+            return load_weights(path / WEIGHTS)
 
     # DeepSpeed's reader prints its progress; keep a conversion's output to the one line the caller
     # prints.

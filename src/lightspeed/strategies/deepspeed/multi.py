@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import torch
 import torch.distributed as dist
@@ -48,6 +48,9 @@ from lightspeed.checkpoint.layouts import CHECKPOINT_PREFIX, engine_tag, engine_
 from lightspeed.errors import ConfigError
 from lightspeed.runtime.distributed import destroy_process_group
 from lightspeed.strategies.deepspeed.manual import EngineOptimizer
+
+if TYPE_CHECKING:
+    from lightspeed.strategies.common import StepRunner
 
 
 def check_group(precision: str, optimizers: list, strategy_name: str) -> None:
@@ -138,7 +141,7 @@ def split_module(
 
 def initialize_group(
     deepspeed,
-    runner: torch.nn.Module,
+    runner: StepRunner,
     optimizers: list,
     config: dict,
     strategy_name: str = "deepspeed",
@@ -175,10 +178,10 @@ def unmark_leaf_modules(module: torch.nn.Module) -> None:
     parameter must be reduced by its own hook instead."""
     for m in module.modules():
         if getattr(m, "_z3_leaf", False):
-            m._z3_leaf = False
+            m._z3_leaf = False  # pyright: ignore[reportArgumentType]  (torch types only submodules)
     for p in module.parameters():
         if hasattr(p, "ds_z3_leaf_module"):
-            del p.ds_z3_leaf_module
+            del p.ds_z3_leaf_module  # pyright: ignore[reportAttributeAccessIssue]  (DeepSpeed's)
 
 
 def reached_parameters(loss: torch.Tensor) -> set[int]:
@@ -190,7 +193,7 @@ def reached_parameters(loss: torch.Tensor) -> set[int]:
             continue
         seen.add(node)
         if hasattr(node, "variable"):  # an AccumulateGrad node: the end of the graph at a leaf
-            found.add(id(node.variable))
+            found.add(id(cast(Any, node).variable))
         stack.extend(nxt for nxt, _ in node.next_functions)
     return found
 
@@ -349,7 +352,9 @@ def merge_engines(path: Path, tag: str) -> dict[str, torch.Tensor]:
         )
     state = {}
     for name in engine_tags(path, tag):
-        state.update(get_fp32_state_dict_from_zero_checkpoint(str(path), tag=name))
+        # (DeepSpeed's untyped return: a dict of tensors when not lazy)
+        merged = get_fp32_state_dict_from_zero_checkpoint(str(path), tag=name)
+        state.update(cast("dict[str, torch.Tensor]", merged))
     return {k.removeprefix("module.").replace(CHECKPOINT_PREFIX, ""): v for k, v in state.items()}
 
 

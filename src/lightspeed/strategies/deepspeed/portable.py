@@ -80,7 +80,7 @@ def _set_full(p: torch.nn.Parameter, value: torch.Tensor, key: str | None = None
             p, value, key
         )
         return
-    zero = p._z3_optimizer
+    zero = p._z3_optimizer  # pyright: ignore[reportAttributeAccessIssue]  (DeepSpeed's attribute)
     part, group = zero._get_fp32_opt_state_partition(
         p, release_swap_buffers=False, optim_state_key=key
     )

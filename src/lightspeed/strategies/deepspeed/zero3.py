@@ -45,9 +45,10 @@ def partitioned_init(deepspeed, config: dict, remote_device: str | None):
 def _deepcopy_partitioned(deepspeed, param: torch.nn.Parameter, memo: dict) -> torch.nn.Parameter:
     with deepspeed.zero.GatheredParameters([param]):
         clone = torch.nn.Parameter(param.data.detach().clone(), requires_grad=param.requires_grad)
-    param.convert_to_zero_parameters(
+    # partitioned by the same Init (rank 0's values)
+    param.convert_to_zero_parameters(  # pyright: ignore[reportAttributeAccessIssue]  (DeepSpeed's)
         param_list=[clone]
-    )  # partitioned by the same Init (rank 0's values)
+    )
     clone.__deepcopy__ = functools.partial(_deepcopy_partitioned, deepspeed, clone)
     memo[id(param)] = clone
     return clone
@@ -85,7 +86,9 @@ def full_shapes(deepspeed, module: torch.nn.Module, device: torch.device, local_
     # Rank 0 decides for all: GatheredParameters is collective, and free memory differs between
     # ranks.
     if not broadcast_from_rank0(
-        sum(p.ds_numel for p in params) * params[0].element_size() < 0.5 * free
+        sum(p.ds_numel for p in params)  # pyright: ignore[reportAttributeAccessIssue]  (DeepSpeed's)
+        * params[0].element_size()
+        < 0.5 * free
     ):
         log0(
             "DeepSpeed stage 3: configure_optimizers sees partitioned parameters (the model is too "
