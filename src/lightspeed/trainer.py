@@ -57,6 +57,7 @@ from lightspeed.inputs import checked_callbacks
 from lightspeed.lightning_names import LightningNames
 from lightspeed.loggers import Logger
 from lightspeed.loggers.build import agree_log_dirs, build_loggers
+from lightspeed.loggers.logger import DummyLogger
 from lightspeed.perf.kernels import compile_step, compiled_frames, compiled_ran, unwrap_compiled
 from lightspeed.plan.micro_batch import plan_fit
 from lightspeed.report.progress import ProgressBar, metrics_table, print_table, start_progress
@@ -152,6 +153,8 @@ class Trainer(LightningNames):
         self.loggers = build_loggers(
             logger if not cfg.fast_dev_run else False, cfg.default_root_dir
         )
+        if cfg.fast_dev_run and logger not in (False, None):  # as Lightning: one that logs nothing
+            self.loggers = [DummyLogger()]
         self.dist: DistInfo | None = None
         self.device = torch.device("cpu")
         self.metrics = MetricStore()

@@ -282,14 +282,17 @@ def step_schedulers(
             continue
         if cfg.reduce_on_plateau or (cfg.monitor is not None and _is_plateau(cfg.scheduler)):
             if cfg.monitor not in metrics:
-                message = (
-                    f"ReduceLROnPlateau conditioned on metric {cfg.monitor} which is not "
-                    f"available. Available metrics are: {sorted(metrics)}. Condition can be set "
-                    "using `monitor` key in lr scheduler dict"
-                )
                 if cfg.strict:
-                    raise ConfigError(message)
-                rank_zero_warn(f"{message}, skipping scheduler update", category=RuntimeWarning)
+                    raise ConfigError(
+                        f"ReduceLROnPlateau conditioned on metric {cfg.monitor} which is not "
+                        f"available. Available metrics are: {sorted(metrics)}. Condition can be "
+                        "set using `monitor` key in lr scheduler dict"
+                    )
+                rank_zero_warn(
+                    f"ReduceLROnPlateau conditioned on metric {cfg.monitor} which is not available "
+                    "but strict is set to `False`. Skipping learning rate update.",
+                    category=RuntimeWarning,
+                )
                 continue
             step(cfg.scheduler, float(metrics[cfg.monitor]))
         else:

@@ -19,7 +19,8 @@ def grad_norm(
     p = float(norm_type)
     if p <= 0:
         raise ValueError(
-            f"norm_type={norm_type!r} is not valid: expected a positive number or 'inf'."
+            f"norm_type={norm_type!r} is not valid: `norm_type` must be a positive number or "
+            f"'inf' (infinity norm). Got {norm_type}"
         )
     norms = {
         f"grad_{p}_norm{group_separator}{name}": param.grad.detach().norm(p)

@@ -153,7 +153,7 @@ def get_standard_metrics(trainer: Any) -> dict[str, int | str]:
     """{"v_num": the version of the Trainer's logger (several: their versions joined by "_"; a long
     string version: its last 4 characters)}; {} without loggers."""
     versions = [getattr(lg, "version", None) for lg in trainer.loggers]
-    versions = list(dict.fromkeys(v for v in versions if v is not None))
+    versions = list(dict.fromkeys(v for v in versions if v not in (None, "")))
     if not versions:
         return {}
     version = versions[0] if len(versions) == 1 else "_".join(map(str, versions))
