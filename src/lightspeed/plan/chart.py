@@ -36,20 +36,20 @@ def render_table(
     host_limit: float | None = None,
 ) -> Any:
     """A rich Table: one row per candidate in the given (speed) order, each term per device, the
-    optimizer step's extra (DeepSpeed's fp32 gradient copy), the peak (`Forecast.device_total`),
-    host bytes, whether it fits `device_limit` (and `host_limit` when given), and a ◀ on the chosen
-    row."""
+    optimizer step's extra (DeepSpeed's fp32 gradient copy), setup's extra (DeepSpeed's flatten
+    copy), the peak (`Forecast.device_total`: the largest of the moments), the host peak, whether it
+    fits `device_limit` (and `host_limit` when given), and a ◀ on the chosen row."""
     table = Table(title=title)
     table.add_column("", width=1)
     table.add_column("candidate")
     table.add_column("speed", justify="right")
-    for term in (*TERMS, "step extra", "device total", "host"):
+    for term in (*TERMS, "step extra", "setup extra", "device total", "host peak"):
         table.add_column(term, justify="right")
     table.add_column("fits")
     for f in ordered:
         is_chosen = chosen is not None and f is chosen
         is_fit = f.device_total <= (device_limit or 0) and (
-            host_limit is None or f.host <= host_limit
+            host_limit is None or f.host_peak <= host_limit
         )
         fits = "" if device_limit is None else ("yes" if is_fit else "no")
         table.add_row(
@@ -58,8 +58,9 @@ def render_table(
             f"{f.candidate.speed:.2f}",
             *(gib(getattr(f, t)) for t in TERMS),
             gib(f.step_buffers),
+            gib(f.setup_buffers),
             gib(f.device_total),
-            gib(f.host),
+            gib(f.host_peak),
             fits,
             style="bold green" if is_chosen else None,
         )

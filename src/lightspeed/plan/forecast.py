@@ -25,7 +25,12 @@ weights.
 (torch mixed
   precision), FSDP's gathered units, DeepSpeed's reduce bucket, stage 1's unpartitioned gradients.
 - host: host bytes per rank that offload keeps (fp32 master, moments and gradients; offloaded
-weights).
+weights), pinned blocks rounded up to a power of two as torch's pinned allocator does.
+- transient peaks, each its own moment in `device_total`: setup (DeepSpeed ZeRO-1/2's flatten copy
+  of the half-precision weights, ZeRO-3's defragmenting copy and gathered block), the optimizer step
+  (its first call allocates the states while the gradients are held), a save that gathers (ZeRO-1's
+  consolidated optimizer state on rank 0); and on the host `host_setup`: the CPU copy the model is
+  built in, the probe's copy, DeepSpeed's half-precision cast and the offload buffers being filled.
 
 The model-state terms come from the parameter shapes (the model is built on the meta device, no
 memory), the dtypes the strategy uses, and the optimizer's state layout. Activations come from one
@@ -64,7 +69,6 @@ from lightspeed.plan.probe import (
 )
 from lightspeed.runtime.memory import cuda_free
 from lightspeed.strategies.deepspeed.config import REDUCE_BUCKET
-from lightspeed.strategies.deepspeed.host_memory import offloaded_bytes_per_param
 
 __all__ = [
     "Candidate",
@@ -84,6 +88,9 @@ __all__ = [
     "speed_order",
     "device_memory",
     "auto_strategy",
+    "auto_choice",
+    "activations_for",
+    "MARGIN",
     "find_micro_batch",
     "largest_micro_batch",
     "confirm_micro_batch",
@@ -220,10 +227,18 @@ class Forecast:
     host: int = 0
     step_buffers: int = 0  # transient bytes of the optimizer step (activations are freed by then)
     is_accumulating: bool = False  # gradient accumulation: gradients live through the next forward
+    setup_buffers: int = 0  # beside the weights while setup builds (flatten copy, gathered block)
+    save_buffers: int = 0  # beside the model states while a save gathers (ZeRO-1's optimizer state)
+    host_setup: int = 0  # host bytes while planning and setup run (the CPU copies, see the doc)
 
     @property
     def model_states(self) -> int:
         return self.params + self.grads + self.optim + self.master
+
+    @property
+    def host_peak(self) -> int:
+        """Host bytes per rank at the worst moment: setup (`host_setup`) or training (`host`)."""
+        return max(self.host, self.host_setup)
 
     @property
     def device_total(self) -> int:
@@ -237,7 +252,12 @@ class Forecast:
             else max(self.grads, self.activations)
         )
         backward = self.params + self.optim + self.master + self.buffers + transient
-        return max(backward, self.model_states + self.step_buffers)
+        return max(
+            backward,
+            self.model_states + self.step_buffers,  # the step; its first call allocates the states
+            self.params + self.setup_buffers,  # setup, before any gradient or state exists
+            self.model_states + self.save_buffers,  # a save that gathers
+        )
 
 
 def forecast(
@@ -249,6 +269,8 @@ def forecast(
     candidates: list[Candidate] | None = None,
     facts: ModelFacts | None = None,
     accumulate: int = 1,
+    pinned: bool = True,
+    trials: bool = False,
 ) -> list[Forecast]:
     """Forecasts every candidate (default: `build_candidates(devices)`) for `module` on `devices`
     ranks.
@@ -259,30 +281,55 @@ def forecast(
         batch: a sample training batch for the activation probe; without one, activations are 0 (not
         probed). facts: reuse an earlier `inspect_model` result (the probe then runs once).
         accumulate: the Trainer's accumulate_grad_batches (above 1, gradients and activations
-        coexist).
+        coexist). pinned: offloaded host buffers are page-locked (DeepSpeed's default on CUDA).
+        trials: micro-batch trials run (micro_batch="auto"): a copy of the model beside it.
     Raises:
         ConfigError: bad devices, precision or micro_batch, or a module without parameters.
     """
     precision = _check(devices, precision, micro_batch)
     facts = facts or inspect_model(module, batch, precision)
     candidates = candidates or build_candidates(devices, deepspeed=_has_deepspeed())
-    rows = [forecast_candidate(c, facts, devices, precision, micro_batch) for c in candidates]
+    rows = [
+        forecast_candidate(c, facts, devices, precision, micro_batch, pinned, trials)
+        for c in candidates
+    ]
     return [replace(f, is_accumulating=accumulate > 1) for f in rows]
 
 
 def forecast_candidate(
-    c: Candidate, facts: ModelFacts, devices: int, precision: str, micro_batch: int
+    c: Candidate,
+    facts: ModelFacts,
+    devices: int,
+    precision: str,
+    micro_batch: int,
+    pinned: bool = True,
+    trials: bool = False,
 ) -> Forecast:
-    """One candidate's bytes per device, from `facts`. The formulas follow what each backend
-    allocates."""
+    """One candidate's bytes per device, from `facts`, with its setup and host moments
+    (`with_transients`). The formulas follow what each backend allocates."""
+    steady = _steady(c, facts, devices, precision, micro_batch, pinned)
+    return with_transients(steady, facts, devices, precision, trials)
+
+
+def activations_for(c: Candidate, facts: ModelFacts) -> Activations:
+    """The probe's line for `c`: DeepSpeed runs the model in its half dtype without autocast,
+    which saves half-precision tensors where autocast saves fp32 ones (softmax, norms), so its
+    candidates take the probe run that way when there is one (`ModelFacts.engine_activations`)."""
+    engine = facts.engine_activations
+    return engine if c.is_deepspeed and engine.is_probed else facts.activations
+
+
+def _steady(
+    c: Candidate, facts: ModelFacts, devices: int, precision: str, micro_batch: int, pinned: bool
+) -> Forecast:
     states, steps = (
         facts.states_per_param,
         4 if facts.step_counters else 0,
     )  # a step counter is an fp32 scalar
     total, count, half = facts.numel, len(facts.shapes), precision in ("bf16-mixed", "16-mixed")
-    act = facts.activations.at(micro_batch, c.activation_checkpointing)
+    act = activations_for(c, facts).at(micro_batch, c.activation_checkpointing)
     if c.is_deepspeed:
-        return _deepspeed(c, facts, devices, precision, act)
+        return _deepspeed(c, facts, devices, precision, act, pinned)
     w = (
         2 if precision == "bf16-true" else 4
     )  # torch strategies keep weights, grads and states in one dtype
@@ -296,6 +343,8 @@ def forecast_candidate(
         # Autocast caches a half-precision copy of every weight for the forward; DDP's gradients are
         # views into
         # its buckets (gradient_as_bucket_view=True), so the buckets add nothing.
+        # ZeRO-1's save gathers every rank's optimizer state on rank 0 (consolidate_state_dict).
+        gathered = (states * (total - owned) * w + steps * (count - owned_count)) * (owned < total)
         return Forecast(
             c,
             total * w,
@@ -304,6 +353,7 @@ def forecast_candidate(
             0,
             act,
             total * 2 if half else 0,
+            save_buffers=gathered,
         )
     local = fsdp_local_numel(facts.shapes, devices)
     # Gathered units: the one computing and the one prefetched (fsdp), or every unit from forward to
@@ -320,7 +370,9 @@ def forecast_candidate(
     return Forecast(c, *states_bytes, 0, act, gathered)
 
 
-def _deepspeed(c: Candidate, facts: ModelFacts, devices: int, precision: str, act: int) -> Forecast:
+def _deepspeed(
+    c: Candidate, facts: ModelFacts, devices: int, precision: str, act: int, pinned: bool
+) -> Forecast:
     stage = int(c.strategy[-1])
     states, steps = facts.states_per_param, 4 if facts.step_counters else 0
     total = facts.numel
@@ -333,9 +385,7 @@ def _deepspeed(c: Candidate, facts: ModelFacts, devices: int, precision: str, ac
     # one flat buffer per parameter group, padded to 2 × world size (DeepSpeed's alignment), then
     # split
     else:
-        part = sum(
-            _round_up(sum(math.prod(s) for s in g), 2 * devices) // devices for g in facts.groups
-        )
+        part = sum(deepspeed_parts(stage, facts, devices))
         params = total * wd
     bucket = (
         min(REDUCE_BUCKET[stage], total) * wd
@@ -344,19 +394,96 @@ def _deepspeed(c: Candidate, facts: ModelFacts, devices: int, precision: str, ac
     # prefetched next.
     buffers = bucket + {1: (total - part) * wd, 2: 0, 3: 2 * facts.unit_numel * wd}[stage]
     grads, optim, master = part * wd, states * part * 4 + steps * len(facts.groups), part * 4
+    # Setup: ZeRO-1/2 flatten each group's weights into one buffer while the weights still exist
+    # (DeepSpeed 0.19 flattens on the device whenever the GPU reports the room, which a
+    # per-process cap does not lower); ZeRO-3 copies its partitions into flat sub-groups of at most
+    # 1e9 elements (on the host with offloaded weights) and gathers a block to initialise it.
+    if stage < 3:
+        setup = max(sum(math.prod(s) for s in g) for g in facts.groups) * wd
+    else:
+        setup = (0 if c.offload_params else min(part, 10**9) * wd) + 2 * facts.unit_numel * wd
     if not c.offload_optimizer:
         # Under bf16/fp16 the step first copies the half-precision gradient partition to fp32 for
         # the optimizer.
         step = part * 4 if wd == 2 else 0
-        return Forecast(c, params, grads, optim, master, act, buffers, step_buffers=step)
-    host = offloaded_bytes_per_param(stage, "cpu", "cpu" if c.offload_params else None) * part
+        return Forecast(
+            c, params, grads, optim, master, act, buffers, step_buffers=step, setup_buffers=setup
+        )
+    host = offload_host_bytes(stage, facts, devices, pinned, c.offload_params, wd)
     # Stage 1 reduces and copies gradients to the host only at the boundary: until then this rank's
-    # half-precision
-    # gradients stay on the device (the rest is in `buffers`); stages 2 and 3 move them bucket by
-    # bucket.
+    # half-precision gradients stay on the device (the rest is in `buffers`); stages 2 and 3 move
+    # them bucket by bucket.
     return Forecast(
-        c, 0 if c.offload_params else params, grads if stage == 1 else 0, 0, 0, act, buffers, host
+        c,
+        0 if c.offload_params else params,
+        grads if stage == 1 else 0,
+        0,
+        0,
+        act,
+        buffers,
+        host,
+        setup_buffers=setup,
     )
+
+
+def _pow2(n: int) -> int:
+    """Bytes torch's pinned (page-locked) allocator reserves for `n`: the next power of two."""
+    return 1 << max(0, n - 1).bit_length() if n > 0 else 0
+
+
+def deepspeed_parts(stage: int, facts: ModelFacts, devices: int) -> list[int]:
+    """Elements of this rank's partition per flat group: one per optimizer group under ZeRO-1/2
+    (padded to 2 × world size, then split), one per 1e9 elements (a sub-group) under ZeRO-3."""
+    if stage < 3:
+        return [
+            _round_up(sum(math.prod(s) for s in g), 2 * devices) // devices for g in facts.groups
+        ]
+    part = sum(math.ceil(math.prod(s) / devices) for s in facts.shapes)
+    return [min(10**9, part - i) for i in range(0, part, 10**9)]
+
+
+def offload_host_bytes(
+    stage: int, facts: ModelFacts, devices: int, pinned: bool, offload_params: bool, wd: int
+) -> int:
+    """Host bytes per rank that DeepSpeed's CPU offload keeps (0.19, per flat group of this rank's
+    partition P elements): the fp32 master (4P), the fp32 gradient (4P) and, under ZeRO-1/2, a
+    half-precision staging copy (wdP), each page-locked when `pinned` (rounded up to a power of
+    two); the optimizer's states (Adam 8P, allocated at the first step, pageable); ZeRO-3 also a
+    half-precision gradient partition and, with the weights offloaded, the weights (wdP each)."""
+    parts = deepspeed_parts(stage, facts, devices)
+    lock = _pow2 if pinned else (lambda n: n)
+    kept = sum(2 * lock(4 * p) + (lock(wd * p) if stage < 3 else 0) for p in parts)
+    extra = wd * sum(parts) * (1 + bool(offload_params)) if stage == 3 else 0
+    return kept + extra + facts.states_per_param * 4 * sum(parts)
+
+
+def with_transients(
+    f: Forecast, facts: ModelFacts, devices: int, precision: str, trials: bool = False
+) -> Forecast:
+    """`f` with its host moment of planning and setup (`host_setup`), per rank:
+
+    - the CPU copy the model is built in: the Module's weights as given (a model built in
+      `__init__`), held through setup (the fallback keeps it to retry another plan); a model built
+      in `configure_model` is built on the host too, except under FSDP (meta device);
+    - while planning, the activation probe's copy of the model and its gradients;
+    - at setup, DeepSpeed's half-precision cast of a host-built model (made before it moves to the
+      device) or the offload buffers (all but the optimizer's states, which come at the first
+      step), a pinned block being first allocated pageable and then copied;
+    - with micro-batch `trials`, a trial's copy of the model beside the user's while the trial's
+      strategy holds everything it holds in training."""
+    c, total = f.candidate, facts.numel
+    built = facts.built_bytes or (0 if c.strategy.startswith("fsdp") else total * 4)
+    half = precision in ("bf16-mixed", "16-mixed", "bf16-true")
+    cast = total * 2 if c.is_deepspeed and half else 0
+    offload = 0
+    if c.is_deepspeed and c.offload_optimizer:
+        parts = deepspeed_parts(int(c.strategy[-1]), facts, devices)
+        offload = f.host - facts.states_per_param * 4 * sum(parts) + 4 * max(parts)
+    elif c.offload_optimizer:  # FSDP's CPU offload: its shards live on the host
+        offload = f.host
+    trial = 2 * built + max(cast, f.host) if trials else 0
+    setup = max(built + facts.probe_bytes, built + max(cast, offload), trial)
+    return replace(f, host_setup=setup)
 
 
 def zero1_partition(groups: list[list[tuple[int, ...]]], devices: int) -> tuple[int, int]:
@@ -405,25 +532,41 @@ def _check(devices: int, precision: str, micro_batch: int) -> str:
 # choice
 
 
+# A candidate whose forecast leaves less than this share of the device memory free ranks below one
+# of equal speed that leaves more (docs/planning.md): the forecast is within about 10% of the
+# measured peak, and the caching allocator's fragmentation comes on top of it.
+MARGIN = 0.2
+
+
 @dataclass(frozen=True)
 class Choice:
-    """The chosen forecast, every forecast in speed order, the one-line reason and the rendered
-    table."""
+    """The chosen forecast, every forecast in rank order, the one-line reason, the rendered table,
+    and the candidates after the chosen one that also fit (the fallbacks, in rank order)."""
 
     forecast: Forecast
     ordered: list[Forecast]
     reason: str
     table: Any  # a rich.table.Table
+    fallbacks: tuple[Forecast, ...] = ()
 
     @property
     def name(self) -> str:
         return self.forecast.candidate.name
 
 
-def speed_order(forecasts: list[Forecast]) -> list[Forecast]:
+def speed_order(
+    forecasts: list[Forecast], device_bytes: float | None = None, margin: float = MARGIN
+) -> list[Forecast]:
     """Fastest first by the speed model (`SPEED`); every offloaded candidate after every on-device
-    one."""
-    return sorted(forecasts, key=lambda f: (f.candidate.offload_optimizer, -f.candidate.speed))
+    one. Among candidates of equal speed, given `device_bytes`: those whose forecast leaves at
+    least `margin` of it free first, then the one that leaves the most (ties go to headroom)."""
+
+    def key(f: Forecast) -> tuple:
+        short = device_bytes is not None and f.device_total > device_bytes * (1 - margin)
+        speed = round(f.candidate.speed, 9)  # products of the table's factors compare equal
+        return (f.candidate.offload_optimizer, -speed, short, f.device_total, f.host_peak)
+
+    return sorted(forecasts, key=key)
 
 
 def choose(
@@ -432,10 +575,11 @@ def choose(
     host_bytes: float,
     headroom: float = 0.1,
     show: bool = True,
+    margin: float = MARGIN,
 ) -> Choice:
-    """Takes the fastest candidate whose device total and host bytes fit in (1 - headroom) of the
-    memory given (both per rank). Prints the table with the choice marked and the reason when
-    `show`.
+    """Takes the first candidate in rank order (`speed_order`: speed, then the `margin`, then
+    headroom) whose device total and host peak fit in (1 - headroom) of the memory given (both per
+    rank). Prints the table with the choice marked and the reason when `show`.
 
     Raises:
         ConfigError: if no candidate fits, naming the smallest requirement and the memory available.
@@ -443,30 +587,28 @@ def choose(
     if not 0 <= headroom < 1:
         raise ConfigError(f"headroom={headroom!r} is not valid: expected a fraction in [0, 1).")
     dev_limit, host_limit = device_bytes * (1 - headroom), host_bytes * (1 - headroom)
-    ordered = speed_order(forecasts)
-    fits = [f for f in ordered if f.device_total <= dev_limit and f.host <= host_limit]
+    ordered = speed_order(forecasts, device_bytes, margin)
+    fits = [f for f in ordered if f.device_total <= dev_limit and f.host_peak <= host_limit]
     if not fits:
-        least = min(ordered, key=lambda f: (f.device_total, f.host))
+        least = min(ordered, key=lambda f: (f.device_total, f.host_peak))
         raise ConfigError(
             f"the model fits under no strategy: the smallest requirement is {least.candidate.name} "
-            "with "
-            f"{gib(least.device_total)} per device and {gib(least.host)} of host memory per rank, "
-            "and "
-            f"{gib(device_bytes)} per device and {gib(host_bytes)} of host memory per rank are "
-            "available "
-            f"({headroom:.0%} kept free). Use more devices, a smaller micro-batch or a smaller "
-            "model."
+            f"with {gib(least.device_total)} per device and {gib(least.host_peak)} of host memory "
+            f"per rank, and {gib(device_bytes)} per device and {gib(host_bytes)} of host memory "
+            f"per rank are available ({headroom:.0%} kept free). Use more devices, a smaller "
+            "micro-batch or a smaller model."
         )
     best = fits[0]
     faster = ordered[: ordered.index(best)]
     reason = (
-        f"{best.candidate.name}: the fastest that fits ({gib(best.device_total)} of "
+        f"{best.candidate.name}: the first that fits ({gib(best.device_total)} of "
         f"{gib(dev_limit)} per device"
     )
-    reason += f", {gib(best.host)} of {gib(host_limit)} host)" if best.host else ")"
+    reason += f", {gib(best.host_peak)} of {gib(host_limit)} host)" if best.host_peak else ")"
     if faster:
         reason += f"; {faster[0].candidate.name} needs {gib(faster[0].device_total)}"
-        reason += f" and {gib(faster[0].host)} host" if faster[0].host > host_limit else ""
+        if faster[0].host_peak > host_limit:
+            reason += f" and {gib(faster[0].host_peak)} host"
     table = render_table(
         ordered, best, dev_limit, f"Memory plan per device (fits: ≤ {gib(dev_limit)})", host_limit
     )
@@ -474,7 +616,7 @@ def choose(
         console = Console(width=160)
         console.print(table)
         console.print(f"[bold]chosen:[/bold] {reason}")
-    return Choice(best, ordered, reason, table)
+    return Choice(best, ordered, reason, table, tuple(fits[1:]))
 
 
 def device_memory(
@@ -503,13 +645,44 @@ def auto_strategy(
     show: bool = True,
     facts: ModelFacts | None = None,
 ) -> tuple[str, Any]:
-    """`Trainer(strategy="auto")`: the fastest named strategy that fits this machine, and its rich
-    table.
+    """`Trainer(strategy="auto")`: the name of `auto_choice`'s choice, and its rich table."""
+    choice = auto_choice(
+        module,
+        world_size,
+        precision,
+        micro_batch,
+        device_type,
+        memory_budget,
+        batch,
+        headroom,
+        show,
+        facts,
+    )
+    return choice.name, choice.table
+
+
+def auto_choice(
+    module: torch.nn.Module,
+    world_size: int,
+    precision: str = "32-true",
+    micro_batch: int = 1,
+    device_type: str = "cpu",
+    memory_budget: float | None = None,
+    batch: Any = None,
+    headroom: float = 0.1,
+    show: bool = True,
+    facts: ModelFacts | None = None,
+    trials: bool = False,
+) -> Choice:
+    """The plan for `Trainer(strategy="auto")`: the first named strategy that fits this machine,
+    with the others that fit behind it (`Choice.fallbacks`, tried in turn when the choice runs out
+    of memory at setup: plan/fallback.py).
 
     Only candidates with a Trainer strategy string are considered, so the name can be handed to
     spawned ranks; on CPU the offloaded ones are left out (the host is the device). Run it once,
     before ranks start. `facts` reuses an earlier `inspect_model` (the probe then runs once). Raises
-    ConfigError when nothing fits (see `choose`)."""
+    ConfigError when nothing fits (see `choose`). `trials`: micro-batch trials will run (their copy
+    of the model counts in the host peak)."""
     device_bytes, host_bytes = device_memory(device_type, world_size, memory_budget)
     candidates = [
         c
@@ -517,10 +690,17 @@ def auto_strategy(
         if c.is_named and not (device_type == "cpu" and c.offload_optimizer)
     ]
     rows = forecast(
-        module, world_size, precision, micro_batch, batch=batch, candidates=candidates, facts=facts
+        module,
+        world_size,
+        precision,
+        micro_batch,
+        batch=batch,
+        candidates=candidates,
+        facts=facts,
+        pinned=device_type == "cuda",
+        trials=trials,
     )
-    choice = choose(rows, device_bytes, host_bytes, headroom, show=show)
-    return choice.name, choice.table
+    return choose(rows, device_bytes, host_bytes, headroom, show=show)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -602,7 +782,7 @@ def largest_micro_batch(
     """
     limit = device_bytes * (1 - headroom)
     fixed = forecast_candidate(candidate, facts, devices, precision, 1)
-    act = facts.activations
+    act = activations_for(candidate, facts)
     per_sample = act.ac_per_sample if candidate.activation_checkpointing else act.per_sample
     base = act.ac_base if candidate.activation_checkpointing else act.base
     # device_total(b) = states without grads + buffers + max(grads, base + per_sample × b): solve

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass, field
+from importlib.util import find_spec
 from types import SimpleNamespace
 from typing import Any
 
@@ -64,6 +65,9 @@ class ModelFacts:
     optimizer: str
     unit_numel: int
     activations: Activations = field(default_factory=Activations)
+    built_bytes: int = 0  # the Module's tensors already on the host as given (built in __init__)
+    engine_activations: Activations = field(default_factory=Activations)  # run in bf16, no autocast
+    probe_bytes: int = 0  # the probe's CPU copy while it runs: weights and their gradients
 
     @property
     def shapes(self) -> list[tuple[int, ...]]:
@@ -104,9 +108,43 @@ def inspect_model(
     )
     probed = batch is not None and not steps_itself(module)
     activations = probe_activations(module, batch, precision) if probed else Activations()
+    engine = Activations()
+    if probed and precision in ("bf16-mixed", "16-mixed") and find_spec("deepspeed"):
+        # DeepSpeed's half-precision modes run the model in that dtype, without autocast.
+        try:
+            engine = probe_activations(module, cast_floats(batch, torch.bfloat16), "bf16-true")
+        except Exception:  # noqa: BLE001 - a model that cannot run in bf16 on CPU: autocast's line
+            engine = Activations()
+    width = 2 if precision == "bf16-true" else 4  # the probe's copy: weights, then gradients
     return ModelFacts(
-        groups, optimizer_states(opt), name in ADAM_STATES, name, unit_numel, activations
+        groups,
+        optimizer_states(opt),
+        name in ADAM_STATES,
+        name,
+        unit_numel,
+        activations,
+        built_bytes=host_bytes(module),
+        engine_activations=engine,
+        probe_bytes=2 * width * sum(p.numel() for p in params) if probed else 0,
     )
+
+
+def cast_floats(value: Any, dtype: torch.dtype) -> Any:
+    """`value` with its floating-point tensors in `dtype` (as DeepSpeed casts a batch)."""
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype) if value.is_floating_point() else value
+    if isinstance(value, dict):
+        return {k: cast_floats(v, dtype) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(cast_floats(v, dtype) for v in value)
+    return value
+
+
+def host_bytes(module: torch.nn.Module) -> int:
+    """Bytes of `module`'s parameters and buffers that exist on the host (a model built in
+    `__init__`); 0 for one that `configure_model` builds."""
+    tensors = {id(t): t for t in (*module.parameters(), *module.buffers())}.values()
+    return sum(t.numel() * t.element_size() for t in tensors if t.device.type == "cpu")
 
 
 def optimizer_states(opt: Any) -> int:
@@ -128,8 +166,15 @@ def optimizer_states(opt: Any) -> int:
 
 def build_copy(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     """A copy of the user's module with `configure_model` run under `device`; the user's object is
-    unchanged."""
-    twin = copy.deepcopy(module)
+    unchanged. On the meta device the copy's tensors are meta tensors of the same shapes from the
+    start: planning a model built in `__init__` copies no weights."""
+    memo: dict[int, Any] = {}
+    if device.type == "meta":
+        for p in module.parameters():
+            memo[id(p)] = torch.nn.Parameter(p.detach().to("meta"), p.requires_grad)
+        for b in module.buffers():
+            memo[id(b)] = b.detach().to("meta")
+    twin = copy.deepcopy(module, memo)
     with device:
         twin.configure_model()
     return twin
