@@ -59,6 +59,7 @@ from lightspeed.loggers import Logger
 from lightspeed.loggers.build import agree_log_dirs, build_loggers
 from lightspeed.loggers.logger import DummyLogger
 from lightspeed.perf.kernels import compile_step, compiled_frames, compiled_ran, unwrap_compiled
+from lightspeed.plan.fallback import connected, plan_hint, set_up_or_fall_back
 from lightspeed.plan.micro_batch import plan_fit
 from lightspeed.report.progress import ProgressBar, metrics_table, print_table, start_progress
 from lightspeed.runtime.distributed import broadcast_from_rank0
@@ -174,6 +175,7 @@ class Trainer(LightningNames):
         )
         self._progress: ProgressBar | None = None
         self._checkpointer: Checkpointer | None = None
+        self._fallbacks: tuple[str, ...] | None = None  # strategy="auto": the next plans that fit
         self._batches_done, self._epoch_done, self._preemption = (
             0,
             False,
@@ -286,12 +288,41 @@ class Trainer(LightningNames):
         )  # prepare_data, then setup(stage): callbacks, data, module
         loaders = data()
         self._loaders["train"] = self._distribute(loaders[0]) if stage == "fit" else None
-        if self._module is not module:
-            self.strategy.configure_model(module)
+        phase, configure = "fit" if stage == "fit" else "eval", self._module is not module
+        if configure or self._phase not in ("fit", phase):
+            # Under strategy="auto" a plan that runs out of memory here gives way to the next one
+            # that fits (plan/fallback.py); a strategy the user chose keeps its error, plus a hint.
+            before, cfg, dev = self.strategy, self.cfg, self.device
+            self.strategy = set_up_or_fall_back(
+                self.strategy,
+                module,
+                lambda s: self._set_up(s, module, phase, loaders, configure),
+                self._fallbacks,
+                lambda name: connected(build_strategy(name, self.world_size), spec, self.dist, dev),
+                cfg.memory_budget if cfg.device_type == "cpu" else None,
+                self.print0,
+                plan_hint(
+                    module, self.world_size, cfg.precision, cfg.device_type, cfg.memory_budget
+                ),
+            )
+            self._fallbacks = None  # only the first setup falls back
+            if self.strategy is not before:  # a fork set up: checkpoints and teardown follow it
+                self._checkpointer = Checkpointer(
+                    self.strategy, self.callbacks, self.global_rank, self.world_size
+                )
+                atexit.register(self.strategy.teardown)  # runs before the parent's: LIFO
+        return path, loaders
+
+    def _set_up(
+        self, strategy: Any, module: Module, phase: str, loaders: Any, configure: bool
+    ) -> None:
+        """Configures `module` on `strategy` (when `configure`: a new module) and sets it up for
+        `phase` ("fit" serves evaluation too)."""
+        if configure:
+            strategy.configure_model(module)
             if self.cfg.sync_batchnorm and self.world_size > 1:  # before any wrapper, as Lightning
                 torch.nn.SyncBatchNorm.convert_sync_batchnorm(module)
             self._module, self._phase = module, None
-        phase = "fit" if stage == "fit" else "eval"
         if self._phase not in ("fit", phase):
             factory = (
                 (
@@ -302,17 +333,16 @@ class Trainer(LightningNames):
                 if phase == "fit"
                 else None
             )
-            self.strategy.setup(
+            strategy.setup(
                 module, factory, getattr(loaders[0], "batch_size", None) if phase == "fit" else None
             )
-            if phase == "fit" and module.automatic_optimization and not self.strategy.optimizers:
+            if phase == "fit" and module.automatic_optimization and not strategy.optimizers:
                 raise ConfigError(
                     "configure_optimizers returned no optimizer: return one of the forms in "
                     "lightspeed.core.optimizer (an optimizer, a list, a dict with 'optimizer', "
                     "...)."
                 )
             self._phase = phase
-        return path, loaders
 
     def _launch(self, spec: RunSpec) -> None:
         """Once per process: starts the other local ranks (plain `python` with devices > 1) or joins
@@ -403,7 +433,7 @@ class Trainer(LightningNames):
             if self.dist is None and (
                 self._plans or self.cfg.micro_batch
             ):  # before any rank starts (micro_batch.py)
-                self.strategy, data = plan_fit(
+                self.strategy, data, self._fallbacks = plan_fit(
                     model,
                     train_dataloaders,
                     datamodule,

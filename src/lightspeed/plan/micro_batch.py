@@ -47,9 +47,10 @@ from lightspeed.core.optimizer import parse_optimizers
 from lightspeed.data.loaders import move_to_device
 from lightspeed.errors import ConfigError
 from lightspeed.plan.chart import gib
+from lightspeed.plan.fallback import release_device_memory
 from lightspeed.plan.forecast import (
     Candidate,
-    auto_strategy,
+    auto_choice,
     build_candidates,
     device_memory,
     forecast_candidate,
@@ -154,7 +155,9 @@ def plan_fit(
     activation probe serves both. `as_step_sees(batch)` returns a drawn batch as `training_step`
     will see it (the loop's transfer hooks), on the CPU.
 
-    Returns (the strategy object, the loaders' source): `data` itself, or with a micro-batch to
+    Returns (the strategy object, the loaders' source, the fallbacks: under `strategy="auto"` the
+    names of the other plans that fit, in rank order, for plan/fallback.py; else None). The
+    loaders' source: `data` itself, or with a micro-batch to
     find, a callable that runs `confirm` (trials, the size written) and then `data()`. The Trainer
     calls it once the ranks run, before the model is built: the moment the trials need.
 
@@ -166,8 +169,8 @@ def plan_fit(
         nothing fits (see `plan.choose`).
     """
     world_size, cfg = trainer.world_size, trainer.cfg
-    if cfg.micro_batch is None and (loader is None or not plans):
-        return strategy, data  # strategy="auto" plans from loaders passed to fit
+    if cfg.micro_batch is None and not plans:
+        return strategy, data, None
     manual = steps_itself(module)
     if cfg.micro_batch is not None:
         if manual:
@@ -182,7 +185,7 @@ def plan_fit(
     source = datamodule if datamodule is not None else module
     loader = loader if loader is not None else source.train_dataloader()
     if loader is None:
-        return strategy, data  # fit reports the missing data
+        return strategy, data, None  # fit reports the missing data
     sample = (
         None  # manual optimization: a probe cannot run the step without the optimizers it steps
     )
@@ -198,8 +201,9 @@ def plan_fit(
             flush=True,
         )
     facts = inspect_model(module, sample, cfg.precision)
+    fallbacks = None
     if plans:
-        name, _ = auto_strategy(
+        choice = auto_choice(
             module,
             world_size,
             cfg.precision,
@@ -209,12 +213,14 @@ def plan_fit(
             sample,
             show=show,
             facts=facts,
+            trials=cfg.micro_batch is not None,
         )
-        strategy = build_strategy(name, world_size)
+        strategy = build_strategy(choice.name, world_size)
+        fallbacks = tuple(f.candidate.name for f in choice.fallbacks)
     if cfg.micro_batch is None:
-        return strategy, data
+        return strategy, data, fallbacks
     plan = plan_micro_batch(module, datamodule, strategy, world_size, cfg, sample, facts)
-    return strategy, lambda: confirm(plan, strategy, module, data)
+    return strategy, lambda: confirm(plan, strategy, module, data), fallbacks
 
 
 def plan_micro_batch(
@@ -351,6 +357,8 @@ def confirm(plan: MicroBatchPlan, strategy: Any, module: Any, rebuild: Callable[
         )
     finally:
         set_rng_state(state)
+    if strategy.device.type == "cuda":  # the run's own peak from here, not the trials'
+        torch.cuda.reset_peak_memory_stats(strategy.device)
     is_rank0 = not dist.is_initialized() or dist.get_rank() == 0
     if is_rank0:
         Console(width=120).print(trials_table(plan.trials))
@@ -370,7 +378,7 @@ def confirm(plan: MicroBatchPlan, strategy: Any, module: Any, rebuild: Callable[
         owner = "hparams" if isinstance(plan.owner, dict) else type(plan.owner).__name__
         print(
             f"micro_batch: {size} under {plan.candidate.name} (written to {owner}.{plan.key}; "
-            "loader rebuilt)",
+            f"loader rebuilt; the run's forecast peak {gib(plan.forecast(size).forecast_bytes)})",
             flush=True,
         )
     return rebuild()
@@ -435,8 +443,8 @@ def try_steps(
         alive() is not None
     ):  # something outside still holds the copy (DeepSpeed ZeRO-3's autograd functions)
         strip_tensors(alive())
-    if cuda:
-        torch.cuda.empty_cache()
+    if cuda:  # the cache returned, cuBLAS's workspaces too (they can pin a freed segment)
+        release_device_memory()
         left = torch.cuda.memory_allocated(strategy.device) - baseline
         note += f"; {gib(left)} left allocated" if left > 2**20 else ""
     return _min_over_ranks(ran), (not cuda or left <= 2**20) and not _holds_tensors(alive()), note

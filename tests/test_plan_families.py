@@ -1,0 +1,254 @@
+"""The forecast's transient peaks, the choice between plans of equal speed, and the fallback when a
+chosen plan runs out of memory at setup (issue 38). CPU tests; the six-family check on a GPU is
+benchmarks/planner_families.py (docs/planning.md has its table), its smallest form a `gpu` test.
+
+    .venv/bin/python -m pytest -q -n 1 tests/test_plan_families.py
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from helpers import ROOT, launch
+from lightspeed.plan.fallback import restore, set_up_or_fall_back, snapshot
+from lightspeed.plan.forecast import (
+    MARGIN,
+    Candidate,
+    Forecast,
+    build_candidates,
+    choose,
+    forecast,
+    forecast_candidate,
+    speed_order,
+)
+from lightspeed.plan.probe import inspect_model
+
+HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
+GIB = 2**30
+
+
+def row(name: str, device: float, host: float = 0.0) -> Forecast:
+    """A forecast of `device` GiB (all of it weights) for the named candidate."""
+    by_name = {c.name: c for c in build_candidates(1) + build_candidates(2)}
+    return Forecast(by_name[name], int(device * GIB), 0, 0, 0, 0, 0, int(host * GIB))
+
+
+class Blocks(torch.nn.Module):
+    """A decoder-like stack: an embedding, repeated blocks, a head; built in `__init__`."""
+
+    def __init__(self, d: int = 32, layers: int = 3, vocab: int = 64):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, d)
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(d, d) for _ in range(layers))
+        self.head = torch.nn.Linear(d, vocab)
+
+    def forward(self, ids):
+        h = self.embed(ids)
+        for b in self.blocks:
+            h = torch.relu(b(h))
+        return self.head(h)
+
+
+def test_ties_go_to_headroom():
+    # Issue 38: stage 1 and stage 2 offload have one speed; stage 2 leaves more memory free.
+    one, two = row("deepspeed_stage_1_offload", 13.11), row("deepspeed_stage_2_offload", 11.83)
+    choice = choose([one, two], device_bytes=16 * GIB, host_bytes=500 * GIB, show=False)
+    assert choice.name == "deepspeed_stage_2_offload"
+    assert [f.candidate.name for f in choice.fallbacks] == ["deepspeed_stage_1_offload"]
+
+
+def test_a_plan_short_of_the_margin_ranks_below_one_of_equal_speed_only():
+    limit = 10 * GIB
+    tight = row("deepspeed_stage_1", (1 - MARGIN / 2) * 10)  # fits the headroom, not the margin
+    roomy = row("deepspeed_stage_2", (1 - MARGIN * 2) * 10)
+    assert tight.candidate.speed == roomy.candidate.speed
+    names = [f.candidate.name for f in speed_order([tight, roomy], limit)]
+    assert names == ["deepspeed_stage_2", "deepspeed_stage_1"]
+    # Speed still comes first: a faster plan short of the margin stays ahead of a slower one.
+    fast = row("single", (1 - MARGIN / 2) * 10)
+    assert speed_order([roomy, fast], limit)[0] is fast
+    # Without the memory, the old order (speed, then the smaller total).
+    assert speed_order([tight, roomy])[0] is roomy
+
+
+@pytest.mark.skipif(not HAS_DEEPSPEED, reason="deepspeed is not installed")
+def test_transient_terms_are_in_the_forecast():
+    model = Blocks(d=64, layers=4, vocab=512)
+    numel = sum(p.numel() for p in model.parameters())
+    facts = inspect_model(_as_module(model), torch.randint(0, 512, (2, 8)), "bf16-mixed")
+    rows = {f.candidate.name: f for f in forecast(_as_module(model), 1, "bf16-mixed", facts=facts)}
+    # ZeRO-1/2 flatten the bf16 weights into one buffer while the weights exist: 2 × 2 bytes.
+    for name in ("deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_2_offload"):
+        f = rows[name]
+        assert f.setup_buffers == 2 * numel
+        assert f.device_total >= f.params + f.setup_buffers == 4 * numel
+    # ZeRO-3's partitions are copied into a flat buffer and a block is gathered.
+    assert rows["deepspeed_stage_3"].setup_buffers >= 2 * numel
+    # The host side: the CPU copy the model was built in, the probe's copy and its gradients.
+    assert facts.built_bytes == 4 * numel and facts.probe_bytes == 8 * numel
+    assert rows["single"].host_setup >= 12 * numel
+    # Offload: pinned buffers are rounded up to a power of two, pageable ones are not.
+    c = Candidate("deepspeed_stage_2", offload_optimizer=True)
+    pinned = forecast_candidate(c, facts, 1, "bf16-mixed", 1, pinned=True).host
+    pageable = forecast_candidate(c, facts, 1, "bf16-mixed", 1, pinned=False).host
+    assert pageable == (4 + 4 + 2 + 8) * numel  # master, fp32 grads, bf16 staging, Adam states
+    assert pinned > pageable
+    assert rows["deepspeed_stage_2_offload"].host_peak >= pinned
+
+
+def test_a_consolidating_save_is_a_moment_of_its_own():
+    facts = inspect_model(_as_module(Blocks()), None, "32-true")
+    f = forecast_candidate(Candidate("ddp_sharded"), facts, 2, "32-true", 1)
+    whole = forecast_candidate(Candidate("ddp"), facts, 2, "32-true", 1)
+    # ZeRO-1 gathers the other rank's optimizer state on rank 0 to save: the whole state then.
+    assert f.optim + f.save_buffers == pytest.approx(whole.optim, rel=0.01)
+    assert f.device_total >= f.model_states + f.save_buffers
+
+
+def _as_module(net: torch.nn.Module):
+    import lightspeed as ls
+
+    class Wrapped(ls.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+
+        def training_step(self, batch, batch_idx):
+            return self.net(batch).float().pow(2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters())
+
+    return Wrapped()
+
+
+class Attempt:
+    """A stand-in strategy for the fallback function's contract: `fork()`, `teardown()`,
+    `measure()`; its setup moves the module's weights (as a real setup does)."""
+
+    def __init__(self, name: str, log: list):
+        self.name, self.log, self.is_set_up = name, log, False
+
+    def fork(self):
+        self.log.append(f"fork {self.name}")
+        return self
+
+    def teardown(self):
+        self.log.append(f"teardown {self.name}")
+
+    def measure(self):
+        return {"params": 0}
+
+
+def test_fallback_restores_the_module_and_tries_the_next_plan_after_a_real_oom():
+    module = _as_module(Blocks())
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    first_weight = module.net.embed.weight
+    log: list = []
+
+    def set_up(s):
+        for p in module.parameters():  # what DeepSpeed does: weights cast, in new tensors
+            p.data = p.data.to(torch.bfloat16)
+        if s.name == "first":
+            torch.empty(2**62, dtype=torch.uint8)  # a real allocation the host cannot make
+        s.is_set_up = True
+
+    got = set_up_or_fall_back(
+        Attempt("first", log),
+        module,
+        set_up,
+        ("second",),
+        lambda n: Attempt(n, log),
+        None,
+        log.append,
+    )
+    assert got.name == "second" and got.is_set_up
+    assert log[:2] == ["fork first", "teardown first"]
+    assert any("first failed at setup (out of memory" in line for line in log)
+    assert "trying second" in next(line for line in log if "failed" in line)
+    # The second attempt started from the module as it was: fp32 weights, the same values.
+    assert module.net.embed.weight is not first_weight
+    for k, v in module.state_dict().items():
+        assert v.dtype == torch.bfloat16 and torch.equal(v, before[k].to(torch.bfloat16))
+
+
+def test_a_user_chosen_strategy_keeps_its_error_and_names_a_plan(capsys):
+    module = _as_module(Blocks())
+    lines: list = []
+
+    def set_up(s):
+        torch.empty(2**62, dtype=torch.uint8)
+
+    with pytest.raises(RuntimeError, match="can.t allocate memory"):  # the error, unchanged
+        set_up_or_fall_back(
+            Attempt("ddp", lines),
+            module,
+            set_up,
+            None,
+            lambda n: None,
+            None,
+            lines.append,
+            lambda: "lightspeed plan: fsdp would fit",
+        )
+    assert lines == ["lightspeed plan: fsdp would fit"]
+
+
+def test_snapshot_shares_tensors_and_restore_undoes_a_wrapper():
+    module = _as_module(Blocks())
+    kept = snapshot(module)
+    assert kept.net.embed.weight.data_ptr() == module.net.embed.weight.data_ptr()
+    assert kept.net.embed.weight is not module.net.embed.weight
+    module.net.blocks[0] = torch.nn.Identity()  # an attempt's change in place
+    module.register_forward_hook(lambda *a: None)
+    restore(module, kept)
+    assert isinstance(module.net.blocks[0], torch.nn.Linear) and not module._forward_hooks
+
+
+def test_auto_falls_back_on_2_ranks_when_the_chosen_plan_runs_out_of_memory(tmp_path):
+    fell_back = _fallback_run(tmp_path, "fell_back.json")
+    assert "ddp failed at setup (out of memory" in fell_back["stdout"]
+    assert fell_back["strategy"] != "ddp" and len(fell_back["losses"]) == 3
+    # The same budget with the forecast left honest chooses that plan first: the fallback started
+    # from the weights and random state that run starts from, so the losses are the same.
+    direct = _fallback_run(tmp_path, "direct.json", "honest")
+    assert "failed at setup" not in direct["stdout"]
+    assert direct["strategy"] == fell_back["strategy"]
+    assert direct["losses"] == fell_back["losses"]
+
+
+def _fallback_run(tmp_path, name: str, *flags: str) -> dict:
+    out = tmp_path / name
+    done = launch(["tests/fallback_script.py", str(out), *flags], cwd=ROOT, nproc=2, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {**json.loads(out.read_text()), "stdout": done.stdout}
+
+
+@pytest.mark.gpu
+def test_six_families_train_under_a_cap_on_a_gpu(tmp_path):
+    """The benchmark's smallest form: two families under their caps, each trained by `auto`."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/planner_families.py",
+            "--only",
+            "gpt2,vit",
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:]
+    rows = json.loads((tmp_path / "planner_families.json").read_text())
+    for r in rows:
+        assert "error" not in r and r["trained"], r
+        assert r["plain"] > 0.9 * r["cap"]  # plain training does not fit the cap
+        assert r["forecast"] == pytest.approx(r["measured"], rel=0.15)
