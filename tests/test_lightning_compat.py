@@ -508,3 +508,20 @@ def test_loggers_get_the_users_hparams_only(tmp_path):
     import yaml
 
     assert yaml.safe_load(open(os.path.join(logger.log_dir, "hparams.yaml"))) == {"width": 3}
+
+
+def test_datamodule_load_from_checkpoint(tmp_path):
+    from lightspeed import Trainer
+    from lightspeed.demos.boring_classes import BoringDataModule, BoringModel
+
+    class Data(BoringDataModule):
+        def __init__(this, batch_size=4):
+            super().__init__()
+            this.save_hyperparameters()
+
+    trainer = Trainer(
+        default_root_dir=tmp_path, max_steps=1, logger=False, enable_progress_bar=False
+    )
+    trainer.fit(BoringModel(), datamodule=Data(batch_size=8))
+    trainer.save_checkpoint(tmp_path / "ckpt")
+    assert Data.load_from_checkpoint(tmp_path / "ckpt").hparams.batch_size == 8

@@ -39,7 +39,7 @@ from lightspeed.config import TrainerConfig, check_sync_batchnorm, read_back, tr
 from lightspeed.core.metrics import MetricStore, infer_batch_size
 from lightspeed.core.module import Module
 from lightspeed.core.optimizer import parse_optimizers, step_schedulers
-from lightspeed.core.saving import HPARAMS_KEY, HPARAMS_NAME
+from lightspeed.core.saving import DATAMODULE_HPARAMS_KEY, HPARAMS_KEY, HPARAMS_NAME
 from lightspeed.data.loaders import (
     BatchMover,
     CombinedLoader,
@@ -800,6 +800,7 @@ class Trainer(LightningNames):
             state["datamodule"] = (
                 self.datamodule.state_dict() if self.datamodule is not None else {}
             )
+            state[DATAMODULE_HPARAMS_KEY] = dict(getattr(self.datamodule, "hparams", {}) or {})
             module.on_save_checkpoint(state)
             for cb in self.callbacks:
                 cb.on_save_checkpoint(self, module, state)

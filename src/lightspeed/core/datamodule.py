@@ -48,6 +48,15 @@ class LightningDataModule(HyperparametersMixin):
     CHECKPOINT_HYPER_PARAMS_TYPE = "hparams_type"
 
     @classmethod
+    def load_from_checkpoint(
+        cls, checkpoint_path: Any, map_location: Any = None, **kwargs: Any
+    ) -> LightningDataModule:
+        """Rebuilds the DataModule from a checkpoint's hyper-parameters (`kwargs` override them)
+        and restores its `state_dict`; `map_location` is accepted for Lightning's signature (a
+        DataModule holds no tensors)."""
+        return _hparams.load_datamodule_from_checkpoint(cls, checkpoint_path, **kwargs)
+
+    @classmethod
     def from_datasets(
         cls,
         train_dataset: Any = None,

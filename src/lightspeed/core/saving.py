@@ -33,6 +33,7 @@ from lightspeed.errors import ConfigError
 from lightspeed.utilities.rank_zero import rank_zero_warn
 
 HPARAMS_KEY = "hyper_parameters"
+DATAMODULE_HPARAMS_KEY = "datamodule_hyper_parameters"  # the DataModule's, beside the Module's
 # set when __init__ took one dict/Namespace of hyper-parameters: its parameter name
 HPARAMS_NAME = "hparams_name"
 
@@ -85,6 +86,19 @@ def load_from_checkpoint(
     if map_location is not None:
         module.to(torch.device(map_location) if isinstance(map_location, str) else map_location)
     return module.eval()
+
+
+def load_datamodule_from_checkpoint(cls: type, path: str | os.PathLike, **overrides: Any) -> Any:
+    """Builds `cls(**hparams, **overrides)` from the DataModule hyper-parameters a checkpoint
+    holds (Lightning's `LightningDataModule.load_from_checkpoint`) and restores its `state_dict`.
+    Hyper-parameters that `__init__` does not take are left out."""
+    path = checkpoint_dir(path)
+    state = torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=False)
+    saved = state.get(DATAMODULE_HPARAMS_KEY) or {}
+    datamodule = cls(**_init_kwargs(cls, {**saved, **overrides}, None))
+    if state.get("datamodule"):
+        datamodule.load_state_dict(state["datamodule"])
+    return datamodule
 
 
 def dict_argument(args: dict[str, Any], value: Any) -> str | None:
