@@ -180,7 +180,9 @@ class RunMetrics(Callback):
         # Called once per optimizer step with the window's last micro-batch; all windows are taken
         # to be full.
         samples, tokens = _batch_counts(batch)
-        scale = trainer.cfg.accumulate_grad_batches * trainer.world_size
+        # The data-parallel ranks' batches: the ranks of a tensor-parallel group share theirs.
+        replicas = (trainer.strategy.distributed_sampler_kwargs or {}).get("num_replicas", 1)
+        scale = trainer.cfg.accumulate_grad_batches * replicas
         self._steps += 1
         self._samples += samples * scale
         self._has_tokens = self._has_tokens and tokens is not None

@@ -59,6 +59,12 @@ def _partition(placements: dict[str, Any]) -> Callable[[str, nn.Module, DeviceMe
     return partition
 
 
+def _hook(fn: Callable[..., Any]) -> Any:
+    """torch's styles pass these partials to `distribute_module`, whose annotation says hooks
+    return None; they return the converted inputs."""
+    return fn
+
+
 class Colwise(ColwiseParallel):
     """torch's ColwiseParallel (output features split), for HF's Conv1D as well as nn.Linear."""
 
@@ -69,7 +75,7 @@ class Colwise(ColwiseParallel):
             module,
             device_mesh,
             _partition({"weight": Shard(1), "bias": Shard(0)}),
-            partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
+            _hook(partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts)),
             partial(self._prepare_output_fn, self.output_layouts, self.use_local_output),
         )
 
@@ -85,7 +91,7 @@ class Rowwise(RowwiseParallel):
             module,
             device_mesh,
             _partition({"weight": Shard(0), "bias": Replicate()}),
-            partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
+            _hook(partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts)),
             partial(self._prepare_output_fn, self.output_layouts, self.use_local_output),
         )
 
@@ -108,7 +114,7 @@ class FusedColwise(Colwise):
         return module
 
     def _per_chunk(self, module: nn.Module, inputs: Any, output: DTensor) -> torch.Tensor:
-        parts = output.chunk(self.chunks, dim=-1)
+        parts: list[Any] = list(output.chunk(self.chunks, dim=-1))  # DTensors
         return torch.cat([p.redistribute(placements=[Shard(-1)]).to_local() for p in parts], -1)
 
 
@@ -179,7 +185,8 @@ def hf_plan(module: nn.Module) -> tuple[Plan, str] | None:
         config = getattr(m, "config", None)
         if not plan and config is not None and getattr(m, "base_model_prefix", None) is not None:
             base = getattr(config, "base_model_tp_plan", None) or {}
-            prefix = m.base_model_prefix if hasattr(m, m.base_model_prefix) else ""
+            prefix = str(m.base_model_prefix)
+            prefix = prefix if hasattr(m, prefix) else ""
             plan = {f"{prefix}.{k}" if prefix else k: v for k, v in base.items()}
         if plan and isinstance(plan, dict):
             return {f"{path}.{k}" if path else k: v for k, v in plan.items()}, type(m).__name__
@@ -223,7 +230,8 @@ def _matches(parts: list[str], pattern: list[str]) -> bool:
 
 
 def _collapse(path: str) -> str:
-    return re.sub(r"\.\d+(?=\.|$)", ".*", path)
+    """`blocks.3.attn.qkv` -> `blocks.*.attn.qkv`: layer indices (not leaves: `mlp.0`) as `*`."""
+    return re.sub(r"(?<=\.)\d+(?=\.)|^\d+(?=\.)", "*", path)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -255,7 +263,8 @@ def check_plan(module: nn.Module, plan: Plan, tp: int, origin: str) -> None:
                 "Hugging Face's Conv1D or an Embedding."
             )
         dim = _SPLIT[style] ^ (1 if is_conv1d(m) else 0)
-        size = m.weight.shape[dim] // (3 if style == "fused_colwise" else 1)
+        weight: Any = m.weight
+        size = weight.shape[dim] // (3 if style == "fused_colwise" else 1)
         if size % tp:
             kind = "output" if _SPLIT[style] == 0 else "input"
             raise ConfigError(
@@ -316,7 +325,7 @@ def apply_tp(module: nn.Module, mesh: DeviceMesh, plan: Plan) -> None:
         parent = module.get_submodule(path.rpartition(".")[0]) if "." in path else module
         split = getattr(parent, "split_size", None)
         if name == "fused_colwise" and isinstance(split, int) and split % mesh.size() == 0:
-            parent.split_size = split // mesh.size()  # `.split(split_size)` of the local output
+            setattr(parent, "split_size", split // mesh.size())  # `.split()` of the local output
     apply_replicated(module, mesh)
 
 
@@ -344,10 +353,11 @@ def apply_replicated(module: nn.Module, mesh: DeviceMesh) -> None:
 
 
 def _swap_in_local(names: list[str], held: list, owner: nn.Module, args: Any) -> None:
-    params = {n: owner._parameters[n] for n in names}
+    slots: dict[str, Any] = owner._parameters  # a plain tensor for the forward's duration
+    params = {n: slots[n] for n in names}
     held.append(params)
     for n, p in params.items():
-        owner._parameters[n] = p.to_local() if isinstance(p, DTensor) else p
+        slots[n] = p.to_local() if isinstance(p, DTensor) else p
 
 
 def _swap_back(held: list, owner: nn.Module, args: Any, output: Any) -> None:
@@ -363,8 +373,9 @@ def apply_tensor_parallel(module: nn.Module, mesh: DeviceMesh, given: Plan | Non
             head counts tp does not divide.
     """
     tp = mesh.size()
-    if hasattr(module, "configure_tensor_parallel"):  # a plain nn.Module has no hook
-        module.configure_tensor_parallel(mesh)
+    hook = getattr(module, "configure_tensor_parallel", None)  # a plain nn.Module has none
+    if callable(hook):
+        hook(mesh)
     if any(isinstance(p, DTensor) for p in module.parameters()):
         apply_replicated(module, mesh)
         return [
