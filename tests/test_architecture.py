@@ -11,6 +11,7 @@ by adding files.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "lightspeed"
@@ -172,3 +173,17 @@ def test_only_the_deepspeed_package_imports_deepspeed():
                 if n.split(".")[0] == "deepspeed"
             ]
     assert found == [], "\n".join(found)
+
+
+def test_the_architecture_page_shows_these_layers():
+    # docs/architecture.md's layer table names the same packages per layer as LAYERS (the loop's modules, whose
+    # names change with the loop, are summed up as "trainer and the loop's modules").
+    doc = (SRC.parent.parent / "docs" / "architecture.md").read_text()
+    rows = {}
+    for line in doc.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].isdigit():
+            rows[int(cells[0])] = set(re.findall(r"`([a-z_]+)`", cells[1]))
+    assert set(rows) == set(LAYERS), (sorted(rows), sorted(LAYERS))
+    for layer, names in LAYERS.items():
+        assert rows[layer] <= names and (rows[layer] == names or "trainer" in rows[layer]), (layer, rows[layer])
