@@ -194,6 +194,13 @@ class DeepSpeed:
         self.config = self.user_config = read_config(self.config) or {
             "zero_optimization": {"stage": self.stage}
         }
+        autotp = (self.user_config.get("tensor_parallel") or {}).get("autotp_size", 0)
+        if isinstance(autotp, int) and autotp > 1:  # its TP groups would read different batches
+            raise ConfigError(
+                f"DeepSpeed config tensor_parallel.autotp_size={autotp} is not supported: "
+                "lightspeed does not run DeepSpeed's AutoTP (any ZeRO stage). For tensor "
+                f"parallelism use strategy=FSDP(tp={autotp}) (\"fsdp_tp{autotp}\"), FSDP2 x TP."
+            )
         self.deepcompile = wants_deepcompile(
             self.deepcompile,
             self.user_config,
