@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import lightspeed as ls
-import lightspeed.trainer
+import lightspeed.loop
 from helpers import launch
 from test_trainer import Regress, make_trainer, regression_data
 
@@ -27,7 +27,7 @@ def no_spawn(monkeypatch):
     def refuse(n):
         raise AssertionError(f"a bad input reached the spawner (start_local_ranks({n}))")
 
-    monkeypatch.setattr(lightspeed.trainer, "start_local_ranks", refuse)
+    monkeypatch.setattr(lightspeed.loop, "start_local_ranks", refuse)
     yield
     assert psutil.Process().children() == []
 
@@ -175,7 +175,7 @@ def test_stale_deepspeed_build_lock_is_named_before_spawn(tmp_path, monkeypatch)
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(ext))
     fresh = make_trainer(tmp_path, strategy="deepspeed_stage_2", devices=2, max_steps=1)
     fresh.strategy.check(
-        fresh.cfg.run_spec(True)
+        fresh.config.run_spec(True)
     )  # a lock as young as a build in progress: no complaint
     old = time.time() - 3600
     os.utime(lock, (old, old))

@@ -36,8 +36,8 @@ def _nested(n: int = 3) -> dict:
 def test_pin_memory_flag_is_validated():
     with pytest.raises(ConfigError, match="pin_memory='yes' is not valid: use True"):
         ls.Trainer(pin_memory="yes")
-    assert ls.Trainer(pin_memory=False, logger=False).cfg.pin_memory is False
-    assert ls.Trainer(logger=False).cfg.pin_memory is True  # the default
+    assert ls.Trainer(pin_memory=False, logger=False).config.data.pin_memory is False
+    assert ls.Trainer(logger=False).config.data.pin_memory is True  # the default
 
 
 def test_map_tensors_keeps_the_nesting():

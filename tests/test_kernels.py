@@ -167,7 +167,7 @@ def test_optimizer_kernels_flag_is_validated():
     with pytest.raises(ConfigError, match="optimizer_kernels='fast'"):
         ls.Trainer(optimizer_kernels="fast")
     assert (
-        ls.Trainer(optimizer_kernels="as_written", logger=False).cfg.optimizer_kernels
+        ls.Trainer(optimizer_kernels="as_written", logger=False).config.step.optimizer_kernels
         == "as_written"
     )
 
@@ -393,14 +393,14 @@ def test_trainer_compile_same_losses_and_a_step_that_recompiles_runs_as_written(
     written, with a warning, and the losses stay."""
     eager, _ = _fit_step_module(tmp_path, compile=False)
     compiled, trainer = _fit_step_module(tmp_path, compile=True)
-    assert trainer._training_step.failed is None and trainer._training_step.calls == 8
+    assert trainer._run.training_step.failed is None and trainer._run.training_step.calls == 8
     assert_close_losses(compiled, eager, rtol=1e-5, what="compile=True vs eager")
     with pytest.warns(
         UserWarning, match="training_step runs as written from now on, it compiled again"
     ):
         appending, trainer = _fit_step_module(tmp_path, compile=True, appending=True)
     assert (
-        trainer._training_step.calls == RECOMPILE_CALLS + 1
+        trainer._run.training_step.calls == RECOMPILE_CALLS + 1
     )  # the first call compiles; then 3 in a row
     assert_close_losses(appending, eager, rtol=1e-5, what="step given up vs eager")
 
@@ -448,11 +448,11 @@ def test_lightnings_torch_compile_of_the_module_is_trained_compiled_and_saved_wi
         default_root_dir=str(tmp_path),
     )
     trainer.fit(torch.compile(inner, backend=recording), _tokens())
-    assert set(trainer.cfg.compile) == {"backend"} and isinstance(
-        trainer._training_step, CompiledStep
+    assert set(trainer.config.step.compile) == {"backend"} and isinstance(
+        trainer._run.training_step, CompiledStep
     )
     assert recording.calls("cross_entropy"), recording.graphs
-    assert trainer._training_step.failed is None
+    assert trainer._run.training_step.failed is None
     assert_close_losses(
         [float(v) for v in inner.losses], eager, rtol=1e-5, what="fit(torch.compile(m)) vs eager"
     )

@@ -489,7 +489,7 @@ def test_configure_callbacks_replaces_the_trainers_and_callbacks_see_the_checkpo
     trainer.test(model, regression_data(n=8), ckpt_path="best", verbose=False)
     assert best and trainer.ckpt_path == str(Path(best).resolve())
     assert (
-        trainer.callbacks is trainer._checkpointer.callbacks
+        trainer.callbacks is trainer._run.process.checkpointer.callbacks
     )  # replaced in place: the Checkpointer sees them
     assert mine not in trainer.callbacks and trainer.early_stopping_callback.patience == 7
     assert (

@@ -437,6 +437,9 @@ def test_micro_batch_auto_recovers_from_out_of_memory_and_frees_each_trial():
     """On CPU the budget is enforced on real allocations: the forecast's size goes past it, the
     trial is freed (its model copy collected) and the search bisects down to the largest size that
     ran; fit then trains there."""
+    import functools
+
+    import lightspeed.loop
     from lightspeed.plan.micro_batch import confirm, plan_micro_batch
     from lightspeed.runtime.launch import read_dist_info
 
@@ -453,16 +456,17 @@ def test_micro_batch_auto_recovers_from_out_of_memory_and_frees_each_trial():
         enable_progress_bar=False,
     )
     module = Quadratic()
-    plan = plan_micro_batch(module, None, trainer.strategy, 1, trainer.cfg)
-    trainer.strategy.connect(trainer.cfg.run_spec(True), read_dist_info(), torch.device("cpu"))
-    assert confirm(plan, trainer.strategy, module, lambda: "rebuilt") == "rebuilt"
+    plan = plan_micro_batch(module, None, trainer.strategy, 1, trainer.config.plan)
+    trainer.strategy.connect(trainer.config.run_spec(True), read_dist_info(), torch.device("cpu"))
+    trial_step = functools.partial(lightspeed.loop.trial_step, trainer._run)  # the loop's window
+    assert confirm(plan, trainer.strategy, module, trial_step) == module.batch_size
     runs = [t for t in plan.trials if t.confirmed is not None]
     first = runs[-1]  # rows in size order: the forecast's own size is the largest tried
     assert first.size == plan.size and first.confirmed is False and "out of memory" in first.note
     size = module.batch_size
     assert size == max(t.size for t in runs if t.confirmed) and 1 < size < plan.size
     assert {t.size: t for t in plan.trials}[size + 1].confirmed is False  # bisected to the edge
-    assert all(t.freed for t in runs) and len(runs) <= trainer.cfg.micro_batch_trials
+    assert all(t.freed for t in runs) and len(runs) <= trainer.config.plan.micro_batch_trials
     # The quadratic term is real: directly measured, size fits the budget and the forecast's size
     # does not.
     states = plan.forecast(1).forecast_bytes - plan.facts.activations.at(1)

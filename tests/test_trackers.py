@@ -55,7 +55,7 @@ def test_csv_and_tensorboard_honour_the_protocol(tmp_path):
         and hparams["world_size"] == 1
         and hparams["trainer"]["max_steps"] == 6
     )
-    assert hparams["parameters"] == sum(p.numel() for p in trainer._module.parameters())
+    assert hparams["parameters"] == sum(p.numel() for p in trainer.lightning_module.parameters())
     assert (
         yaml.safe_load((run / "status.yaml").read_text())["status"] == "success"
     )  # the Trainer's finalize()

@@ -311,7 +311,7 @@ def main(opts: dict) -> None:
     if opts.get(
         "compile"
     ):  # kernels.CompiledStep: None while the step runs compiled, else why it stopped
-        result["step_fallback"] = trainer._training_step.failed
+        result["step_fallback"] = trainer._run.training_step.failed
     result.update(
         losses=list(module.losses),
         global_step=trainer.global_step,

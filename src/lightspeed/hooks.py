@@ -1,12 +1,9 @@
-"""The hooks' call sites that the loop shares, and what lightspeed checks of the user's hooks at fit
-start.
+"""What lightspeed checks of the user's hooks and callbacks, and what it says at fit start. The
+hooks themselves are called by name in loop.py.
 
-Every hook is called explicitly here (no dispatch by name): the Module's first, then each
-callback's, as in Lightning. Under DeepSpeed the optimizer step and `zero_grad` happen inside
-`engine.step()`, so `on_before_optimizer_step` and `on_before_zero_grad` run just before
-`strategy.step()` for every strategy: after the window's backward passes and before clipping, the
-step and zeroing (also where torch strategies clip). With precision "16-mixed" the gradients these
-hooks see are still loss-scaled (Lightning unscales them first).
+    callbacks = trainer_callbacks(given, config.limits, config.output)  # Trainer.__init__
+    run.callbacks[:] = with_module_callbacks(run.callbacks, module, print0)  # each entry point
+    warn_unknown_hooks(module, callbacks); log_hparams(...)             # loop.set_up_training
 """
 
 from __future__ import annotations
@@ -15,19 +12,23 @@ import warnings
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
-import torch
-
-from lightspeed.callbacks import Callback, ModelCheckpoint
-from lightspeed.core.datamodule import LightningDataModule, prepare_data_once
+from lightspeed.callbacks import (
+    Callback,
+    EarlyStopping,
+    LearningRateMonitor,
+    ModelCheckpoint,
+    ModelSummary,
+    RichProgressBar,
+    Timer,
+)
+from lightspeed.callbacks.rich_model_summary import default_model_summary
+from lightspeed.callbacks.run_metrics import RunMetrics
+from lightspeed.config import Limits, Output
 from lightspeed.core.mixins.hparams_mixin import hparams_to_log
 from lightspeed.core.module import Module
-from lightspeed.data.loaders import move_to_device
 from lightspeed.errors import ConfigError
-from lightspeed.inputs import checked_callbacks
-from lightspeed.runtime import heartbeat
-from lightspeed.runtime.distributed import AgreedMax
 from lightspeed.utilities.parsing import clean_namespace
-from lightspeed.utilities.signature import accepts
+from lightspeed.utilities.rank_zero import rank_zero_info
 
 
 def is_overridden(module: Module, name: str) -> bool:
@@ -36,8 +37,8 @@ def is_overridden(module: Module, name: str) -> bool:
 
 
 # Lightning methods a LightningModule overrides to change the loop itself; lightspeed's strategies
-# own these steps
-# (DeepSpeed runs backward and step itself), so an override here would be silently skipped.
+# own these steps (DeepSpeed runs backward and step itself), so an override would be silently
+# skipped.
 LIGHTNING_OVERRIDES = ("backward", "optimizer_step", "optimizer_zero_grad")
 
 
@@ -60,291 +61,109 @@ def warn_unknown_hooks(module: Module, callbacks: list[Callback]) -> None:
                     )
 
 
-def fit_start(trainer: Any, module: Module) -> Callable[[Any, int], tuple]:
-    """Once per fit, before its hooks: warns of unknown hooks, drops (with a warning) hparams that
-    cannot be pickled, sends the Module's and DataModule's `hparams_initial` to the loggers (rank
-    0; the model summary is the ModelSummary callback's, at on_fit_start). Returns how to build
-    `training_step`'s arguments from (batch, batch_idx): Lightning accepts
-    `training_step(self, batch)`."""
-    warn_unknown_hooks(module, trainer.callbacks)
-    check_transfer_hooks(module, trainer.datamodule)
+def log_hparams(module: Module, datamodule: Any, loggers: list, is_global_zero: bool) -> None:
+    """Once per fit: drops (with a warning) hparams that cannot be pickled and sends the Module's
+    and DataModule's `hparams_initial` to the loggers (rank 0). The model summary is the
+    ModelSummary callback's, at on_fit_start."""
     if isinstance(module.hparams, MutableMapping):
         clean_namespace(module.hparams)
-    params = hparams_to_log(module, trainer.datamodule)  # the DataModule's too, as Lightning
-    for lg in trainer.loggers if trainer.is_global_zero and params else []:
+    params = hparams_to_log(module, datamodule)  # the DataModule's too, as Lightning
+    for lg in loggers if is_global_zero and params else []:
         lg.log_hyperparams(params)
-    if accepts(module.training_step, 2, "batch_idx"):
-        return lambda batch, batch_idx: (batch, batch_idx)
-    return lambda batch, batch_idx: (batch,)
 
 
-def loss_of(out: Any) -> torch.Tensor:
-    """The scalar loss of a `training_step` output (a tensor or a dict with 'loss'); ConfigError
-    otherwise."""
-    loss = out.get("loss") if isinstance(out, dict) else out
-    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-        shape = (
-            f"a tensor of shape {tuple(loss.shape)}"
-            if isinstance(loss, torch.Tensor)
-            else repr(loss)[:80]
-        )
-        if isinstance(out, dict) and "loss" not in out:
-            shape = f"a dict without 'loss' (keys {sorted(map(str, out))})"
+# ------------------------------------------------------------------ callbacks
+def checked_callbacks(callbacks: Any, enable_progress_bar: bool = True) -> list[Callback]:
+    """`callbacks` as a new list; ConfigError unless it is None, one lightspeed Callback (as
+    Lightning accepts) or a list/tuple of them, or when a progress-bar callback comes with
+    `enable_progress_bar=False` (Lightning refuses that too)."""
+    if callbacks is None:
+        return []
+    if isinstance(callbacks, Callback):
+        callbacks = [callbacks]
+    if not isinstance(callbacks, (list, tuple)):
         raise ConfigError(
-            f"training_step returned {shape}: under automatic optimization it must return a "
-            "scalar loss tensor or a dict with a 'loss' scalar."
+            f"callbacks={callbacks!r} is not valid: pass a list of callbacks, e.g. "
+            f"callbacks=[{type(callbacks).__name__}(...)]."
         )
-    return loss.reshape(())
-
-
-# ------------------------------------------------------------------ training
-TRANSFER_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
-
-
-def transfer_owners(module: Module, datamodule: Any) -> dict[str, Any]:
-    """Whose batch-transfer hook runs, per hook: the DataModule's where it overrides it, else the
-    Module's (as in Lightning, which also takes the DataModule's when both override one;
-    `check_transfer_hooks` says so)."""
-
-    def overrides(
-        name: str,
-    ) -> bool:  # a DataModule of another type (duck-typed) may lack the hook: the Module's
-        return getattr(type(datamodule), name, None) not in (
-            None,
-            getattr(LightningDataModule, name),
-        )
-
-    return {
-        name: datamodule if datamodule is not None and overrides(name) else module
-        for name in TRANSFER_HOOKS
-    }
-
-
-def check_transfer_hooks(module: Module, datamodule: Any) -> None:
-    """Warns once per fit for each batch-transfer hook that both the Module and the DataModule
-    override."""
-    owners = transfer_owners(module, datamodule)
-    for name in TRANSFER_HOOKS:
-        if owners[name] is datamodule and datamodule is not None and is_overridden(module, name):
-            warnings.warn(
-                f"{name} is overridden in both {type(module).__name__} and "
-                f"{type(datamodule).__name__}: "
-                f"the DataModule's runs (as in Lightning).",
-                stacklevel=3,
+    for i, cb in enumerate(callbacks):
+        if not isinstance(cb, Callback):
+            hint = (
+                " (pass an instance, not the class)"
+                if isinstance(cb, type) and issubclass(cb, Callback)
+                else ""
             )
+            raise ConfigError(
+                f"callbacks[{i}]={cb!r} is not valid: expected a lightspeed.Callback instance"
+                f"{hint}; Lightning callbacks need porting to lightspeed.Callback."
+            )
+    bars = [type(cb).__name__ for cb in callbacks if getattr(cb, "is_progress_bar", False)]
+    if len(bars) > 1:
+        raise ConfigError(
+            "You added multiple progress bar callbacks to the Trainer, but currently only one "
+            f"progress bar is supported ({', '.join(bars)})."
+        )
+    if bars and not enable_progress_bar:
+        raise ConfigError(
+            f"enable_progress_bar=False is not valid with {bars[0]} in callbacks: drop one of them "
+            "(refresh_rate=0 also turns the bar off). Trainer was configured with "
+            f"`enable_progress_bar=False` but found `{bars[0]}` in callbacks list."
+        )
+    return list(callbacks)
 
 
-def batch_to_device(
-    trainer: Any,
-    module: Module,
-    batch: Any,
-    dataloader_idx: int = 0,
-    device: torch.device | None = None,
-) -> Any:
-    """The batch through `on_before_batch_transfer`, `transfer_batch_to_device` (to `device`, by
-    default `trainer.device`) and `on_after_batch_transfer`, each the DataModule's or the Module's
-    (`transfer_owners`)."""
-    owners = transfer_owners(module, trainer.datamodule)
-    batch = owners["on_before_batch_transfer"].on_before_batch_transfer(batch, dataloader_idx)
-    batch = owners["transfer_batch_to_device"].transfer_batch_to_device(
-        batch, device or trainer.device, dataloader_idx
-    )
-    return owners["on_after_batch_transfer"].on_after_batch_transfer(batch, dataloader_idx)
+def trainer_callbacks(given: Any, limits: Limits, output: Output) -> list[Callback]:
+    """The Trainer's callbacks: those given (checked), less checkpointing, early stopping and LR
+    monitoring under fast_dev_run (as Lightning), plus a ModelCheckpoint (`enable_checkpointing`),
+    RunMetrics (lr, throughput, memory; the report), a Timer for `max_time` (unless one is given),
+    a ModelSummary (`enable_model_summary`) and lightspeed's bar (`enable_progress_bar`, unless a
+    bar callback is given)."""
+    off = (ModelCheckpoint, EarlyStopping, LearningRateMonitor) if limits.fast_dev_run else ()
+    callbacks = [
+        c for c in checked_callbacks(given, output.enable_progress_bar) if not isinstance(c, off)
+    ]
+    if output.enable_checkpointing and not any(isinstance(c, ModelCheckpoint) for c in callbacks):
+        callbacks.append(ModelCheckpoint())
+    if not any(isinstance(c, RunMetrics) for c in callbacks):
+        callbacks.append(RunMetrics())
+    if limits.max_time is not None:  # Lightning's max_time is a Timer, checked after every step
+        if any(isinstance(c, Timer) for c in callbacks):
+            rank_zero_info(
+                "Ignoring `Trainer(max_time=...)`, callbacks list already contains a Timer."
+            )
+        else:
+            callbacks.append(Timer(limits.max_time))
+    summaries = [c for c in callbacks if isinstance(c, ModelSummary)]
+    if output.enable_model_summary and not summaries:  # it prints at fit start, as Lightning's
+        callbacks.append(default_model_summary(callbacks))
+    bars = [c for c in callbacks if getattr(c, "is_progress_bar", False)]
+    if output.enable_progress_bar and not bars:
+        # lightspeed's own bar, as trainer.progress_bar_callback (Lightning always has one)
+        callbacks.append(RichProgressBar())
+    return callbacks
 
 
-def probe_batch(trainer: Any, module: Module, datamodule: Any, batch: Any) -> Any:
-    """A drawn training batch as `training_step` will see it, on the CPU, for the planner's probes
-    of the step before any rank starts (micro_batch.plan_fit): through the three transfer hooks as
-    every training batch is, so a step written for what `on_after_batch_transfer` returns (uint8
-    images made floats, say) runs in the probe too. The hooks see their `trainer` and
-    `trainer.training` as in training; what they return is brought back to the CPU, where the
-    probe's copy of the model lives."""
-    module.trainer = trainer
-    if datamodule is not None:
-        datamodule.trainer = trainer
-    stage, trainer.stage = trainer.stage, "train"
-    try:
-        cpu = torch.device("cpu")
-        return move_to_device(batch_to_device(trainer, module, batch, 0, cpu), cpu)
-    finally:
-        trainer.stage = stage
-
-
-def attach_module_callbacks(trainer: Any, module: Module) -> None:
-    """Lightning's `configure_callbacks`: the Module's callbacks join the Trainer's at each entry
-    point, each replacing the Trainer's callbacks of its type (said once on rank 0), checkpoint
-    callbacks last."""
+def with_module_callbacks(
+    callbacks: list[Callback], module: Module, print0: Callable[..., None]
+) -> list[Callback]:
+    """Lightning's `configure_callbacks`: the Module's callbacks join `callbacks` at each entry
+    point, each replacing those of its type (said once on rank 0), checkpoint callbacks last.
+    Returns the new list (the caller puts it in place: the Checkpointer holds the list)."""
     given = module.configure_callbacks()
     extra = checked_callbacks(
         list(given) if isinstance(given, (list, tuple)) else [] if given is None else [given]
     )
     if not extra:
-        return
+        return list(callbacks)
     types = {type(cb) for cb in extra}
     replaced = sorted(
-        {type(cb).__name__ for cb in trainer.callbacks if type(cb) in types and cb not in extra}
+        {type(cb).__name__ for cb in callbacks if type(cb) in types and cb not in extra}
     )
     if replaced:
-        trainer.print0(
+        print0(
             f"{type(module).__name__}.configure_callbacks replaces the Trainer's "
             f"{', '.join(replaced)}."
         )
-    merged = [cb for cb in trainer.callbacks if type(cb) not in types] + extra
-    # in place: the Checkpointer holds this list; sorted is stable, so only checkpoint callbacks
-    # move (last)
-    trainer.callbacks[:] = sorted(merged, key=lambda cb: isinstance(cb, ModelCheckpoint))
-
-
-def start_evaluation(trainer: Any, module: Module, stage: str) -> None:
-    """Lightning's order before the batches of `stage` ("validate", "test", "predict"):
-    on_<x>_model_eval (eval mode, unless the Module overrides it), then on_<x>_start and
-    on_<x>_epoch_start."""
-    name = "validation" if stage == "validate" else stage
-    getattr(module, f"on_{name}_model_eval")()
-    call(trainer, module, f"on_{name}_start", f"on_{name}_epoch_start")
-
-
-def call(trainer: Any, module: Module, *names: str) -> None:
-    """Hooks without arguments (`on_fit_start`, `on_train_epoch_end`, ...), in turn: the Module's,
-    then each callback's."""
-    for name in names:
-        getattr(module, name)()
-        for cb in trainer.callbacks:
-            getattr(cb, name)(trainer, module)
-
-
-def on_train_batch_start(trainer: Any, module: Module, batch: Any, batch_idx: int) -> bool:
-    """The hooks; True once the Module's returned -1 in this epoch on any rank (Lightning's way to
-    skip the epoch's rest). The ranks agree through one MAX reduction per call, made only when the
-    Module overrides the hook; under NCCL it answers one call late (distributed.AgreedMax), so the
-    host never waits for the GPU."""
-    heartbeat.note_step(
-        trainer.global_step
-    )  # no I/O: the heartbeat thread publishes it (heartbeat.py)
-    skip = module.on_train_batch_start(batch, batch_idx)
-    for cb in trainer.callbacks:
-        cb.on_train_batch_start(trainer, module, batch, batch_idx)
-    if is_overridden(
-        module, "on_train_batch_start"
-    ):  # a -1 on any rank ends the epoch on every rank, together
-        mine = isinstance(skip, int) and not isinstance(skip, bool) and skip == -1
-        epoch, agreed = vars(trainer).get("_skip_vote") or (None, None)
-        if (
-            epoch != trainer.current_epoch
-        ):  # a fresh vote each epoch (under NCCL, AgreedMax answers a call late)
-            epoch, agreed = trainer.current_epoch, AgreedMax()
-            vars(trainer)["_skip_vote"] = (epoch, agreed)
-        if agreed(int(mine)):
-            trainer.skips_rest = (
-                True  # the loop ends the epoch: before this window, or after it when inside one
-            )
-    return trainer.skips_rest
-
-
-def on_load_checkpoint(trainer: Any, module: Module, checkpoint: dict) -> None:
-    module.on_load_checkpoint(checkpoint)
-    for cb in trainer.callbacks:
-        cb.on_load_checkpoint(trainer, module, checkpoint)
-
-
-def on_before_backward(trainer: Any, module: Module, loss: torch.Tensor) -> None:
-    module.on_before_backward(loss)
-    for cb in trainer.callbacks:
-        cb.on_before_backward(trainer, module, loss)
-
-
-def on_after_backward(trainer: Any, module: Module) -> None:
-    module.on_after_backward()
-    for cb in trainer.callbacks:
-        cb.on_after_backward(trainer, module)
-
-
-def before_step(trainer: Any, module: Module) -> None:
-    """`on_before_optimizer_step` then `on_before_zero_grad`, per optimizer, just before
-    `strategy.step()`."""
-    for opt in trainer.strategy.optimizers:
-        module.on_before_optimizer_step(opt)
-        for cb in trainer.callbacks:
-            cb.on_before_optimizer_step(trainer, module, opt)
-    for opt in trainer.strategy.optimizers:
-        module.on_before_zero_grad(opt)
-        for cb in trainer.callbacks:
-            cb.on_before_zero_grad(trainer, module, opt)
-
-
-def on_train_batch_end(trainer: Any, module: Module, out: Any, batch: Any, batch_idx: int) -> None:
-    module.on_train_batch_end(out, batch, batch_idx)
-    for cb in trainer.callbacks:
-        cb.on_train_batch_end(trainer, module, out, batch, batch_idx)
-
-
-# ------------------------------------------------------------------ evaluation
-def on_eval_batch_start(
-    trainer: Any, module: Module, stage: str, batch: Any, batch_idx: int, *idx: int
-) -> None:
-    """`on_{validation,test,predict}_batch_start`; `idx` is `(dataloader_idx,)` with several loaders
-    only."""
-    match stage:
-        case "validate":
-            module.on_validation_batch_start(batch, batch_idx, *idx)
-            for cb in trainer.callbacks:
-                cb.on_validation_batch_start(trainer, module, batch, batch_idx, *idx)
-        case "test":
-            module.on_test_batch_start(batch, batch_idx, *idx)
-            for cb in trainer.callbacks:
-                cb.on_test_batch_start(trainer, module, batch, batch_idx, *idx)
-        case "predict":
-            module.on_predict_batch_start(batch, batch_idx, *idx)
-            for cb in trainer.callbacks:
-                cb.on_predict_batch_start(trainer, module, batch, batch_idx, *idx)
-
-
-def on_eval_batch_end(
-    trainer: Any, module: Module, stage: str, out: Any, batch: Any, batch_idx: int, *idx: int
-) -> None:
-    """`on_{validation,test,predict}_batch_end`; `idx` is `(dataloader_idx,)` with several loaders
-    only."""
-    match stage:
-        case "validate":
-            module.on_validation_batch_end(out, batch, batch_idx, *idx)
-            for cb in trainer.callbacks:
-                cb.on_validation_batch_end(trainer, module, out, batch, batch_idx, *idx)
-        case "test":
-            module.on_test_batch_end(out, batch, batch_idx, *idx)
-            for cb in trainer.callbacks:
-                cb.on_test_batch_end(trainer, module, out, batch, batch_idx, *idx)
-        case "predict":
-            module.on_predict_batch_end(out, batch, batch_idx, *idx)
-            for cb in trainer.callbacks:
-                cb.on_predict_batch_end(trainer, module, out, batch, batch_idx, *idx)
-
-
-def setup(trainer: Any, module: Module, datamodule: Any, stage: str) -> None:
-    """Lightning's order once the ranks run: `prepare_data` (once per node), callbacks' `setup`, the
-    DataModule's `setup`, the Module's `setup`. The caller then configures the model."""
-    if datamodule is not None:
-        # as in Lightning: its hooks may read trainer.training, trainer.current_epoch...
-        datamodule.trainer = trainer
-        prepare_data_once(
-            datamodule.prepare_data,
-            trainer.local_rank if datamodule.prepare_data_per_node else trainer.global_rank,
-        )  # prepare_data_per_node=False: once in all
-    prepare_data_once(
-        module.prepare_data,
-        trainer.local_rank if module.prepare_data_per_node else trainer.global_rank,
-    )
-    for cb in trainer.callbacks:
-        cb.setup(trainer, module, stage)
-    if datamodule is not None:
-        datamodule.setup(stage)
-    module.setup(stage)
-
-
-def teardown(trainer: Any, module: Module, datamodule: Any, stage: str) -> None:
-    """`teardown(stage)` on callbacks, the DataModule and the Module, at the end of a successful
-    entry point."""
-    for cb in trainer.callbacks:
-        cb.teardown(trainer, module, stage)
-    if datamodule is not None:
-        datamodule.teardown(stage)
-    module.teardown(stage)
+    merged = [cb for cb in callbacks if type(cb) not in types] + extra
+    # sorted is stable, so only checkpoint callbacks move (last)
+    return sorted(merged, key=lambda cb: isinstance(cb, ModelCheckpoint))

@@ -1,6 +1,8 @@
 """Plain data types shared across lightspeed: the ground floor, importing nothing of lightspeed but
 errors.
 
+Precision        the one parsed precision value (a str enum: compares equal to its name)
+Stage            what the loop runs now, with what each stage's metrics are logged as
 RunSpec          the Trainer flags a strategy needs, known before any rank starts
 SchedulerConfig  one LR scheduler with Lightning's stepping options
 StepStats        what one optimizer step reports (the loop logs it)
@@ -11,9 +13,69 @@ TrainerView      the narrow face of the Trainer that callbacks and the Module us
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Literal, Protocol, TypedDict
 
-PrecisionName = Literal["32-true", "bf16-mixed", "16-mixed", "bf16-true"]
+from lightspeed.errors import ConfigError
+
+
+class Precision(StrEnum):
+    """`Trainer(precision=...)`, parsed once (`Precision.parse`). A member equals its name as a
+    string (`Precision.BF16_MIXED == "bf16-mixed"`), so it reads and prints as Lightning's."""
+
+    TRUE_32 = "32-true"
+    BF16_MIXED = "bf16-mixed"
+    FP16_MIXED = "16-mixed"
+    BF16_TRUE = "bf16-true"
+
+    @classmethod
+    def parse(cls, value: Any) -> Precision:
+        """Lightning's names and aliases (32, "32", "bf16", 16, "16", ...); ConfigError
+        otherwise."""
+        try:
+            name = PRECISION_ALIASES.get(value)
+        except TypeError:  # unhashable
+            name = None
+        if name is None:
+            raise ConfigError(
+                f"precision={value!r} is not valid: use one of "
+                "'32-true', 'bf16-mixed', '16-mixed', 'bf16-true'."
+            )
+        return cls(name)
+
+    @property
+    def is_mixed(self) -> bool:
+        """fp32 weights with autocast to a lower precision (bf16-mixed, 16-mixed)."""
+        return self in (Precision.BF16_MIXED, Precision.FP16_MIXED)
+
+
+PRECISION_ALIASES: dict[str | int, str] = {
+    "32-true": "32-true",
+    "32": "32-true",
+    32: "32-true",
+    "bf16-mixed": "bf16-mixed",
+    "bf16": "bf16-mixed",
+    "16-mixed": "16-mixed",
+    "16": "16-mixed",
+    16: "16-mixed",
+    "bf16-true": "bf16-true",
+}
+
+
+class Stage(StrEnum):
+    """What the loop runs now: Lightning's `trainer.state.stage`. The sanity check is validation
+    run before training: its metrics are logged (then discarded) as validation's."""
+
+    TRAIN = "train"
+    SANITY_CHECK = "sanity_check"
+    VALIDATE = "validate"
+    TEST = "test"
+    PREDICT = "predict"
+
+    @property
+    def logs_as(self) -> str:
+        """The stage whose metrics `self.log` records now (core.metrics.MetricStore.stage)."""
+        return Stage.VALIDATE.value if self is Stage.SANITY_CHECK else self.value
 
 
 @dataclass(frozen=True)
@@ -22,7 +84,7 @@ class RunSpec:
     early."""
 
     device_type: str = "cpu"
-    precision: PrecisionName = "32-true"
+    precision: Precision = Precision.TRUE_32
     accumulate_grad_batches: int = 1
     gradient_clip_val: float | None = None
     gradient_clip_algorithm: Literal["norm", "value"] = "norm"
@@ -78,18 +140,35 @@ class LoopState:
 class TrainerView(Protocol):
     """What callbacks and the Module may use of the Trainer (and nothing else)."""
 
-    global_step: int
-    current_epoch: int
-    should_stop: bool
-    fitting: bool
-    default_root_dir: str
-    cfg: Any  # the validated Trainer flags (config.TrainerConfig)
+    should_stop: bool  # a callback sets it to ask for a stop (EarlyStopping, Timer)
     strategy: Any
     loggers: list
     callbacks: list
-    device: Any
-    metrics: Any
 
+    @property
+    def global_step(self) -> int: ...
+    @property
+    def current_epoch(self) -> int: ...
+    @property
+    def fitting(self) -> bool: ...
+    @property
+    def sanity_checking(self) -> bool: ...
+    @property
+    def default_root_dir(self) -> str: ...
+    @property
+    def precision(self) -> str: ...
+    @property
+    def accumulate_grad_batches(self) -> int: ...
+    @property
+    def log_every_n_steps(self) -> int: ...
+    @property
+    def num_val_batches(self) -> list: ...
+    @property
+    def config(self) -> Any: ...  # the validated flags in pieces (config.Config)
+    @property
+    def device(self) -> Any: ...
+    @property
+    def metrics(self) -> Any: ...
     @property
     def is_global_zero(self) -> bool: ...
     @property

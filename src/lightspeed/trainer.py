@@ -1,92 +1,72 @@
-"""The Trainer: fit / validate / test / predict, one readable loop over any strategy.
+"""The Trainer: Lightning's keyword arguments at the door; fit / validate / test / predict, each in
+try/finally; Lightning's names for what a run holds, as plain properties.
 
     trainer = Trainer(devices=2, strategy="deepspeed_stage_3", max_steps=100)
     trainer.fit(model, train_loader)
 
-Follow one batch: `_train_epoch` groups batches into accumulation windows; `_train_window` moves
-each micro-batch (hooks.batch_to_device), runs `training_step` through `strategy.forward` (gradients
-synchronised on the window's last one only), `strategy.backward(loss)`, then one `strategy.step()`;
-`_after_step` logs once. Backend-specific code lives behind those calls (strategies/base.py);
-checkpoint files behind `Checkpointer`. Every entry point runs in `_entry`: on an exception it stops
-the progress bar, runs `on_exception`, finalises loggers, tears down.
+Follow one batch: `fit` plans (before any rank starts), starts the run (`loop.start`: the launch,
+the setup hooks), confirms the micro-batch, then `loop.fit` runs the epochs; `loop.train_epoch`
+groups batches into accumulation windows and `loop.train_window` moves each micro-batch to the
+device, runs `training_step` through `strategy.forward`, `strategy.backward(loss)`, then one
+`strategy.step()`. The run's state lives in one `Run` (run.py), written by loop.py; backend code
+lives behind the Strategy protocol (strategies/base.py), checkpoint files behind the Checkpointer.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import math
-from collections.abc import Callable
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from lightspeed import hooks
-from lightspeed.callbacks import (
-    Callback,
-    EarlyStopping,
-    LearningRateMonitor,
-    ModelCheckpoint,
-    ModelSummary,
-    RichProgressBar,
-    Timer,
-)
-from lightspeed.callbacks.rich_model_summary import default_model_summary
-from lightspeed.callbacks.run_metrics import RunMetrics
-from lightspeed.checkpoint.checkpointer import Checkpointer, resolve
-from lightspeed.config import TrainerConfig, check_sync_batchnorm, read_back, trainer_flags
-from lightspeed.core.metrics import MetricStore, infer_batch_size
+from lightspeed import loop
+from lightspeed.callbacks import Callback, EarlyStopping, ModelCheckpoint
+from lightspeed.config import check_sync_batchnorm, parse_flags
 from lightspeed.core.module import Module
-from lightspeed.core.optimizer import parse_optimizers, step_schedulers
-from lightspeed.core.saving import DATAMODULE_HPARAMS_KEY, HPARAMS_KEY, HPARAMS_NAME
-from lightspeed.data.loaders import (
-    BatchMover,
-    CombinedLoader,
-    accumulation_windows,
-    check_batch_counts,
-    num_batches,
-    resumed_iterator,
-    set_epoch,
-    validation_interval,
-    with_distributed_sampler,
-)
+from lightspeed.data.loaders import BatchMover, estimated_stepping_batches, num_batches
 from lightspeed.errors import ConfigError
-from lightspeed.eval_loaders import eval_loaders, fit_loaders, run_batches, sanity_check
-from lightspeed.inputs import checked_callbacks
-from lightspeed.lightning_names import LightningNames
+from lightspeed.hooks import is_overridden, trainer_callbacks
 from lightspeed.loggers import Logger
-from lightspeed.loggers.build import agree_log_dirs, build_loggers
+from lightspeed.loggers.build import build_loggers
 from lightspeed.loggers.logger import DummyLogger
-from lightspeed.perf.kernels import compile_step, compiled_frames, compiled_ran, unwrap_compiled
-from lightspeed.plan.fallback import connected, plan_hint, set_up_or_fall_back
-from lightspeed.plan.micro_batch import plan_fit
-from lightspeed.report.progress import ProgressBar, metrics_table, print_table, start_progress
-from lightspeed.runtime.distributed import broadcast_from_rank0
-from lightspeed.runtime.guard import NonFiniteGuard
-from lightspeed.runtime.launch import (
-    DistInfo,
-    end_with_os_exit,
-    export_env,
-    read_dist_info,
-    start_local_ranks,
-    watch_parent,
-)
+from lightspeed.perf.kernels import unwrap_compiled
+from lightspeed.plan.micro_batch import confirm
+from lightspeed.report.progress import metrics_table, print_table
+from lightspeed.run import Fn, Run, Stage
+from lightspeed.runtime.launch import DistInfo, read_dist_info
 from lightspeed.runtime.preemption import Preemption
-from lightspeed.runtime.rng import rng_state, seed_everything, set_rng_state
-from lightspeed.specs import LoopState, RunSpec, StepStats
+from lightspeed.runtime.rng import seed_everything
 from lightspeed.strategies import build_strategy
-from lightspeed.utilities.rank_zero import rank_zero_info
 
-__all__ = ["Trainer", "seed_everything"]
-SKIP_EPOCH = object()  # what _train_window returns when on_train_batch_start returned -1
+__all__ = ["Trainer", "TrainerState", "seed_everything"]
 
 
-class Trainer(LightningNames):
+@dataclass(frozen=True)
+class TrainerState:
+    """Lightning's `trainer.state`, as strings: `fn` ("fit", "validate", "test", "predict" or None
+    before any), `stage` ("train", "sanity_check", "validate", "test", "predict") and `status`
+    ("initializing", "running", "finished", "interrupted": an exception ended the run)."""
+
+    fn: str | None
+    stage: str | None
+    status: str
+
+    @property
+    def finished(self) -> bool:
+        """Whether the last entry point ran to its end (Lightning's `trainer.state.finished`)."""
+        return self.status == "finished"
+
+
+class Trainer:
     """Runs a Module's loops on one device, DDP, DeepSpeed ZeRO 1/2/3, ZeRO-1 or FSDP2.
 
     Every flag is validated here, before any rank is started; bad values raise ConfigError. See
-    TrainerConfig for the flags and their accepted values.
+    config.TrainerFlags for the flags and their accepted values.
     """
 
     def __init__(
@@ -97,303 +77,76 @@ class Trainer(LightningNames):
         logger: bool | Logger | list[Logger] = True,
         **flags: Any,
     ):
-        self.cfg = cfg = TrainerConfig(**trainer_flags(flags, ("strategy", "callbacks", "logger")))
-        self._env = read_dist_info()  # the launch environment, read once
-        if self._env.launcher == "none":
-            if cfg.num_nodes > 1:
+        self.config = config = parse_flags(flags, ("strategy", "callbacks", "logger"))
+        env = read_dist_info()  # the launch environment, read once
+        launch = config.launch
+        if env.launcher == "none":
+            if launch.num_nodes > 1:
                 raise ConfigError(
-                    f"num_nodes={cfg.num_nodes} needs a multi-node launcher (torchrun, srun or "
+                    f"num_nodes={launch.num_nodes} needs a multi-node launcher (torchrun, srun or "
                     "deepspeed); a plain `python` run starts local ranks only."
                 )
-            self._world_size = cfg.local_devices() * cfg.num_nodes
+            world_size = launch.local_devices() * launch.num_nodes
         else:
-            self._world_size = self._env.world_size
-            if cfg.devices != "auto" and cfg.local_devices() * cfg.num_nodes != self._world_size:
+            world_size = env.world_size
+            if launch.devices != "auto" and launch.local_devices() * launch.num_nodes != world_size:
                 raise ConfigError(
-                    f"devices={cfg.devices} × num_nodes={cfg.num_nodes} does not match the "
-                    f"{self._env.launcher} world size {self._world_size}."
+                    f"devices={launch.devices} × num_nodes={launch.num_nodes} does not match the "
+                    f"{env.launcher} world size {world_size}."
                 )
-        self.strategy = build_strategy(strategy, self._world_size)
-        # "auto" plans from a memory forecast at fit (plan.py) on GPUs, or on CPU given a memory
-        # budget.
+        # "auto" plans from a memory forecast at fit (plan/) on GPUs, or on CPU given a budget.
         self._plans = strategy in ("auto", None) and (
-            cfg.device_type == "cuda" or cfg.memory_budget is not None
+            launch.device_type == "cuda" or config.plan.memory_budget is not None
         )
-        off = (
-            (ModelCheckpoint, EarlyStopping, LearningRateMonitor) if cfg.fast_dev_run else ()
-        )  # as Lightning
-        self.callbacks = [
-            c
-            for c in checked_callbacks(callbacks, cfg.enable_progress_bar)
-            if not isinstance(c, off)
-        ]
-        if cfg.enable_checkpointing and not any(
-            isinstance(c, ModelCheckpoint) for c in self.callbacks
-        ):
-            self.callbacks.append(ModelCheckpoint())
-        if not any(
-            isinstance(c, RunMetrics) for c in self.callbacks
-        ):  # lr, throughput, memory; the report
-            self.callbacks.append(RunMetrics())
-        if cfg.max_time is not None:  # Lightning's max_time is a Timer, checked after every step
-            if any(isinstance(c, Timer) for c in self.callbacks):
-                rank_zero_info(
-                    "Ignoring `Trainer(max_time=...)`, callbacks list already contains a Timer."
-                )
-            else:
-                self.callbacks.append(Timer(cfg.max_time))
-        # what the loop reads each epoch; a GradientAccumulationScheduler sets it at epoch start
-        self.accumulate_grad_batches = cfg.accumulate_grad_batches
-        summaries = [c for c in self.callbacks if isinstance(c, ModelSummary)]
-        if cfg.enable_model_summary and not summaries:  # it prints at fit start, as Lightning's
-            self.callbacks.append(default_model_summary(self.callbacks))
-        if cfg.enable_progress_bar and self.progress_bar_callback is None:
-            # lightspeed's own bar, as trainer.progress_bar_callback (Lightning always has one)
-            self.callbacks.append(RichProgressBar())
-        check_sync_batchnorm(cfg, self._world_size)
-        self.loggers = build_loggers(
-            logger if not cfg.fast_dev_run else False, cfg.default_root_dir
+        strategy_object = build_strategy(strategy, world_size)
+        given_callbacks = trainer_callbacks(callbacks, config.limits, config.output)
+        check_sync_batchnorm(launch, world_size)
+        fast = config.limits.fast_dev_run
+        loggers: list[Logger] = build_loggers(
+            logger if not fast else False, config.output.default_root_dir
         )
-        if cfg.fast_dev_run and logger not in (False, None):  # as Lightning: one that logs nothing
-            self.loggers = [DummyLogger()]
-        self.dist: DistInfo | None = None
-        self.device = torch.device("cpu")
-        self.metrics = MetricStore()
-        self.stage, self.current_epoch, self.global_step, self.should_stop = "train", 0, 0, False
-        self.fitting = (
-            False  # True inside fit, also while it validates (EarlyStopping acts only then)
-        )
-        self.sanity_checking = False  # True while the validation batches before training run
-        self.datamodule: Any = None  # the one given to the last entry point that took one
-        self.step_stats: StepStats = {}  # what the last optimizer step reported (grad norm)
-        self._loaders: dict[
-            str, Any
-        ] = {}  # this process's loaders by stage ("train", "validate", ...), distributed
-        self._module: Module | None = None
-        self._phase: str | None = (
-            None  # what the strategy is set up for: "fit" (serves evaluation too) or "eval"
-        )
-        self._progress: ProgressBar | None = None
-        self._checkpointer: Checkpointer | None = None
-        self._fallbacks: tuple[str, ...] | None = None  # strategy="auto": the next plans that fit
-        self._batches_done, self._epoch_done, self._preemption = (
-            0,
-            False,
-            Preemption(cfg.preemption_signals),
+        if fast and logger not in (False, None):  # as Lightning: one that logs nothing
+            loggers = [DummyLogger()]
+        self._run = Run(
+            trainer=self,
+            strategy=strategy_object,
+            callbacks=given_callbacks,
+            loggers=loggers,
+            env=env,
+            world_size=world_size,
+            preemption=Preemption(launch.preemption_signals),
+            accumulate_grad_batches=config.limits.accumulate_grad_batches,
         )
 
-    # ------------------------------------------------------------------ what callbacks see
-    # (specs.TrainerView)
-    @property
-    def global_rank(self) -> int:
-        return self.dist.rank if self.dist else 0
-
-    @property
-    def world_size(self) -> int:
-        return self._world_size
-
-    @property
-    def is_global_zero(self) -> bool:
-        return self.global_rank == 0
-
-    @property
-    def callback_metrics(self) -> dict[str, torch.Tensor]:
-        return self.metrics.latest
-
-    # Lightning's other names for what the trainer holds are LightningNames' (lightning_names.py)
-    # the Trainer's arguments read back, as in Lightning: trainer.max_steps, .precision, ...
-    __getattr__ = read_back
-
-    def print0(self, *args: Any) -> None:
-        if self.is_global_zero:
-            print(*args, flush=True)
-
-    def is_log_step(self) -> bool:
-        return self.global_step % self.cfg.log_every_n_steps == 0
-
-    def log_metrics(self, metrics: dict[str, float]) -> None:
-        """Sends metrics to every logger (rank 0 only), at the current global step."""
-        if self.is_global_zero and metrics:
-            for lg in self.loggers:
-                lg.log_metrics(metrics, self.global_step)
-
-    # ------------------------------------------------------------------ lifecycle
+    # ------------------------------------------------------------------ an entry point's frame
     @contextlib.contextmanager
-    def _entry(self, module: Module, fn: str):
-        """Wraps fit / validate / test / predict (`fn`): whatever happens, the bar stops and the
-        loggers are finalised; on an exception the `on_exception` hooks run and the strategy is torn
-        down before it propagates."""
-        status, module = (
-            "failed",
-            unwrap_compiled(self, module),
-        )  # Lightning's trainer.fit(torch.compile(model))
-        self._fn, self._status = fn, "running"
+    def _entry(self, module: Module, fn: Fn, datamodule: Any) -> Iterator[Module]:
+        """Wraps fit / validate / test / predict: whatever happens, the bar stops and the loggers
+        are finalised; on an exception the `on_exception` hooks run and the strategy is torn down
+        before it propagates."""
+        compiling = bool(self.config.step.compile)
+        module, turned_on = unwrap_compiled(module, compiling, self.print0)  # fit(compile(model))
+        if turned_on is not None:
+            self.config = self.config.replace(compile=turned_on)
         anomaly = (
             torch.autograd.set_detect_anomaly(True)
-            if self.cfg.detect_anomaly
+            if self.config.launch.detect_anomaly
             else contextlib.nullcontext()
         )
+        loop.begin(self._run, fn, module, datamodule)
+        outcome = "failed"
         try:
             yield module
-            status = "success"
+            outcome = "success"
         except BaseException as exc:
-            status = "interrupted" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "failed"
-            module.on_exception(exc)
-            for cb in self.callbacks:
-                cb.on_exception(self, module, exc)
+            outcome = (
+                "interrupted" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "failed"
+            )
+            loop.on_exception(self._run, module, exc)
             raise
         finally:
-            self.fitting, self._status = False, "finished" if status == "success" else "interrupted"
             anomaly.__exit__(None, None, None)  # detect_anomaly: restored
-            self._preemption.uninstall()
-            if self._progress is not None:
-                self._progress.stop(self.metrics.prog_bar_values() if status == "success" else None)
-                self._progress = None
-            for lg in self.loggers if self.is_global_zero else []:
-                lg.finalize(status)
-            if status != "success" and self.dist is not None:
-                self.strategy.teardown()
-
-    def _prepare(
-        self, stage: str, module: Module, ckpt_path: Any, data: Callable[[], Any]
-    ) -> tuple[Path | None, Any]:
-        """Checks, launches (first call), runs the setup hooks, gets the data (`data()`), configures
-        the model (first time) and sets up the strategy for this phase. Returns (the checkpoint to
-        load, resolved by rank 0 and verified there before any rank starts; what `data()`
-        returned)."""
-        spec = self.cfg.run_spec(module.automatic_optimization)
-        self.strategy.check(spec)
-        best = self.checkpoint_callback.best_model_path if self.checkpoint_callback else None
-        path = (
-            resolve(ckpt_path, self.checkpoint_dir, best, verify=self._env.rank == 0)
-            if ckpt_path
-            else None
-        )
-        hooks.attach_module_callbacks(
-            self, module
-        )  # configure_callbacks, once "best" is resolved (as Lightning)
-        self._launch(spec)
-        path = (
-            broadcast_from_rank0(path) if ckpt_path else None
-        )  # every rank loads what rank 0 resolved
-        self._ckpt_path = str(path) if path else None
-        if self._plans and broadcast_from_rank0(self.strategy.name) != self.strategy.name:
-            raise ConfigError(
-                f"strategy='auto' planned {self.strategy.name!r} on rank {self.global_rank} but "
-                "another on rank 0 (their free memory differs): pass the strategy or memory_budget."
-            )
-        module.trainer = self
-        hooks.setup(
-            self, module, self.datamodule, stage
-        )  # prepare_data, then setup(stage): callbacks, data, module
-        loaders = data()
-        self._loaders["train"] = self._distribute(loaders[0]) if stage == "fit" else None
-        phase, configure = "fit" if stage == "fit" else "eval", self._module is not module
-        if configure or self._phase not in ("fit", phase):
-            # Under strategy="auto" a plan that runs out of memory here gives way to the next one
-            # that fits (plan/fallback.py); a strategy the user chose keeps its error, plus a hint.
-            before, cfg, dev = self.strategy, self.cfg, self.device
-            self.strategy = set_up_or_fall_back(
-                self.strategy,
-                module,
-                lambda s: self._set_up(s, module, phase, loaders, configure),
-                self._fallbacks,
-                lambda name: connected(build_strategy(name, self.world_size), spec, self.dist, dev),
-                cfg.memory_budget if cfg.device_type == "cpu" else None,
-                self.print0,
-                plan_hint(
-                    module, self.world_size, cfg.precision, cfg.device_type, cfg.memory_budget
-                ),
-            )
-            self._fallbacks = None  # only the first setup falls back
-            if self.strategy is not before:  # a fork set up: checkpoints and teardown follow it
-                self._checkpointer = Checkpointer(
-                    self.strategy, self.callbacks, self.global_rank, self.world_size
-                )
-                atexit.register(self.strategy.teardown)  # runs before the parent's: LIFO
-        return path, loaders
-
-    def _set_up(
-        self, strategy: Any, module: Module, phase: str, loaders: Any, configure: bool
-    ) -> None:
-        """Configures `module` on `strategy` (when `configure`: a new module) and sets it up for
-        `phase` ("fit" serves evaluation too)."""
-        if configure:
-            strategy.configure_model(module)
-            if self.cfg.sync_batchnorm and self.world_size > 1:  # before any wrapper, as Lightning
-                torch.nn.SyncBatchNorm.convert_sync_batchnorm(module)
-            self._module, self._phase = module, None
-        if self._phase not in ("fit", phase):
-            factory = (
-                (
-                    lambda: parse_optimizers(
-                        module.configure_optimizers(), module.automatic_optimization, module
-                    )
-                )
-                if phase == "fit"
-                else None
-            )
-            strategy.setup(
-                module, factory, getattr(loaders[0], "batch_size", None) if phase == "fit" else None
-            )
-            if phase == "fit" and module.automatic_optimization and not strategy.optimizers:
-                raise ConfigError(
-                    "configure_optimizers returned no optimizer: return one of the forms in "
-                    "lightspeed.core.optimizer (an optimizer, a list, a dict with 'optimizer', "
-                    "...)."
-                )
-            self._phase = phase
-
-    def _launch(self, spec: RunSpec) -> None:
-        """Once per process: starts the other local ranks (plain `python` with devices > 1) or joins
-        the external launcher's, then connects the strategy (process group, device)."""
-        if self.dist is not None:
-            return
-        if self.world_size > 1:
-            end_with_os_exit()  # before start_local_ranks, whose exit handler must run first
-        if self._env.launcher == "none" and self.world_size > 1:
-            self.dist = start_local_ranks(self.world_size, self.cfg.timeout)
-        else:
-            self.dist = self._env
-            if self._env.launcher == "lightspeed":
-                watch_parent()
-        export_env(self.dist)  # the rank variables, and this rank's share of the host's CPUs
-        self.device = (
-            torch.device("cuda", self.dist.local_rank)
-            if spec.device_type == "cuda"
-            else torch.device("cpu")
-        )
-        self.metrics.device = (
-            self.device
-        )  # batches reach it through self.move; its wait is timed while training
-        self.move = BatchMover(
-            self.device, self.cfg.pin_memory, self.print0, training=lambda: self.training
-        )
-        self.strategy.connect(spec, self.dist, self.device)
-        # Torn down at exit after success (an exception: at once, in `_entry`); after handlers
-        # registered later.
-        atexit.register(self.strategy.teardown)
-        self._checkpointer = Checkpointer(
-            self.strategy, self.callbacks, self.global_rank, self.world_size
-        )
-        self.guard = NonFiniteGuard(
-            self.cfg.on_nonfinite, self.global_rank, self.world_size, self.print0
-        )
-        self.cfg.apply_to_process()  # seed, deterministic, benchmark
-        agree_log_dirs(self.loggers)  # trainer.log_dir names rank 0's folder on every rank
-
-    def _distribute(self, loaders: Any) -> Any:
-        if isinstance(loaders, list):
-            return [self._distribute(loader) for loader in loaders]
-        if isinstance(
-            loaders, CombinedLoader
-        ):  # several training loaders: each as a single one would be
-            return loaders.map(self._distribute)
-        if self.cfg.use_distributed_sampler:
-            loaders = with_distributed_sampler(
-                loaders, self.strategy.distributed_sampler_kwargs, self.cfg.seed or 0
-            )
-        return self.move.loader(loaders)
+            loop.finish(self._run, outcome)
 
     # ------------------------------------------------------------------ fit
     def fit(
@@ -410,7 +163,7 @@ class Trainer(LightningNames):
         if (
             train_dataloaders is None
             and datamodule is None
-            and not hooks.is_overridden(model, "train_dataloader")
+            and not is_overridden(model, "train_dataloader")
         ):
             raise ConfigError(
                 f"fit needs training data: pass train_dataloaders= or define train_dataloader() on "
@@ -421,241 +174,14 @@ class Trainer(LightningNames):
         # were.
         for tuner in [cb for cb in self.callbacks if hasattr(cb, "run_before_fit")]:
             tuner.run_before_fit(self, model, train_dataloaders, val_dataloaders, datamodule)
-        self.datamodule = datamodule
-        with self._entry(model, "fit") as model:
-            data = lambda: fit_loaders(
-                model,
-                datamodule,
-                train_dataloaders,
-                val_dataloaders,  # noqa: E731
-                bool(self.cfg.overfit_batches),
-            )
-            if self.dist is None and (
-                self._plans or self.cfg.micro_batch
-            ):  # before any rank starts (micro_batch.py)
-                self.strategy, data, self._fallbacks = plan_fit(
-                    model,
-                    train_dataloaders,
-                    datamodule,
-                    self.strategy,
-                    self._plans,
-                    self,
-                    data,
-                    show=self._env.rank == 0,
-                    as_step_sees=lambda b: hooks.probe_batch(self, model, datamodule, b),
-                )
-            resume, (train, val) = self._prepare("fit", model, ckpt_path, data)
-            # a signal only sets a flag; `_train_epoch` acts on it at a step boundary
-            self._preemption.install()
-            train, val = (
-                self._loaders["train"],
-                self._distribute(val),
-            )  # _prepare distributed the training loader
-            self._loaders["validate"] = val
-            n = num_batches(train, self.cfg.limit_train_batches)
-            check_batch_counts(n, self.cfg.limit_train_batches)  # empty or uneven: ConfigError
-            self.stage, self.metrics.stage, self.fitting = "train", "train", True
-            skip, rng = self._restore(model, resume) if resume else (0, None)
-            self._train_args = hooks.fit_start(
-                self, model
-            )  # unknown hooks warned of, the summary, the hparams
-            self._progress = start_progress(self, math.ceil(n / self.cfg.accumulate_grad_batches))
-            self._frames_at_start, self._training_step = (
-                compiled_frames(),
-                compile_step(model, self.cfg.compile),
-            )
-            self.should_stop = False  # before on_fit_start: a Timer already spent stops at once
-            hooks.call(self, model, "on_fit_start")
-            sanity_check(self, model, val)
-            hooks.call(self, model, "on_train_start")
-            self._held, loaded_at = False, self.current_epoch
-            while not self._stops() and self.current_epoch < self.cfg.epochs_limit:
-                if (
-                    every := self.cfg.reload_dataloaders_every_n_epochs
-                ) and self.current_epoch - loaded_at >= every:
-                    loaded_at, (train, val) = self.current_epoch, self._reload(data)
-                self._train_epoch(model, train, val, skip, rng)
-                skip, rng = 0, None
-            hooks.call(self, model, "on_train_end")
-            hooks.call(self, model, "on_fit_end")
-            hooks.teardown(self, model, datamodule, "fit")
-
-    def _reload(self, data: Callable[[], Any]) -> tuple[Any, Any]:
-        """reload_dataloaders_every_n_epochs: fit's loaders asked for again (the DataModule's or
-        Module's `train_dataloader()` / `val_dataloader()`; loaders given to fit stay), then
-        distributed as at the start."""
-        train, val = data()
-        self._loaders.update(train=self._distribute(train), validate=self._distribute(val))
-        limit = self.cfg.limit_train_batches
-        check_batch_counts(num_batches(self._loaders["train"], limit), limit)
-        return self._loaders["train"], self._loaders["validate"]
-
-    def _train_epoch(
-        self, module: Module, loader: Any, val_loader: Any, skip: int, rng: dict | None
-    ) -> None:
-        n = num_batches(loader, self.cfg.limit_train_batches)
-        val_every = validation_interval(n, self.cfg.val_check_interval)
-        set_epoch(loader, self.current_epoch)
-        self._epoch_done, self._batches_done, self.skips_rest = False, skip, False
-        module.train()
-        hooks.call(self, module, "on_train_epoch_start")
-        batches = self.move.timed(
-            resumed_iterator(loader, skip, rng), loader
-        )  # rng: restored where it was saved
-        # Manual optimization steps per batch, however the user accumulates.
-        size = self.accumulate_grad_batches if module.automatic_optimization else 1
-        for window in accumulation_windows(batches, skip, n, size):
-            self.is_last_batch = window[-1][0] + 1 >= n
-            if (out := self._train_window(module, window)) is SKIP_EPOCH:
-                break
-            self._batches_done = window[-1][0] + 1
-            self._after_step(module, out, batch=window[-1][1], batch_idx=window[-1][0])
-            if (
-                signum := self._preemption.requested()
-            ):  # collective: every rank stops after the same step
-                self._preemption.stop(signum, self)
-            if (
-                val_loader
-                and val_every
-                and self._batches_done < n
-                and any((i + 1) % val_every == 0 for i, _ in window)
-            ):
-                self._validate_during_fit(module, val_loader)
-            if self._stops() or self.skips_rest:
-                break
-        self._end_train_epoch(
-            module, val_loader, epoch_done=self._batches_done >= n or self.skips_rest
-        )
-
-    def _stops(self) -> bool:
-        """Lightning's rule: reaching max_steps ends fit; a requested stop (`should_stop`:
-        EarlyStopping, max_time) waits until min_epochs epochs and min_steps steps have run. Every
-        rank decides alike: the inputs agree."""
-        if self.cfg.max_steps != -1 and self.global_step >= self.cfg.max_steps:
-            self.should_stop = True
-            return True
-        held = self.current_epoch < (self.cfg.min_epochs or 0) or self.global_step < (
-            self.cfg.min_steps or 0
-        )
-        if self.should_stop and held and not self._held:
-            self._held = True
-            self.print0(
-                f"Stopping was requested at step {self.global_step}, epoch {self.current_epoch}, "
-                "but "
-                f"min_epochs={self.cfg.min_epochs} / min_steps={self.cfg.min_steps} are not "
-                "reached "
-                "yet: "
-                "training continues until they are."
-            )
-        return self.should_stop and not held
-
-    def _train_window(self, module: Module, window: list[tuple[int, Any]]) -> Any:
-        """One optimizer step: every micro-batch forward and backward (gradients synchronised on the
-        last one only), then `strategy.step()`. Returns the last micro-batch's `training_step`
-        output."""
-        out = None
-        self.guard.begin(self.global_step, self.current_epoch, [i for i, _ in window])
-        for i, (batch_idx, batch) in enumerate(window):
-            batch = hooks.batch_to_device(
-                self, module, batch
-            )  # the three transfer hooks around self.move
-            self.metrics.batch_size = infer_batch_size(batch)
-            if (
-                hooks.on_train_batch_start(self, module, batch, batch_idx) and i == 0
-            ):  # -1: skip the epoch's rest
-                return SKIP_EPOCH
-            out = self.strategy.forward(
-                self._training_step,
-                *self._train_args(batch, batch_idx),
-                sync_grads=i == len(window) - 1,
-            )
-            if module.automatic_optimization:
-                self.guard.observe(loss := hooks.loss_of(out), i)
-                loss = loss / self.accumulate_grad_batches
-                hooks.on_before_backward(self, module, loss)
-                self.strategy.backward(loss)
-                hooks.on_after_backward(self, module)
-        if (
-            module.automatic_optimization
-        ):  # under manual optimization the user stepped inside training_step
-            hooks.before_step(
-                self, module
-            )  # on_before_optimizer_step, on_before_zero_grad (hooks.py says why)
-            self.step_stats = self.strategy.step(self.guard)  # the guard decides before any step
-        self.global_step += 1
-        if module.automatic_optimization:
-            step_schedulers(
-                self.strategy.schedulers, "step", self.global_step, self.metrics.latest, module
-            )
-        return out
-
-    def _after_step(self, module: Module, out: Any, batch: Any, batch_idx: int) -> None:
-        step_metrics = self.metrics.pop_step()
-        if self.is_log_step():
-            norm = self.step_stats.get("grad_norm")
-            self.log_metrics(
-                {
-                    **({"grad_norm": float(norm)} if norm is not None else {}),
-                    **self.guard.log_values(),
-                    **{k: float(v) for k, v in step_metrics.items()},
-                }
-            )
-        if self._progress is not None:
-            self._progress.advance(
-                f"epoch {self.current_epoch}", self.metrics.prog_bar_values, self.is_log_step()
-            )
-        hooks.on_train_batch_end(self, module, out, batch, batch_idx)
-        if self.cfg.compile and self.global_step == 3 and not compiled_ran(self._frames_at_start):
-            self.print0(
-                "Warning: compile=True, but nothing compiled ran in 3 steps (see "
-                "kernels.apply_compile)."
-            )
-
-    def _end_train_epoch(self, module: Module, val_loader: Any, epoch_done: bool) -> None:
-        # the last step's non-finite verdict, if the host has not read it yet (guard.py)
-        self.guard.settle()
-        # Lightning's order: validation first, so on_train_epoch_end and epoch schedulers
-        # (ReduceLROnPlateau
-        # on val_loss) see this epoch's validation metrics; then the checkpoint callbacks save the
-        # result.
-        every = self.cfg.check_val_every_n_epoch
-        if val_loader and every and (self.current_epoch + 1) % every == 0 and epoch_done:
-            self._validate_during_fit(module, val_loader)
-        module.on_train_epoch_end()
-        epoch_metrics = self.metrics.pop_epoch()
-        if epoch_metrics:
-            self.log_metrics(
-                {"epoch": self.current_epoch, **{k: float(v) for k, v in epoch_metrics.items()}}
-            )
-        if (
-            epoch_done and module.automatic_optimization
-        ):  # under manual optimization the user steps them
-            step_schedulers(
-                self.strategy.schedulers,
-                "epoch",
-                self.current_epoch + 1,
-                self.metrics.latest,
-                module,
-            )
-        self._epoch_done = epoch_done
-        for cb in self.callbacks:
-            cb.on_train_epoch_end(self, module)
-        if epoch_done:
-            self.current_epoch += 1
-
-    def _validate_during_fit(self, module: Module, loaders: list) -> None:
-        if num_batches(loaders[0], self.cfg.limit_val_batches) == 0:
-            return  # limit_val_batches=0 turns validation off, hooks included (as in Lightning)
-        # Validation must not move the training RNG (its loader draws a seed): training then gives
-        # the same
-        # losses whatever val_check_interval is, and a checkpoint saved just before a validation
-        # resumes exactly.
-        rng = rng_state()
-        self._evaluation_epoch(
-            module, loaders, "validate"
-        )  # ends in on_validation_model_train: train() again
-        set_rng_state(rng)
-        self.stage, self.metrics.stage = "train", "train"
+        run = self._run
+        with self._entry(model, Fn.FIT, datamodule) as model:
+            # the plan step, before any rank starts: strategy="auto", micro_batch="auto"'s forecast
+            forecast = loop.plan(run, self.config, model, train_dataloaders, self._plans)
+            resume = loop.start(run, self.config, Fn.FIT, model, ckpt_path, self._plans)
+            # the micro-batch step: the forecast tried in the loop's own steps, the size written
+            confirm(forecast, run.strategy, model, partial(loop.trial_step, run))
+            loop.fit(run, self.config, model, train_dataloaders, val_dataloaders, resume)
 
     # ------------------------------------------------------------------ evaluation
     def validate(
@@ -668,12 +194,11 @@ class Trainer(LightningNames):
     ) -> list[dict]:
         """Runs `validation_step` over the data (one loader or several); returns [epoch metrics] and
         prints them. Without `model`, the fitted one."""
-        model = self._model_for("validate", model, datamodule)
-        with self._entry(model, "validate") as model:
-            loaders = self._prepare_eval("validate", model, dataloaders, ckpt_path)
-            results = self._evaluation_epoch(model, loaders, "validate")
-            hooks.teardown(self, model, self.datamodule, "validate")
-        return self._report("validate", results, verbose)
+        with self._entry(self._model_for(Fn.VALIDATE, model), Fn.VALIDATE, datamodule) as model:
+            results = loop.evaluate(
+                self._run, self.config, Fn.VALIDATE, model, dataloaders, ckpt_path, self._plans
+            )
+        return self._report(Fn.VALIDATE, results, verbose)
 
     def test(
         self,
@@ -685,12 +210,11 @@ class Trainer(LightningNames):
     ) -> list[dict]:
         """Runs `test_step` over the data (one loader or several); returns [epoch metrics] and
         prints them. Without `model`, the fitted one."""
-        model = self._model_for("test", model, datamodule)
-        with self._entry(model, "test") as model:
-            loaders = self._prepare_eval("test", model, dataloaders, ckpt_path)
-            results = self._evaluation_epoch(model, loaders, "test")
-            hooks.teardown(self, model, self.datamodule, "test")
-        return self._report("test", results, verbose)
+        with self._entry(self._model_for(Fn.TEST, model), Fn.TEST, datamodule) as model:
+            results = loop.evaluate(
+                self._run, self.config, Fn.TEST, model, dataloaders, ckpt_path, self._plans
+            )
+        return self._report(Fn.TEST, results, verbose)
 
     def predict(
         self,
@@ -702,71 +226,24 @@ class Trainer(LightningNames):
     ) -> list | None:
         """Returns this rank's `predict_step` outputs in the order of its batches: a list, or one
         list per loader when there are several. Without `model`, the fitted one."""
-        model = self._model_for("predict", model, datamodule)
-        with self._entry(model, "predict") as model:
-            loaders = self._prepare_eval("predict", model, dataloaders, ckpt_path)
-            hooks.start_evaluation(self, model, "predict")
-            outputs = run_batches(
-                self,
-                model,
-                loaders,
-                self.cfg.limit_predict_batches,
-                "predict",
-                keep=return_predictions is not False,
+        keep = return_predictions is not False
+        with self._entry(self._model_for(Fn.PREDICT, model), Fn.PREDICT, datamodule) as model:
+            outputs = loop.predict(
+                self._run, self.config, model, dataloaders, ckpt_path, self._plans, keep
             )
-            hooks.call(self, model, "on_predict_epoch_end", "on_predict_end")
-            hooks.teardown(self, model, self.datamodule, "predict")
-            return (
-                None if return_predictions is False else outputs if len(loaders) > 1 else outputs[0]
-            )
+        return None if not keep else outputs if len(outputs) > 1 else outputs[0]
 
-    def _model_for(self, stage: str, model: Module | None, datamodule: Any) -> Module:
-        self.datamodule = datamodule if datamodule is not None else self.datamodule
-        if model is None and self._module is None:
+    def _model_for(self, fn: Fn, model: Module | None) -> Module:
+        model = model if model is not None else self._run.module
+        if model is None:
             raise ConfigError(
-                f"{stage}() got no model and none was fitted: pass the model, {stage}(model, ...)."
+                f"{fn}() got no model and none was fitted: pass the model, {fn}(model, ...)."
             )
-        return model if model is not None else self._module
+        return model
 
-    def _prepare_eval(self, stage: str, model: Module, given: Any, ckpt_path: Any) -> list:
-        resume, loaders = self._prepare(
-            stage, model, ckpt_path, lambda: eval_loaders(stage, model, self.datamodule, given)
-        )
-        if resume:
-            self._checkpointer.load_strategy(resume)  # any strategy's checkpoint, on any world size
-        self.stage, self.metrics.stage = stage, stage
-        self._loaders[stage] = self._distribute(loaders)
-        return self._loaders[stage]
-
-    def _evaluation_epoch(self, module: Module, loaders: list, stage: str) -> dict[str, float]:
-        """A validation or test epoch in Lightning's order: on_<x>_model_eval (eval mode),
-        on_<x>_start, on_<x>_epoch_start, the batches, on_<x>_epoch_end (the Module's before the
-        epoch's results are logged, the callbacks' after), on_<x>_end, then on_<x>_model_train
-        (train mode again, unless overridden)."""
-        name, limit = (
-            ("validation", self.cfg.limit_val_batches)
-            if stage == "validate"
-            else ("test", self.cfg.limit_test_batches)
-        )
-        self.stage, self.metrics.stage = stage, stage
-        hooks.start_evaluation(self, module, stage)
-        run_batches(self, module, loaders, limit, stage)
-        getattr(module, f"on_{name}_epoch_end")()
-        results = self._epoch_results()
-        for cb in self.callbacks:
-            getattr(cb, f"on_{name}_epoch_end")(self, module)
-        hooks.call(self, module, f"on_{name}_end")
-        getattr(module, f"on_{name}_model_train")()
-        return results
-
-    def _epoch_results(self) -> dict[str, float]:
-        results = {k: float(v) for k, v in self.metrics.pop_epoch().items()}
-        self.log_metrics(results)
-        return results
-
-    def _report(self, stage: str, results: dict[str, float], verbose: bool) -> list[dict]:
+    def _report(self, fn: Fn, results: dict[str, float], verbose: bool) -> list[dict]:
         if self.is_global_zero and results and verbose:
-            print_table(metrics_table(f"{stage} results", results))
+            print_table(metrics_table(f"{fn} results", results))
         return [results]
 
     # ------------------------------------------------------------------ checkpoints
@@ -776,46 +253,230 @@ class Trainer(LightningNames):
 
         Raises ConfigError before fit / validate / test / predict: no model is set up, nothing to
         save."""
-        module = self._module
-        if self._checkpointer is None or module is None:
+        if self._run.process is None or self._run.configured is None:
             raise ConfigError(
                 f"save_checkpoint({str(path)!r}) was called before fit, validate, test or predict: "
                 "no model is set up on the strategy yet, so there is nothing to save. Call it "
-                "after "
-                "one of them."
+                "after one of them."
             )
-        self.guard.settle()  # a non-finite verdict not yet read: under "stop" nothing is written
-        loop = LoopState(
-            self.current_epoch,
-            self.global_step,
-            self._batches_done,
-            self._epoch_done and self.stage == "train",
-        )
+        return loop.save_checkpoint(self._run, Path(path))
 
-        def on_save(state: dict) -> None:
-            state[HPARAMS_KEY] = dict(
-                module.hparams
-            )  # load_from_checkpoint rebuilds the module from these
-            state[HPARAMS_NAME] = module.__dict__.get("_hparams_name")
-            state["datamodule"] = (
-                self.datamodule.state_dict() if self.datamodule is not None else {}
-            )
-            state[DATAMODULE_HPARAMS_KEY] = dict(getattr(self.datamodule, "hparams", {}) or {})
-            module.on_save_checkpoint(state)
-            for cb in self.callbacks:
-                cb.on_save_checkpoint(self, module, state)
+    # ------------------------------------------------------------------ for callbacks
+    def print0(self, *args: Any) -> None:
+        self._run.print0(*args)
 
-        return self._checkpointer.save(broadcast_from_rank0(Path(path)), loop, on_save)
+    def is_log_step(self) -> bool:
+        return self.global_step % self.config.output.log_every_n_steps == 0
 
-    def _restore(self, module: Module, path: Path) -> tuple[int, dict | None]:
-        """Loads a checkpoint into the set-up strategy; returns (batches to skip in this epoch, RNG
-        state)."""
-        loop, state, rng = self._checkpointer.load(path, with_optimizer=True)
-        self.global_step, self.current_epoch = loop.global_step, loop.resume_epoch
-        if self.datamodule is not None and state.get("datamodule"):
-            self.datamodule.load_state_dict(state["datamodule"])
-        hooks.on_load_checkpoint(self, module, state)
-        self.print0(
-            f"Resumed from {path} at epoch {self.current_epoch}, global step {self.global_step}."
-        )
-        return loop.batches_to_skip, rng
+    def log_metrics(self, metrics: dict[str, float]) -> None:
+        """Sends metrics to every logger (rank 0 only), at the current global step."""
+        loop.log_metrics(self._run, metrics)
+
+    # ================================================================== Lightning's names
+    # Read-only views of the run state (run.py) and the flags (config.py), in Lightning's names.
+    # None runs a collective, so reading one on a single rank (inside `rank_zero_only` code) cannot
+    # leave the others waiting; where Lightning agrees on a value inside the property (`log_dir`),
+    # lightspeed agreed on it once, at launch (loggers.agree_log_dirs).
+
+    # -- where this process is
+    @property
+    def global_rank(self) -> int:
+        return self._run.global_rank
+
+    @property
+    def local_rank(self) -> int:
+        return self._run.process.dist.local_rank if self._run.process else 0
+
+    @property
+    def node_rank(self) -> int:
+        run = self._run
+        return run.process.dist.node_rank if run.process else run.env.node_rank
+
+    @property
+    def world_size(self) -> int:
+        return self._run.world_size
+
+    @property
+    def is_global_zero(self) -> bool:
+        return self.global_rank == 0
+
+    @property
+    def device(self) -> torch.device:
+        return self._run.device
+
+    @property
+    def dist(self) -> DistInfo | None:
+        return self._run.process.dist if self._run.process else None
+
+    @property
+    def move(self) -> BatchMover:
+        """How batches reach the device (after the launch; AttributeError before)."""
+        if self._run.process is None:
+            raise AttributeError("'Trainer' object has no attribute 'move' before the launch")
+        return self._run.process.move
+
+    # -- what runs now
+    @property
+    def state(self) -> TrainerState:
+        run = self._run
+        stage = run.stage.value if run.fn else None
+        return TrainerState(run.fn.value if run.fn else None, stage, run.status)
+
+    training = property(lambda self: self._run.stage is Stage.TRAIN)
+    validating = property(lambda self: self._run.stage in (Stage.VALIDATE, Stage.SANITY_CHECK))
+    testing = property(lambda self: self._run.stage is Stage.TEST)
+    predicting = property(lambda self: self._run.stage is Stage.PREDICT)
+    sanity_checking = property(lambda self: self._run.stage is Stage.SANITY_CHECK)
+    fitting = property(lambda self: self._run.fitting)  # inside fit, also while it validates
+    interrupted = property(lambda self: self._run.status == "interrupted")  # an exception ended it
+    received_sigterm = property(lambda self: self._run.preemption.received == signal.SIGTERM)
+    ckpt_path = property(lambda self: self._run.ckpt_path)  # the last run's, as rank 0 resolved it
+    is_last_batch = property(lambda self: self._run.is_last_batch)
+    global_step = property(lambda self: self._run.loop.global_step)
+    current_epoch = property(lambda self: self._run.loop.epoch)
+
+    @property
+    def should_stop(self) -> bool:
+        return self._run.should_stop
+
+    @should_stop.setter
+    def should_stop(self, value: bool) -> None:  # a callback asks for a stop (EarlyStopping)
+        self._run.should_stop = value
+
+    # -- the model, the strategy, its optimizers
+    strategy = property(lambda self: self._run.strategy)
+    lightning_module = property(lambda self: self._run.module)  # the last entry point's Module
+    datamodule = property(lambda self: self._run.datamodule)
+    guard = property(lambda self: self._run.guard)  # NonFiniteGuard (after the launch)
+
+    @property
+    def model(self) -> Any:
+        """What the strategy runs: the DDP wrapper, the DeepSpeed engine, else the Module (FSDP2
+        shards in place)."""
+        model = self.strategy.model  # None until the strategy is set up
+        return model if model is not None else self._run.module
+
+    optimizers = property(lambda self: self.strategy.optimizers)
+    lr_scheduler_configs = property(lambda self: self.strategy.schedulers)  # SchedulerConfig each
+
+    # -- the data, and how many batches of it
+    @property
+    def train_dataloader(self) -> Any:
+        """With its DistributedSampler; several training loaders: their dict / list."""
+        train = self._run.loaders.get(Stage.TRAIN)
+        return getattr(train, "iterables", train)
+
+    val_dataloaders = property(lambda self: _one_or_list(self._run.loaders.get(Stage.VALIDATE)))
+    test_dataloaders = property(lambda self: _one_or_list(self._run.loaders.get(Stage.TEST)))
+    predict_dataloaders = property(lambda self: _one_or_list(self._run.loaders.get(Stage.PREDICT)))
+
+    @property
+    def num_training_batches(self) -> int | float:
+        """This rank's training batches per epoch after `limit_train_batches` (inf before fit or
+        without a length)."""
+        train = self._run.loaders.get(Stage.TRAIN)
+        limit = self.config.limits.limit_train_batches
+        return float("inf") if train is None else num_batches(train, limit)
+
+    def _counts(self, stage: Stage) -> list[int | float]:
+        limit = self.config.limits.batches(stage)
+        return [num_batches(loader, limit) for loader in self._run.loaders.get(stage) or []]
+
+    num_val_batches = property(lambda self: self._counts(Stage.VALIDATE))  # one per loader
+    num_test_batches = property(lambda self: self._counts(Stage.TEST))
+    num_predict_batches = property(lambda self: self._counts(Stage.PREDICT))
+
+    @property
+    def num_sanity_val_batches(self) -> list[int | float]:
+        steps = self.config.limits.num_sanity_val_steps
+        return [n if steps == -1 else min(n, steps) for n in self.num_val_batches]
+
+    @property
+    def estimated_stepping_batches(self) -> int | float:
+        return estimated_stepping_batches(self._run.loaders.get(Stage.TRAIN), self.config.limits)
+
+    # -- callbacks, metrics, loggers
+    callbacks = property(lambda self: self._run.callbacks)  # changed in place only
+    metrics = property(lambda self: self._run.metrics)  # the self.log store (core.metrics)
+    callback_metrics = property(lambda self: self._run.metrics.latest)
+    logged_metrics = property(lambda self: self._run.metrics.logged)  # the last sent to loggers
+    progress_bar_metrics = property(lambda self: self._run.metrics.prog_bar_values())
+    checkpoint_callbacks = property(
+        lambda self: [c for c in self.callbacks if isinstance(c, ModelCheckpoint)]
+    )
+    checkpoint_callback = property(lambda self: next(iter(self.checkpoint_callbacks), None))
+    early_stopping_callbacks = property(
+        lambda self: [c for c in self.callbacks if isinstance(c, EarlyStopping)]
+    )
+    early_stopping_callback = property(lambda self: next(iter(self.early_stopping_callbacks), None))
+    progress_bar_callback = property(  # the RichProgressBar / TQDMProgressBar given, or None
+        lambda self: next((c for c in self.callbacks if getattr(c, "is_progress_bar", False)), None)
+    )
+    logger = property(lambda self: self.loggers[0] if self.loggers else None)
+
+    @property
+    def accumulate_grad_batches(self) -> int:
+        """The accumulation in force: the flag, or what a GradientAccumulationScheduler set."""
+        return self._run.accumulate_grad_batches
+
+    @accumulate_grad_batches.setter
+    def accumulate_grad_batches(self, value: int) -> None:  # as Lightning's
+        self._run.accumulate_grad_batches = value
+
+    @property
+    def loggers(self) -> list[Logger]:
+        return self._run.loggers
+
+    @loggers.setter
+    def loggers(self, loggers: list[Logger]) -> None:  # as Lightning's
+        self._run.loggers = loggers
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return loop.checkpoint_dir(self.callbacks, self.config.output.default_root_dir)
+
+    @property
+    def log_dir(self) -> str:
+        """The first logger's folder (its `log_dir`, else its `save_dir`), else `default_root_dir`:
+        the same on every rank (agreed at launch), as Lightning's, without its broadcast on each
+        read."""
+        if not self.loggers:
+            return str(self.default_root_dir)
+        first = self.loggers[0]
+        folder = getattr(first, "log_dir", None) or getattr(first, "save_dir", None)
+        return str(folder) if folder is not None else str(self.default_root_dir)
+
+    # -- the Trainer's arguments read back, as Lightning's (trainer.max_steps in
+    # configure_optimizers, sizing a OneCycleLR), as resolved (fast_dev_run and overfit_batches
+    # applied). An unknown name is an AttributeError, as for any attribute.
+    precision = property(lambda self: self.config.step.precision.value)
+    gradient_clip_val = property(lambda self: self.config.step.gradient_clip_val)
+    gradient_clip_algorithm = property(lambda self: self.config.step.gradient_clip_algorithm)
+    num_nodes = property(lambda self: self.config.launch.num_nodes)
+    num_devices = property(lambda self: self.config.launch.local_devices())  # per node
+    max_epochs = property(lambda self: self.config.limits.lightning_max_epochs)
+    max_steps = property(lambda self: self.config.limits.max_steps)
+    min_epochs = property(lambda self: self.config.limits.min_epochs)
+    min_steps = property(lambda self: self.config.limits.min_steps)
+    val_check_interval = property(lambda self: self.config.limits.val_check_interval)
+    check_val_every_n_epoch = property(lambda self: self.config.limits.check_val_every_n_epoch)
+    limit_train_batches = property(lambda self: self.config.limits.limit_train_batches)
+    limit_val_batches = property(lambda self: self.config.limits.limit_val_batches)
+    limit_test_batches = property(lambda self: self.config.limits.limit_test_batches)
+    limit_predict_batches = property(lambda self: self.config.limits.limit_predict_batches)
+    num_sanity_val_steps = property(lambda self: self.config.limits.num_sanity_val_steps)
+    fast_dev_run = property(lambda self: self.config.limits.fast_dev_run)
+    overfit_batches = property(lambda self: self.config.limits.overfit_batches)
+    reload_dataloaders_every_n_epochs = property(
+        lambda self: self.config.limits.reload_dataloaders_every_n_epochs
+    )
+    log_every_n_steps = property(lambda self: self.config.output.log_every_n_steps)
+    default_root_dir = property(lambda self: self.config.output.default_root_dir)
+
+
+def _one_or_list(loaders: Any) -> Any:
+    """As Lightning returns evaluation loaders: the loader itself when there is one, else the list
+    (None: none)."""
+    if not loaders:
+        return None
+    return loaders[0] if isinstance(loaders, list) and len(loaders) == 1 else loaders

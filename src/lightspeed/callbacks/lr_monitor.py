@@ -142,7 +142,7 @@ class LearningRateMonitor(Callback):
         step = trainer.global_step
         if self.logging_interval == "epoch" or step == self._last_step:
             return
-        if (step + 1) % trainer.cfg.log_every_n_steps:
+        if (step + 1) % trainer.log_every_n_steps:
             return
         self._last_step = step
         stats = self._stats(trainer, "step" if self.logging_interval is None else "any")

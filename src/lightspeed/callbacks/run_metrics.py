@@ -18,7 +18,6 @@ next to its metrics.csv.
 
 from __future__ import annotations
 
-import dataclasses
 import resource
 import sys
 import time
@@ -101,11 +100,11 @@ def run_settings(trainer: Trainer, module: Module) -> dict[str, Any]:
         "strategy": trainer.strategy.name,
         "world_size": trainer.world_size,
         "device": trainer.device.type,
-        "precision": trainer.cfg.precision,
+        "precision": trainer.precision,
         "parameters": count_parameters(module),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "strategy_options": trainer.strategy.settings(),  # its options (Strategy.settings)
-        "trainer": dataclasses.asdict(trainer.cfg),
+        "trainer": trainer.config.as_flags(),
     }
     hparams = getattr(module, "hparams", None)
     if isinstance(hparams, dict) and hparams:
@@ -182,12 +181,12 @@ class RunMetrics(Callback):
         samples, tokens = _batch_counts(batch)
         # The data-parallel ranks' batches: the ranks of a tensor-parallel group share theirs.
         replicas = (trainer.strategy.distributed_sampler_kwargs or {}).get("num_replicas", 1)
-        scale = trainer.cfg.accumulate_grad_batches * replicas
+        scale = trainer.accumulate_grad_batches * replicas
         self._steps += 1
         self._samples += samples * scale
         self._has_tokens = self._has_tokens and tokens is not None
         self._tokens += (tokens or 0) * scale
-        if trainer.global_step % trainer.cfg.log_every_n_steps:
+        if trainer.global_step % trainer.log_every_n_steps:
             return
         self.peak_memory = gather_peak_memory(
             trainer.device

@@ -349,34 +349,33 @@ def compiled_ran(since: int) -> bool:
 
 # ----------------------------------------------------------------------------------------------
 # compiled step
-def unwrap_compiled(trainer: Any, module: Any) -> Any:
+def unwrap_compiled(module: Any, compiling: bool, print0: Any = print) -> tuple[Any, dict | None]:
     """Lightning's way to compile, `trainer.fit(torch.compile(model))`: returns the Module inside
     torch.compile's wrapper (an OptimizedModule, whose state_dict keys would carry an `_orig_mod.`
-    prefix into checkpoints and whose compiled `forward` the steps never call) and turns the
-    trainer's `compile` flag on, saying so on rank 0, so the model is compiled the lightspeed way
-    (blocks, then the step) under any strategy. Anything else is returned as it is."""
+    prefix into checkpoints and whose compiled `forward` the steps never call), with the `compile`
+    flag to turn on when it is off (`compiling` False): `{"backend": <the wrapper's>}`, said through
+    `print0`, so the model is compiled the lightspeed way (blocks, then the step) under any
+    strategy. Anything else is returned as it is, with None."""
     compiled = sys.modules.get(
         "torch._dynamo.eval_frame"
     )  # imported by any torch.compile; not here (1 s)
     if compiled is None or not isinstance(module, compiled.OptimizedModule):
-        return module
-    if not trainer.cfg.compile:
-        import dataclasses
+        return module, None
+    if compiling:
+        return module._orig_mod, None
+    from torch._dynamo.eval_frame import innermost_backend
 
-        from torch._dynamo.eval_frame import innermost_backend
-
-        # The wrapper's backend carries the user's mode and options (inductor's wrapper holds them
-        # as its config).
-        backend = innermost_backend(module.dynamo_ctx.callback)
-        trainer.cfg = dataclasses.replace(trainer.cfg, compile={"backend": backend})
-        trainer.print0(
-            "torch.compile(model) was passed: lightspeed trains the module inside it with "
-            "compile=True "
-            "and its backend (its repeated blocks, then training_step around them); checkpoints "
-            "keep the "
-            "module's keys."
-        )
-    return module._orig_mod
+    # The wrapper's backend carries the user's mode and options (inductor's wrapper holds them as
+    # its config).
+    backend = innermost_backend(module.dynamo_ctx.callback)
+    print0(
+        "torch.compile(model) was passed: lightspeed trains the module inside it with "
+        "compile=True "
+        "and its backend (its repeated blocks, then training_step around them); checkpoints "
+        "keep the "
+        "module's keys."
+    )
+    return module._orig_mod, {"backend": backend}
 
 
 def compile_step(module: nn.Module, options: bool | dict) -> Any:

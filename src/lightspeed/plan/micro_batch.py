@@ -6,15 +6,14 @@ confirmed by real training steps.
         def train_dataloader(self): return DataLoader(data, batch_size=self.batch_size)
     ls.Trainer(micro_batch="auto").fit(Model())     # writes the size found into model.batch_size
 
-Two steps, split by the launch:
+Two steps, split by the launch, each one line of `Trainer.fit`:
 1. `plan_fit`, in every process before any rank starts: one activation probe (`plan.inspect_model`)
-serves the
-   strategy choice (`strategy="auto"`) and the micro-batch forecast (`plan.largest_micro_batch`)
-   under the strategy that will run.
-2. `confirm`, once the ranks run and before the real model is built: rank 0's forecast is broadcast;
-each trial
-   builds a copy of the Module on a copy of the (connected, not yet configured) strategy and runs
-   two real training steps at that micro-batch. An out-of-memory error (CUDA's, or on CPU an
+   serves the strategy choice (`strategy="auto"`) and the micro-batch forecast
+   (`plan.largest_micro_batch`) under the strategy that will run.
+2. `confirm`, once the ranks run and before the real model is built: rank 0's forecast is
+   broadcast; each trial builds a copy of the Module on a fork of the (connected, not yet
+   configured) strategy and runs two real training steps at that micro-batch, each the loop's own
+   train window (`step`: loop.trial_step). An out-of-memory error (CUDA's, or on CPU an
    allocation past the `memory_budget` this module enforces) frees the copy, its gradients and
    optimizer state, empties the CUDA cache and retries smaller: halving ("power"), or halving and
    then bisecting between the last size that ran and the first that did not ("binsearch", the
@@ -43,8 +42,9 @@ import torch.distributed as dist
 from rich.console import Console
 from rich.table import Table
 
+from lightspeed.callbacks import Callback
+from lightspeed.config import PlanOptions
 from lightspeed.core.optimizer import parse_optimizers
-from lightspeed.data.loaders import move_to_device
 from lightspeed.errors import ConfigError
 from lightspeed.plan.chart import gib
 from lightspeed.plan.fallback import release_device_memory
@@ -62,7 +62,6 @@ from lightspeed.plan.probe import (
     inspect_model,
     is_weight_derived,
     stand_in,
-    step_args,
     steps_itself,
 )
 from lightspeed.runtime.distributed import broadcast_from_rank0
@@ -82,6 +81,10 @@ __all__ = [
     "trials_table",
     "STEPS_PER_TRIAL",
 ]
+
+# One training step of a trial: (the module's copy, the strategy's fork, a batch as the loader gives
+# it, the trial's callbacks) -> None. The Trainer passes the loop's own (loop.trial_step).
+TrialStep = Callable[[Any, Any, Any, list], None]
 
 # The first step creates what persists between steps (torch optimizers' state, DeepSpeed ZeRO-3's
 # gradient
@@ -120,7 +123,8 @@ class MicroBatchPlan:
     device_bytes: float
     precision: str
     world_size: int
-    sample: Any
+    sample: Any  # a training batch as training_step sees it (the probes')
+    raw: Any  # the same batch as the loader gave it (the trials')
     owner: Any  # the object whose batch size is set (module, datamodule or an hparams dict)
     key: str
     mode: str
@@ -145,82 +149,74 @@ def plan_fit(
     datamodule: Any,
     strategy: Any,
     plans: bool,
-    trainer: Any,
-    data: Callable[[], Any],
+    world_size: int,
+    options: PlanOptions,
     show: bool,
     as_step_sees: Callable[[Any], Any],
-) -> tuple[Any, Callable[[], Any]]:
+) -> tuple[Any, MicroBatchPlan | None, tuple[str, ...] | None]:
     """Before any rank starts (every process runs it with the same inputs): the strategy for
-    `strategy="auto"` when `plans`, and the micro-batch forecast when `cfg.micro_batch` is set. One
-    activation probe serves both. `as_step_sees(batch)` returns a drawn batch as `training_step`
-    will see it (the loop's transfer hooks), on the CPU.
+    `strategy="auto"` when `plans`, and the micro-batch forecast when `options.micro_batch` is set.
+    One activation probe serves both. `as_step_sees(batch)` returns a drawn batch as
+    `training_step` will see it (the loop's transfer hooks), on the CPU.
 
-    Returns (the strategy object, the loaders' source, the fallbacks: under `strategy="auto"` the
-    names of the other plans that fit, in rank order, for plan/fallback.py; else None). The
-    loaders' source: `data` itself, or with a micro-batch to
-    find, a callable that runs `confirm` (trials, the size written) and then `data()`. The Trainer
-    calls it once the ranks run, before the model is built: the moment the trials need.
+    Returns (the strategy object, the forecast for `confirm` to try once the ranks run or None,
+    the fallbacks: under `strategy="auto"` the names of the other plans that fit, in rank order,
+    for plan/fallback.py; else None).
 
     Raises:
         ConfigError: micro_batch="auto" with loaders passed to fit, with no batch-size attribute to
-        write, or
-            under manual optimization (no trial step can run the user's own backward and optimizer
-            steps);
-        nothing fits (see `plan.choose`).
+            write, or under manual optimization (no trial step can run the user's own backward and
+            optimizer steps); nothing fits (see `plan.choose`).
     """
-    world_size, cfg = trainer.world_size, trainer.cfg
-    if cfg.micro_batch is None and not plans:
-        return strategy, data, None
+    if options.micro_batch is None and not plans:
+        return strategy, None, None
     manual = steps_itself(module)
-    if cfg.micro_batch is not None:
+    if options.micro_batch is not None:
         if manual:
             raise ConfigError(
-                f"micro_batch={cfg.micro_batch!r} needs automatic optimization: it runs trial "
-                "steps "
-                f"of training_step, and {type(module).__name__} sets automatic_optimization=False "
-                "(its training_step steps its own optimizers). Leave micro_batch=None and set the "
-                "loader's batch_size."
+                f"micro_batch={options.micro_batch!r} needs automatic optimization: it runs trial "
+                f"steps of training_step, and {type(module).__name__} sets "
+                "automatic_optimization=False (its training_step steps its own optimizers). Leave "
+                "micro_batch=None and set the loader's batch_size."
             )
         batch_size_owner(module, datamodule, loader)  # refuse early, before the probe
     source = datamodule if datamodule is not None else module
     loader = loader if loader is not None else source.train_dataloader()
     if loader is None:
-        return strategy, data, None  # fit reports the missing data
-    sample = (
-        None  # manual optimization: a probe cannot run the step without the optimizers it steps
-    )
+        return strategy, None, None  # fit reports the missing data
+    # manual optimization: a probe cannot run the step without the optimizers it steps
+    raw = sample = None
     if not manual:
-        sample = as_step_sees(next(iter(loader)))  # as the step will see it
+        raw = next(iter(loader))
+        sample = as_step_sees(raw)  # as the step will see it
     elif show:
         print(
             f"strategy='auto': {type(module).__name__} uses manual optimization, so the planner "
-            "does not run its "
-            "training_step: activations are not probed, and the choice rests on weights, gradients "
-            "and "
-            "optimizer states.",
+            "does not run its training_step: activations are not probed, and the choice rests on "
+            "weights, gradients and optimizer states.",
             flush=True,
         )
-    facts = inspect_model(module, sample, cfg.precision)
+    facts = inspect_model(module, sample, options.precision)
     fallbacks = None
     if plans:
         choice = auto_choice(
             module,
             world_size,
-            cfg.precision,
+            options.precision,
             getattr(loader, "batch_size", None) or 1,
-            cfg.device_type,
-            cfg.memory_budget,
+            options.device_type,
+            options.memory_budget,
             sample,
             show=show,
             facts=facts,
-            trials=cfg.micro_batch is not None,
+            trials=options.micro_batch is not None,
         )
         strategy = build_strategy(choice.name, world_size)
         fallbacks = tuple(f.candidate.name for f in choice.fallbacks)
-    if cfg.micro_batch is None:
-        return strategy, data, fallbacks
-    plan = plan_micro_batch(module, datamodule, strategy, world_size, cfg, sample, facts)
-    return strategy, lambda: confirm(plan, strategy, module, data), fallbacks
+    if options.micro_batch is None:
+        return strategy, None, fallbacks
+    plan = plan_micro_batch(module, datamodule, strategy, world_size, options, sample, facts, raw)
+    return strategy, plan, fallbacks
 
 
 def plan_micro_batch(
@@ -228,42 +224,46 @@ def plan_micro_batch(
     datamodule: Any,
     strategy: Any,
     world_size: int,
-    cfg: Any,
+    options: PlanOptions,
     sample: Any = None,
     facts: ModelFacts | None = None,
+    raw: Any = None,
 ) -> MicroBatchPlan:
-    """The forecast half of `micro_batch="auto"` for `strategy` (an object) and the Trainer flags
-    `cfg`: the largest micro-batch the forecast fits in the device memory (`plan.device_memory`:
-    `memory_budget`, else free memory), capped at a rank's share of the dataset. `sample` (a
-    training batch) and `facts` are drawn and probed when not given. Raises ConfigError as
+    """The forecast half of `micro_batch="auto"` for `strategy` (an object) and the planner's
+    `options`: the largest micro-batch the forecast fits in the device memory
+    (`plan.device_memory`: `memory_budget`, else free memory), capped at a rank's share of the
+    dataset. A training batch is drawn when not given (`raw`, as the loader gives it; `sample`, as
+    the step sees it: the same when not given) and probed for `facts`. Raises ConfigError as
     `plan_fit` does, and when not even micro-batch 1 fits."""
     owner, key = batch_size_owner(module, datamodule)
     loader = (datamodule if datamodule is not None else module).train_dataloader()
-    sample = sample if sample is not None else next(iter(loader))
-    facts = facts or inspect_model(module, sample, cfg.precision)
-    device_bytes, _ = device_memory(cfg.device_type, world_size, cfg.memory_budget)
+    raw = raw if raw is not None else next(iter(loader))
+    sample = sample if sample is not None else raw
+    facts = facts or inspect_model(module, sample, options.precision)
+    device_bytes, _ = device_memory(options.device_type, world_size, options.memory_budget)
     candidate = candidate_of(strategy, world_size)
     size = largest_micro_batch(
         candidate,
         facts,
         world_size,
-        cfg.precision,
+        options.precision,
         device_bytes,
         max_micro_batch=samples_per_rank(loader, world_size),
     )
-    mode = "binsearch" if cfg.micro_batch in ("auto", None) else cfg.micro_batch
+    mode = "binsearch" if options.micro_batch in ("auto", None) else options.micro_batch
     return MicroBatchPlan(
         size,
         candidate,
         facts,
         device_bytes,
-        cfg.precision,
+        options.precision,
         world_size,
         sample,
+        raw,
         owner,
         key,
         mode,
-        cfg.micro_batch_trials,
+        options.micro_batch_trials,
     )
 
 
@@ -334,22 +334,23 @@ def samples_per_rank(loader: Any, world_size: int) -> int:
 # after launch
 
 
-def confirm(plan: MicroBatchPlan, strategy: Any, module: Any, rebuild: Callable[[], Any]) -> Any:
+def confirm(plan: MicroBatchPlan | None, strategy: Any, module: Any, step: TrialStep) -> int | None:
     """Once the ranks run, before `strategy.configure_model(module)`: tries rank 0's forecast with
-    real steps, recovering smaller on out-of-memory (see the module doc), writes the size found and
-    returns `rebuild()` (the loaders, rebuilt reading it). Prints the search as a table on rank 0.
-    Collective.
+    real steps (`step`: the loop's own), recovering smaller on out-of-memory (see the module doc),
+    and writes the size found where the training loader reads it. Prints the search as a table on
+    rank 0. Collective. Returns the size written; None without a plan (nothing to do).
 
     Raises:
         ConfigError: not even micro-batch 1 ran.
     """
+    if plan is None:
+        return None
     plan.size = broadcast_from_rank0(plan.size)
-    state = (
-        rng_state()
-    )  # trials draw random numbers (the copies' initialisation, dropout): training must not see it
+    # trials draw random numbers (the copies' initialisation, dropout): training must not see it
+    state = rng_state()
     try:
         plan.trials = search(
-            lambda n: try_steps(plan, strategy, module, n),
+            lambda n: try_steps(plan, strategy, module, n, step),
             plan.forecast,
             plan.size,
             plan.mode,
@@ -381,7 +382,7 @@ def confirm(plan: MicroBatchPlan, strategy: Any, module: Any, rebuild: Callable[
             f"loader rebuilt; the run's forecast peak {gib(plan.forecast(size).forecast_bytes)})",
             flush=True,
         )
-    return rebuild()
+    return size
 
 
 def search(
@@ -411,10 +412,10 @@ def search(
 
 
 def try_steps(
-    plan: MicroBatchPlan, strategy: Any, module: Any, size: int
+    plan: MicroBatchPlan, strategy: Any, module: Any, size: int, step: TrialStep
 ) -> tuple[bool, bool, str]:
-    """Builds a copy of `module` on a copy of `strategy`, runs STEPS_PER_TRIAL real training steps
-    at micro-batch `size`, then frees everything. Returns (ran on every rank, the copy was
+    """Builds a copy of `module` on a fork of `strategy`, runs STEPS_PER_TRIAL real training steps
+    (`step`) at micro-batch `size`, then frees everything. Returns (ran on every rank, the copy was
     collected, a note)."""
     cuda = strategy.device.type == "cuda"
     baseline = torch.cuda.memory_allocated(strategy.device) if cuda else 0
@@ -424,10 +425,9 @@ def try_steps(
     try:
         trial.configure_model(twin)
         trial.setup(twin, lambda m=twin: parse_optimizers(m.configure_optimizers()), size)
-        batch = move_to_device(batch_of(plan.sample, size), trial.device)
-        budget = None if trial.device.type == "cuda" else plan.device_bytes
-        peak = _steps(trial, twin, batch, budget)
-        if trial.device.type == "cuda" and peak > plan.device_bytes:
+        budget = None if cuda else plan.device_bytes
+        peak = _steps(trial, twin, batch_of(plan.raw, size), budget, step)
+        if cuda and peak > plan.device_bytes:
             ran, note = False, f"peak {gib(peak)} over {gib(plan.device_bytes)}"
         note = note or f"peak {gib(peak)}"
     except (torch.OutOfMemoryError, HostBudgetExceeded) as e:
@@ -435,14 +435,10 @@ def try_steps(
     # Outside the except block: its traceback no longer holds the failed step's frames and tensors.
     trial.teardown()  # a fork's: frees what the trial built, keeps the process group
     del twin, trial
-    if (
-        alive() is not None
-    ):  # held in reference cycles (a full collection costs ~1 s in a large process)
+    if alive() is not None:  # held in reference cycles (a full collection costs ~1 s when large)
         gc.collect()
-    if (
-        alive() is not None
-    ):  # something outside still holds the copy (DeepSpeed ZeRO-3's autograd functions)
-        strip_tensors(alive())
+    if (held := alive()) is not None:  # still held from outside (ZeRO-3's autograd functions)
+        strip_tensors(held)
     if cuda:  # the cache returned, cuBLAS's workspaces too (they can pin a freed segment)
         release_device_memory()
         left = torch.cuda.memory_allocated(strategy.device) - baseline
@@ -457,7 +453,7 @@ def strip_tensors(module: torch.nn.Module) -> None:
         p.grad = None
         p.data = torch.empty(0, dtype=p.dtype, device=p.device)
         if getattr(p, "ds_tensor", None) is not None:
-            p.ds_tensor = None
+            p.ds_tensor = None  # type: ignore[attr-defined]
 
 
 def _holds_tensors(module: torch.nn.Module | None) -> bool:
@@ -469,37 +465,33 @@ def _holds_tensors(module: torch.nn.Module | None) -> bool:
     )
 
 
-def _steps(trial: Any, twin: Any, batch: Any, budget: float | None) -> int:
-    """STEPS_PER_TRIAL forward/backward/step; returns the peak bytes (CUDA: the allocator's peak;
-    CPU: the measured model states (`memory.measure`) plus the bytes autograd saves). On CPU raises
-    HostBudgetExceeded as soon as a saved tensor, or the gradients, take the total past `budget`."""
+def _steps(trial: Any, twin: Any, batch: Any, budget: float | None, step: TrialStep) -> int:
+    """STEPS_PER_TRIAL training steps (`step`: the loop's train window); returns the peak bytes
+    (CUDA: the allocator's peak; CPU: the measured model states (`memory.measure`) plus the bytes
+    autograd saves). On CPU raises HostBudgetExceeded as soon as a saved tensor, or the gradients,
+    take the total past `budget`."""
     if torch.cuda.is_available() and trial.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(trial.device)
     peak = 0
     for _ in range(STEPS_PER_TRIAL):
-        held = sum(measure(trial).values())
-        saved = _HostMeter(held, budget)
-        with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
-            out = trial.forward(twin.training_step, *step_args(twin, batch))
-        loss = out["loss"] if isinstance(out, dict) else out
-        trial.backward(loss)
-        peak = max(peak, saved.total, sum(measure(trial).values()))
-        if budget is not None and peak > budget:
-            raise HostBudgetExceeded(f"{gib(peak)} held, budget {gib(budget)}")
-        del out, loss
-        trial.step()
+        meter = _TrialMeter(trial, budget)
+        with torch.autograd.graph.saved_tensors_hooks(meter.pack, lambda t: t):
+            step(twin, trial, batch, [meter])
+        peak = max(peak, meter.peak)
     if trial.device.type == "cuda":
         return torch.cuda.max_memory_allocated(trial.device)
     return peak
 
 
-class _HostMeter:
-    """Counts the bytes autograd saves (once per storage, weights excluded) on top of `held` bytes
-    of model states; with a `budget`, raises HostBudgetExceeded at the saved tensor that passes
-    it."""
+class _TrialMeter(Callback):
+    """A trial step's only callback. Counts the bytes autograd saves (once per storage, weights
+    excluded) on top of the model states held when the step starts, and after the backward the
+    model states then held (`peak`); with a `budget`, raises HostBudgetExceeded at the saved tensor
+    or the backward that passes it."""
 
-    def __init__(self, held: int, budget: float | None):
-        self.total, self.budget, self.seen = held, budget, set()
+    def __init__(self, strategy: Any, budget: float | None):
+        self.strategy, self.budget, self.seen = strategy, budget, set()
+        self.total = self.peak = sum(measure(strategy).values())
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         storage = t.untyped_storage()
@@ -510,6 +502,11 @@ class _HostMeter:
             if self.budget is not None and self.total > self.budget:
                 raise HostBudgetExceeded(f"{gib(self.total)} held, budget {gib(self.budget)}")
         return t
+
+    def on_after_backward(self, trainer: Any, module: Any) -> None:
+        self.peak = max(self.peak, self.total, sum(measure(self.strategy).values()))
+        if self.budget is not None and self.peak > self.budget:
+            raise HostBudgetExceeded(f"{gib(self.peak)} held, budget {gib(self.budget)}")
 
 
 def _min_over_ranks(ok: bool) -> bool:

@@ -129,25 +129,26 @@ def print_table(table: Table, console: Console | None = None) -> None:
     (console or Console()).print(table)
 
 
-def start_progress(trainer: Any, steps_per_epoch: int | float) -> ProgressBar | None:
-    """The started bar for a fit of `steps_per_epoch` optimizer steps per epoch (on rank 0 with
-    `enable_progress_bar`), else None: also when the progress-bar callback draws itself
-    (TQDMProgressBar) or is off (refresh_rate=0, disabled)."""
-    cfg = trainer.cfg
-    bars = [cb for cb in trainer.callbacks if getattr(cb, "is_progress_bar", False)]
-    if not (cfg.enable_progress_bar and trainer.is_global_zero) or any(
+def start_progress(
+    enabled: bool, callbacks: list, limits: Any, steps_per_epoch: int | float, position: Any
+) -> ProgressBar | None:
+    """The started bar for a fit of `steps_per_epoch` optimizer steps per epoch from `position` (a
+    LoopState) within `limits` (config.Limits), when `enabled` (rank 0 with `enable_progress_bar`),
+    else None: also when the progress-bar callback draws itself (TQDMProgressBar) or is off
+    (refresh_rate=0, disabled)."""
+    bars = [cb for cb in callbacks if getattr(cb, "is_progress_bar", False)]
+    if not enabled or any(
         getattr(cb, "draws_itself", False) or cb.refresh_rate == 0 or not _enabled(cb)
         for cb in bars
     ):
         return None
-    total = (
-        steps_per_epoch * cfg.epochs_limit if cfg.epochs_limit < 2**31 else float("inf")
-    )  # 2**31: unbounded
-    if cfg.max_steps != -1:
-        total = min(total, cfg.max_steps)
-    total = None if total == float("inf") else int(total) - trainer.global_step
+    epochs = limits.epochs_limit
+    total = steps_per_epoch * epochs if epochs < 2**31 else float("inf")  # 2**31: unbounded
+    if limits.max_steps != -1:
+        total = min(total, limits.max_steps)
+    total = None if total == float("inf") else int(total) - position.global_step
     bar = ProgressBar()
-    bar.start(total, f"epoch {trainer.current_epoch}")
+    bar.start(total, f"epoch {position.epoch}")
     return bar
 
 

@@ -14,7 +14,7 @@ would have (step 0, epoch 0 on a fresh Trainer). During a trial the user's callb
 schedulers are set aside, the progress bar, the model summary and the sanity check are off, and the
 non-finite guard only warns (a range test drives the loss to Inf on purpose).
 
-The Trainer's flags are swapped in `trainer.cfg` (a frozen TrainerConfig, replaced whole) at
+The Trainer's flags are swapped in `trainer.config` (a frozen config.Config, replaced whole) at
 `on_fit_start`, after `configure_optimizers` ran: an optimizer or scheduler sized from
 `trainer.max_steps` or `trainer.estimated_stepping_batches` is sized for the user's run, not the
 trial's.
@@ -23,7 +23,6 @@ trial's.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import logging
 import shutil
 import uuid
@@ -59,7 +58,7 @@ class Probe(Callback):
         """The trial's flags are in place and the state is saved; the first step comes next."""
 
     def trial_flags(self, trainer: Any) -> dict:
-        """TrainerConfig fields this trial changes at fit start (e.g. max_steps)."""
+        """The Trainer flags this trial changes at fit start (e.g. max_steps)."""
         return {}
 
 
@@ -73,7 +72,7 @@ class TrialRuns:
 
     def __init__(self, trainer: Any, name: str):
         self.trainer, self.name = trainer, name
-        self.user_cfg = trainer.cfg
+        self.user_cfg = trainer.config
         self.saved: Path | None = None  # the checkpoint written at the first trial's fit start
         self._at: dict[str, Any] = {}  # RNG, step, epoch and a DeepSpeed config scheduler's state
         self._set_aside: dict[str, Any] = {}
@@ -89,14 +88,12 @@ class TrialRuns:
         callbacks = list(t.callbacks)
         # In place: the Trainer's Checkpointer holds this list.
         t.callbacks[:] = [probe]
-        t.cfg = dataclasses.replace(
-            self.user_cfg, enable_progress_bar=False, enable_model_summary=False
-        )
+        t.config = self.user_cfg.replace(enable_progress_bar=False, enable_model_summary=False)
         try:
             t.fit(model, train, val, datamodule)
         finally:
             t.callbacks[:] = callbacks
-            t.cfg = self.user_cfg
+            t.config = self.user_cfg
             self._put_back()
 
     def evaluate(
@@ -107,7 +104,7 @@ class TrialRuns:
         t = self.trainer
         callbacks, loggers = list(t.callbacks), t.loggers
         t.callbacks[:], t.loggers = [], []
-        t.cfg = dataclasses.replace(self.user_cfg, enable_progress_bar=False, **flags)
+        t.config = self.user_cfg.replace(enable_progress_bar=False, **flags)
         try:
             run = getattr(t, method)
             if method == "predict":
@@ -115,7 +112,7 @@ class TrialRuns:
             else:
                 run(model, dataloaders, datamodule=datamodule, verbose=False)
         finally:
-            t.callbacks[:], t.loggers, t.cfg = callbacks, loggers, self.user_cfg
+            t.callbacks[:], t.loggers, t.config = callbacks, loggers, self.user_cfg
 
     def on_trial_setup(self) -> None:
         """At the first trial's `setup`, once the ranks run (and the Trainer's seed is applied) and
@@ -146,8 +143,8 @@ class TrialRuns:
             loggers=t.loggers, schedulers=t.strategy.schedulers, policy=t.guard.policy
         )
         t.loggers, t.strategy.schedulers, t.guard.policy = [], [], "warn"
-        t.cfg = dataclasses.replace(
-            t.cfg, num_sanity_val_steps=0, min_steps=None, min_epochs=None, **probe.trial_flags(t)
+        t.config = t.config.replace(
+            num_sanity_val_steps=0, min_steps=None, min_epochs=None, **probe.trial_flags(t)
         )
 
     def _put_back(self) -> None:
@@ -167,8 +164,10 @@ class TrialRuns:
         if self.saved is None:
             return
         t = self.trainer
-        _, state, _ = t._checkpointer.load(self.saved, with_optimizer=True)
-        t.global_step, t.current_epoch, t.should_stop = self._at["step"], self._at["epoch"], False
+        run = t._run  # the Trainer's run state (run.py): the trials moved its loop position
+        _, state, _ = run.process.checkpointer.load(self.saved, with_optimizer=True)
+        run.loop.global_step, run.loop.epoch = self._at["step"], self._at["epoch"]
+        t.should_stop = False
         if t.datamodule is not None and state.get("datamodule"):
             t.datamodule.load_state_dict(state["datamodule"])
         set_rng_state(self._at["rng"])

@@ -1,0 +1,901 @@
+"""The loops: fit, the train window, evaluation and the sanity check, read top to bottom.
+
+    Trainer.fit(model)          ->  loop.start(...)       launch (once), setup hooks
+                                    loop.fit(...)         the epochs
+    fit          on_fit_start, sanity_check, on_train_start, train_epoch until a limit, on_fit_end
+    train_epoch  the training loader in accumulation windows; after each window's step, after_step
+    train_window each micro-batch to the device, on_train_batch_start, strategy.forward,
+                 strategy.backward; then the optimizer hooks and one strategy.step()
+    Trainer.validate / test / predict  ->  loop.evaluate(...) / loop.predict(...)
+
+Every hook is called here by name, the Module's first, then each callback's (`call`). Under
+DeepSpeed the optimizer step and `zero_grad` happen inside `engine.step()`, so
+`on_before_optimizer_step` and `on_before_zero_grad` run just before `strategy.step()` for every
+strategy: after the window's backward passes and before clipping, the step and zeroing (also where
+the torch strategies clip). With precision "16-mixed" the gradients these hooks see are still
+loss-scaled (Lightning unscales them first).
+
+This module is the only writer of the run state (run.py): `run.enter(stage)` is where the stage
+changes. Functions here take the narrow config pieces they need (config.py).
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import math
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal, NamedTuple
+
+import torch
+
+from lightspeed.callbacks import Callback, ModelCheckpoint
+from lightspeed.checkpoint.checkpointer import Checkpointer, resolve
+from lightspeed.config import Config, DataOptions, Limits
+from lightspeed.core.datamodule import LightningDataModule, prepare_data_once
+from lightspeed.core.metrics import infer_batch_size
+from lightspeed.core.module import Module
+from lightspeed.core.optimizer import parse_optimizers, step_schedulers
+from lightspeed.core.saving import DATAMODULE_HPARAMS_KEY, HPARAMS_KEY, HPARAMS_NAME
+from lightspeed.data.loaders import (
+    BatchMover,
+    CombinedLoader,
+    accumulation_windows,
+    check_batch_counts,
+    move_to_device,
+    num_batches,
+    resumed_iterator,
+    set_epoch,
+    validation_interval,
+    with_distributed_sampler,
+)
+from lightspeed.errors import ConfigError
+from lightspeed.eval_loaders import eval_loaders, fit_loaders
+from lightspeed.hooks import is_overridden, log_hparams, warn_unknown_hooks, with_module_callbacks
+from lightspeed.loggers.build import agree_log_dirs
+from lightspeed.perf.kernels import compile_step, compiled_frames, compiled_ran
+from lightspeed.plan.fallback import connected, plan_hint, set_up_or_fall_back
+from lightspeed.plan.micro_batch import MicroBatchPlan, plan_fit
+from lightspeed.report.progress import start_progress
+from lightspeed.run import Fn, Process, Run, Stage
+from lightspeed.runtime import heartbeat
+from lightspeed.runtime.distributed import AgreedMax, broadcast_from_rank0
+from lightspeed.runtime.guard import NonFiniteGuard
+from lightspeed.runtime.launch import (
+    end_with_os_exit,
+    export_env,
+    start_local_ranks,
+    watch_parent,
+)
+from lightspeed.runtime.rng import rng_state, set_rng_state
+from lightspeed.specs import LoopState, RunSpec
+from lightspeed.strategies import build_strategy
+from lightspeed.utilities.signature import accepts
+
+
+def call(
+    run: Run,
+    module_hook: Callable[..., Any],
+    callback_hook: Callable[[Callback], Callable[..., Any]],
+    *args: Any,
+) -> Any:
+    """A hook without a return the loop needs: the Module's (`module_hook(*args)`), then each
+    callback's (`callback_hook(cb)`, e.g. `lambda cb: cb.on_fit_start`) with the trainer and the
+    module before `args`. Returns the Module hook's value."""
+    out = module_hook(*args)
+    for cb in run.callbacks:
+        callback_hook(cb)(run.trainer, run.module, *args)
+    return out
+
+
+# ================================================================== an entry point's frame
+def begin(run: Run, fn: Fn, module: Module, datamodule: Any) -> None:
+    """`fn` starts with `module`: fit takes the datamodule given (None too), evaluation keeps the
+    last one when given none."""
+    run.fn, run.status, run.module = fn, "running", module
+    if fn is Fn.FIT or datamodule is not None:
+        run.datamodule = datamodule
+
+
+def on_exception(run: Run, module: Module, exc: BaseException) -> None:
+    call(run, module.on_exception, lambda cb: cb.on_exception, exc)
+
+
+def finish(run: Run, outcome: str) -> None:
+    """Whatever happened (`outcome`: "success", "failed" or "interrupted"): the bar stops, the
+    loggers are finalised (rank 0) and, after a failure, the strategy is torn down."""
+    run.fitting, run.status = False, "finished" if outcome == "success" else "interrupted"
+    run.preemption.uninstall()
+    if run.progress is not None:
+        run.progress.stop(run.metrics.prog_bar_values() if outcome == "success" else None)
+        run.progress = None
+    for lg in run.loggers if run.global_rank == 0 else []:
+        lg.finalize(outcome)
+    if outcome != "success" and run.process is not None:
+        run.strategy.teardown()
+
+
+def start(
+    run: Run, config: Config, fn: Fn, module: Module, ckpt_path: Any, planned: bool
+) -> Path | None:
+    """Each entry point, before its data: checks the flags against the strategy, resolves
+    `ckpt_path` on rank 0 (verified there before any rank starts), adds the Module's
+    `configure_callbacks`, launches (the first time), then runs prepare_data and the setup hooks.
+    Returns the checkpoint to load (rank 0's path, on every rank) or None.
+
+    Raises ConfigError when `planned` (strategy="auto") chose another strategy on this rank than on
+    rank 0."""
+    spec = config.run_spec(module.automatic_optimization)
+    run.strategy.check(spec)
+    path = None
+    if ckpt_path:
+        best = next(
+            (c.best_model_path for c in run.callbacks if isinstance(c, ModelCheckpoint)), None
+        )
+        folder = checkpoint_dir(run.callbacks, config.output.default_root_dir)
+        path = resolve(ckpt_path, folder, best, verify=run.env.rank == 0)
+    # configure_callbacks, once "best" is resolved (as Lightning); in place: the Checkpointer
+    # holds this list
+    run.callbacks[:] = with_module_callbacks(run.callbacks, module, run.print0)
+    launch(run, config, spec)
+    path = broadcast_from_rank0(path) if ckpt_path else None  # every rank loads rank 0's
+    run.ckpt_path = str(path) if path else None
+    if planned and broadcast_from_rank0(run.strategy.name) != run.strategy.name:
+        raise ConfigError(
+            f"strategy='auto' planned {run.strategy.name!r} on rank {run.global_rank} but "
+            "another on rank 0 (their free memory differs): pass the strategy or memory_budget."
+        )
+    module.trainer = run.trainer
+    setup_hooks(run, module, fn)
+    return path
+
+
+def launch(run: Run, config: Config, spec: RunSpec) -> None:
+    """Once per process: starts the other local ranks (plain `python` with devices > 1) or joins
+    the external launcher's, then connects the strategy (process group, device)."""
+    if run.process is not None:
+        return
+    env = run.env
+    assert env is not None, "the Trainer reads the launch environment when it is built"
+    if run.world_size > 1:
+        end_with_os_exit()  # before start_local_ranks, whose exit handler must run first
+    if env.launcher == "none" and run.world_size > 1:
+        dist = start_local_ranks(run.world_size, config.launch.timeout)
+    else:
+        dist = env
+        if env.launcher == "lightspeed":
+            watch_parent()
+    export_env(dist)  # the rank variables, and this rank's share of the host's CPUs
+    run.device = torch.device("cuda", dist.local_rank) if spec.device_type == "cuda" else run.device
+    run.metrics.device = run.device  # batches reach it through `move`; its wait timed in training
+    move = BatchMover(
+        run.device,
+        config.data.pin_memory,
+        run.print0,
+        training=lambda: run.stage is Stage.TRAIN,
+    )
+    checkpointer = Checkpointer(run.strategy, run.callbacks, dist.rank, run.world_size)
+    run.process = Process(dist, move, checkpointer)
+    run.strategy.connect(spec, dist, run.device)
+    # Torn down at exit after success (an exception: at once, in `finish`); after handlers
+    # registered later.
+    atexit.register(run.strategy.teardown)
+    run.guard = NonFiniteGuard(config.launch.on_nonfinite, dist.rank, run.world_size, run.print0)
+    config.launch.apply_to_process()  # seed, deterministic, benchmark
+    agree_log_dirs(run.loggers)  # trainer.log_dir names rank 0's folder on every rank
+
+
+def plan(
+    run: Run, config: Config, module: Module, loader: Any, planned: bool
+) -> MicroBatchPlan | None:
+    """The plan step (plan/micro_batch.plan_fit), once, before any rank starts: strategy="auto"
+    chosen from a memory forecast (`planned`; the plans after it kept as fallbacks), and
+    micro_batch="auto"'s forecast; one probe of the model serves both. Returns that forecast (for
+    `confirm`, once the ranks run) or None."""
+    if run.process is not None or not (planned or config.plan.micro_batch):
+        return None
+    run.strategy, forecast, run.fallbacks = plan_fit(
+        module,
+        loader,
+        run.datamodule,
+        run.strategy,
+        planned,
+        run.world_size,
+        config.plan,
+        show=run.env.rank == 0,
+        as_step_sees=lambda batch: probe_batch(run, module, batch),
+    )
+    return forecast
+
+
+def checkpoint_dir(callbacks: list[Callback], default_root_dir: str) -> Path:
+    """The first ModelCheckpoint's `dirpath`, else `<default_root_dir>/checkpoints`."""
+    ckpt = next((c for c in callbacks if isinstance(c, ModelCheckpoint)), None)
+    return Path(ckpt.dirpath) if ckpt and ckpt.dirpath else Path(default_root_dir) / "checkpoints"
+
+
+def setup_hooks(run: Run, module: Module, fn: Fn) -> None:
+    """Lightning's order once the ranks run: `prepare_data` (once per node, or once in all), the
+    callbacks' `setup`, the DataModule's, the Module's. The caller then configures the model."""
+    dm, dist = run.datamodule, run.process.dist if run.process else run.env
+    if dm is not None:
+        dm.trainer = run.trainer  # its hooks may read trainer.training, trainer.current_epoch...
+        prepare_data_once(
+            dm.prepare_data, dist.local_rank if dm.prepare_data_per_node else dist.rank
+        )
+    prepare_data_once(
+        module.prepare_data, dist.local_rank if module.prepare_data_per_node else dist.rank
+    )
+    for cb in run.callbacks:
+        cb.setup(run.trainer, module, fn.value)
+    if dm is not None:
+        dm.setup(fn.value)
+    module.setup(fn.value)
+
+
+def teardown_hooks(run: Run, module: Module, fn: Fn) -> None:
+    """`teardown` on the callbacks, the DataModule and the Module, at a successful entry's end."""
+    for cb in run.callbacks:
+        cb.teardown(run.trainer, module, fn.value)
+    if run.datamodule is not None:
+        run.datamodule.teardown(fn.value)
+    module.teardown(fn.value)
+
+
+def set_up_strategy(run: Run, config: Config, fn: Fn, module: Module, micro_batch: Any) -> None:
+    """Configures the model (the first time this Module comes) and sets the strategy up for the
+    phase: fit (with the optimizers; it serves evaluation too) or evaluation. Under
+    strategy="auto" a plan that runs out of memory here gives way to the next one that fits
+    (plan/fallback.py); a strategy the user chose keeps its error, plus a hint."""
+    phase: Literal["fit", "eval"] = "fit" if fn is Fn.FIT else "eval"
+    configure = run.configured is not module
+    if not configure and run.phase in ("fit", phase):
+        return
+    before, plan = run.strategy, config.plan
+    spec = config.run_spec(module.automatic_optimization)
+    run.strategy = set_up_or_fall_back(
+        run.strategy,
+        module,
+        lambda strategy: set_up(run, config, strategy, module, phase, micro_batch, configure),
+        run.fallbacks,
+        lambda name: connected(
+            build_strategy(name, run.world_size), spec, run.process.dist, run.device
+        ),
+        plan.memory_budget if plan.device_type == "cpu" else None,
+        run.print0,
+        plan_hint(module, run.world_size, plan.precision, plan.device_type, plan.memory_budget),
+    )
+    run.fallbacks = None  # only the first setup falls back
+    # a fork set up: checkpoints and teardown follow it
+    if run.strategy is not before and run.process is not None:
+        checkpointer = Checkpointer(run.strategy, run.callbacks, run.global_rank, run.world_size)
+        run.process = dataclasses.replace(run.process, checkpointer=checkpointer)
+        atexit.register(run.strategy.teardown)  # runs before the parent's: LIFO
+
+
+def set_up(
+    run: Run,
+    config: Config,
+    strategy: Any,
+    module: Module,
+    phase: Literal["fit", "eval"],
+    micro_batch: Any,
+    configure: bool,
+) -> None:
+    """Configures `module` on `strategy` when `configure` (`configure_model` the strategy's way,
+    then SyncBatchNorm) and sets it up for `phase`. Raises ConfigError when fit gets no
+    optimizer."""
+    if configure:
+        strategy.configure_model(module)
+        if config.launch.sync_batchnorm and run.world_size > 1:  # before any wrapper, as Lightning
+            torch.nn.SyncBatchNorm.convert_sync_batchnorm(module)
+        run.configured, run.phase = module, None
+    if run.phase in ("fit", phase):
+        return
+    automatic = module.automatic_optimization
+    factory = (
+        (lambda: parse_optimizers(module.configure_optimizers(), automatic, module))
+        if phase == "fit"
+        else None
+    )
+    strategy.setup(module, factory, micro_batch if phase == "fit" else None)
+    if phase == "fit" and automatic and not strategy.optimizers:
+        raise ConfigError(
+            "configure_optimizers returned no optimizer: return one of the forms in "
+            "lightspeed.core.optimizer (an optimizer, a list, a dict with 'optimizer', ...)."
+        )
+    run.phase = phase
+
+
+def distribute(run: Run, data: DataOptions, seed: int | None, loaders: Any) -> Any:
+    """Loaders as this process iterates them: with a DistributedSampler (unless
+    `use_distributed_sampler=False`) and pinned where the BatchMover pins; several alike."""
+    if isinstance(loaders, list):
+        return [distribute(run, data, seed, loader) for loader in loaders]
+    if isinstance(loaders, CombinedLoader):  # several training loaders: each as a single one
+        return loaders.map(lambda loader: distribute(run, data, seed, loader))
+    if data.use_distributed_sampler:
+        replicas = run.strategy.distributed_sampler_kwargs  # data-parallel size and rank
+        loaders = with_distributed_sampler(loaders, replicas, seed or 0)
+    return run.process.move.loader(loaders)
+
+
+# ================================================================== fit
+def fit(
+    run: Run, config: Config, module: Module, train_given: Any, val_given: Any, resume: Any
+) -> None:
+    """Trains `module` once `start` ran: its loaders (given, else the DataModule's, else its own),
+    the strategy set up, the checkpoint `resume` loaded, then Lightning's order of hooks around the
+    epochs."""
+    limits = config.limits
+    train, val = load_fit_data(run, config, module, train_given, val_given, first=True)
+    run.preemption.install()  # a signal only sets a flag; train_epoch acts on it at a step's end
+    n = num_batches(train, limits.limit_train_batches)
+    run.enter(Stage.TRAIN)
+    run.fitting = True
+    skip, rng = restore(run, module, resume) if resume else (0, None)
+    set_up_training(run, config, module, n)
+    run.should_stop = False  # before on_fit_start: a Timer already spent stops at once
+    call(run, module.on_fit_start, lambda cb: cb.on_fit_start)
+    # The flags as on_fit_start leaves them: the tuner's trial fits swap in their own there, once
+    # configure_optimizers has sized its schedulers from the user's (tuner/trial.py).
+    config = run.trainer.config
+    limits = config.limits
+    sanity_check(run, limits, module, val)
+    call(run, module.on_train_start, lambda cb: cb.on_train_start)
+    run.stop_held, loaded_at = False, run.loop.epoch
+    while not stops(run, limits) and run.loop.epoch < limits.epochs_limit:
+        every = limits.reload_dataloaders_every_n_epochs
+        if every and run.loop.epoch - loaded_at >= every:
+            loaded_at = run.loop.epoch
+            train, val = load_fit_data(run, config, module, train_given, val_given, first=False)
+        train_epoch(run, config, module, train, val, skip, rng)
+        skip, rng = 0, None
+    call(run, module.on_train_end, lambda cb: cb.on_train_end)
+    call(run, module.on_fit_end, lambda cb: cb.on_fit_end)
+    teardown_hooks(run, module, Fn.FIT)
+
+
+def load_fit_data(
+    run: Run, config: Config, module: Module, train_given: Any, val_given: Any, first: bool
+) -> tuple[Any, list]:
+    """fit's loaders (`eval_loaders.fit_loaders`), distributed; the first time, the strategy is set
+    up between the training loader and the validation ones (DeepSpeed reads the micro-batch). Later
+    (`reload_dataloaders_every_n_epochs`) the loaders given to fit stay and the DataModule's or
+    Module's are asked for again. Raises ConfigError on empty or uneven training data."""
+    overfit = bool(config.limits.overfit_batches)
+    train, val = fit_loaders(module, run.datamodule, train_given, val_given, overfit)
+    run.loaders[Stage.TRAIN] = distribute(run, config.data, config.launch.seed, train)
+    if first:
+        set_up_strategy(run, config, Fn.FIT, module, getattr(train, "batch_size", None))
+    run.loaders[Stage.VALIDATE] = distribute(run, config.data, config.launch.seed, val)
+    limit = config.limits.limit_train_batches
+    check_batch_counts(num_batches(run.loaders[Stage.TRAIN], limit), limit)
+    return run.loaders[Stage.TRAIN], run.loaders[Stage.VALIDATE]
+
+
+def restore(run: Run, module: Module, path: Path) -> tuple[int, dict | None]:
+    """Loads a checkpoint into the set-up strategy; returns (batches to skip in this epoch, RNG
+    state to restore where the save happened)."""
+    saved, state, rng = run.process.checkpointer.load(path, with_optimizer=True)
+    run.loop.global_step, run.loop.epoch = saved.global_step, saved.resume_epoch
+    if run.datamodule is not None and state.get("datamodule"):
+        run.datamodule.load_state_dict(state["datamodule"])
+    call(run, module.on_load_checkpoint, lambda cb: cb.on_load_checkpoint, state)
+    run.print0(
+        f"Resumed from {path} at epoch {run.loop.epoch}, global step {run.loop.global_step}."
+    )
+    return saved.batches_to_skip, rng
+
+
+def set_up_training(run: Run, config: Config, module: Module, n: int | float) -> None:
+    """Once per fit, before its hooks: unknown hooks warned of, the hparams logged, the progress
+    bar, and the training step (compiled with `compile`)."""
+    warn_unknown_hooks(module, run.callbacks)
+    check_transfer_hooks(module, run.datamodule)
+    is_zero = run.global_rank == 0
+    log_hparams(module, run.datamodule, run.loggers, is_zero)
+    run.takes_batch_idx = accepts(module.training_step, 2, "batch_idx")  # Lightning takes (batch)
+    steps = math.ceil(n / config.limits.accumulate_grad_batches)
+    show = config.output.enable_progress_bar and is_zero
+    run.progress = start_progress(show, run.callbacks, config.limits, steps, run.loop)
+    run.compiled_frames, run.training_step = (
+        compiled_frames(),
+        compile_step(module, config.step.compile),
+    )
+
+
+def stops(run: Run, limits: Limits) -> bool:
+    """Lightning's rule: reaching max_steps ends fit; a requested stop (`should_stop`:
+    EarlyStopping, max_time) waits until min_epochs epochs and min_steps steps have run. Every rank
+    decides alike: the inputs agree."""
+    step, epoch = run.loop.global_step, run.loop.epoch
+    if limits.max_steps != -1 and step >= limits.max_steps:
+        run.should_stop = True
+        return True
+    held = epoch < (limits.min_epochs or 0) or step < (limits.min_steps or 0)
+    if run.should_stop and held and not run.stop_held:
+        run.stop_held = True
+        run.print0(
+            f"Stopping was requested at step {step}, epoch {epoch}, but "
+            f"min_epochs={limits.min_epochs} / min_steps={limits.min_steps} are not reached "
+            "yet: training continues until they are."
+        )
+    return run.should_stop and not held
+
+
+def train_epoch(
+    run: Run, config: Config, module: Module, loader: Any, val: list, skip: int, rng: dict | None
+) -> None:
+    """One epoch: the loader's batches (after `skip` when resuming; `rng` restored where it was
+    saved) in accumulation windows, one optimizer step each; validation every `val_check_interval`
+    batches; a preemption signal acted on after a step; then the epoch's end."""
+    limits = config.limits
+    n = num_batches(loader, limits.limit_train_batches)
+    val_every = validation_interval(n, limits.val_check_interval)
+    set_epoch(loader, run.loop.epoch)
+    run.loop.epoch_done, run.loop.batches_done, run.skip_rest = False, skip, False
+    # a -1 from on_train_batch_start on any rank ends the epoch on every rank: one vote per epoch
+    run.skip_vote = AgreedMax() if is_overridden(module, "on_train_batch_start") else None
+    module.train()
+    call(run, module.on_train_epoch_start, lambda cb: cb.on_train_epoch_start)
+    batches = run.process.move.timed(resumed_iterator(loader, skip, rng), loader)
+    # Manual optimization steps per batch, however the user accumulates; the accumulation is read
+    # after on_train_epoch_start (a GradientAccumulationScheduler sets it there).
+    accumulate = run.accumulate_grad_batches
+    size = accumulate if module.automatic_optimization else 1
+    for window in accumulation_windows(batches, skip, n, size):
+        run.is_last_batch = window[-1][0] + 1 >= n
+        ran, out = train_window(run, window, accumulate)
+        if not ran:  # on_train_batch_start returned -1 before this window's first micro-batch
+            break
+        run.loop.batches_done = window[-1][0] + 1
+        after_step(run, config, module, out, batch=window[-1][1], batch_idx=window[-1][0])
+        if signum := run.preemption.requested():  # collective: every rank stops after this step
+            run.preemption.stop(signum, run.trainer)
+        at_interval = val_every and any((i + 1) % val_every == 0 for i, _ in window)
+        if val and at_interval and run.loop.batches_done < n:
+            validate_during_fit(run, limits, module, val)
+        if stops(run, limits) or run.skip_rest:
+            break
+    end_train_epoch(
+        run, limits, module, val, epoch_done=run.loop.batches_done >= n or run.skip_rest
+    )
+
+
+def train_window(run: Run, window: list[tuple[int, Any]], accumulate: int) -> tuple[bool, Any]:
+    """One optimizer step: each micro-batch of `window` ((batch_idx, batch) as the loader gave it)
+    to the device, forward and backward (gradients synchronised on the last one only), then the
+    optimizer hooks and `strategy.step()`. Returns (False, None) when on_train_batch_start asked to
+    skip the epoch's rest before the first micro-batch (nothing ran), else (True, the last
+    micro-batch's `training_step` output). Micro-batch trials run it too (`trial_step`)."""
+    module, strategy, out = run.module, run.strategy, None
+    assert module is not None and run.guard is not None and run.training_step is not None
+    run.guard.begin(run.loop.global_step, run.loop.epoch, [i for i, _ in window])
+    for i, (batch_idx, batch) in enumerate(window):
+        batch = batch_to_device(run, module, batch)  # the three transfer hooks around `move`
+        run.metrics.batch_size = infer_batch_size(batch)
+        if on_train_batch_start(run, module, batch, batch_idx) and i == 0:
+            return False, None
+        args = (batch, batch_idx) if run.takes_batch_idx else (batch,)
+        out = strategy.forward(run.training_step, *args, sync_grads=i == len(window) - 1)
+        if module.automatic_optimization:
+            run.guard.observe(loss := loss_of(out), i)
+            loss = loss / accumulate
+            call(run, module.on_before_backward, lambda cb: cb.on_before_backward, loss)
+            strategy.backward(loss)
+            call(run, module.on_after_backward, lambda cb: cb.on_after_backward)
+    if module.automatic_optimization:  # under manual optimization training_step stepped
+        for opt in strategy.optimizers:
+            call(run, module.on_before_optimizer_step, lambda cb: cb.on_before_optimizer_step, opt)
+        for opt in strategy.optimizers:
+            call(run, module.on_before_zero_grad, lambda cb: cb.on_before_zero_grad, opt)
+        run.step_stats = strategy.step(run.guard)  # the guard decides before any step
+    run.loop.global_step += 1
+    if module.automatic_optimization:
+        step_schedulers(
+            strategy.schedulers, "step", run.loop.global_step, run.metrics.latest, module
+        )
+    return True, out
+
+
+def on_train_batch_start(run: Run, module: Module, batch: Any, batch_idx: int) -> bool:
+    """The hooks; True once the Module's returned -1 in this epoch on any rank (Lightning's way to
+    skip the epoch's rest): `run.skip_rest`. The ranks agree through one MAX reduction per call,
+    made only when the Module overrides the hook (`run.skip_vote`); under NCCL it answers one call
+    late (distributed.AgreedMax), so the host never waits for the GPU."""
+    heartbeat.note_step(run.loop.global_step)  # no I/O: the heartbeat thread publishes it
+    asked = call(
+        run, module.on_train_batch_start, lambda cb: cb.on_train_batch_start, batch, batch_idx
+    )
+    if run.skip_vote is not None:
+        mine = isinstance(asked, int) and not isinstance(asked, bool) and asked == -1
+        if run.skip_vote(int(mine)):
+            run.skip_rest = True  # the epoch ends: before this window, or after it when inside
+    return run.skip_rest
+
+
+def loss_of(out: Any) -> torch.Tensor:
+    """The scalar loss of a `training_step` output (a tensor or a dict with 'loss'); ConfigError
+    otherwise."""
+    loss = out.get("loss") if isinstance(out, dict) else out
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        if isinstance(loss, torch.Tensor):
+            shape = f"a tensor of shape {tuple(loss.shape)}"
+        else:
+            shape = repr(loss)[:80]
+        if isinstance(out, dict) and "loss" not in out:
+            shape = f"a dict without 'loss' (keys {sorted(map(str, out))})"
+        raise ConfigError(
+            f"training_step returned {shape}: under automatic optimization it must return a "
+            "scalar loss tensor or a dict with a 'loss' scalar."
+        )
+    return loss.reshape(())
+
+
+def after_step(
+    run: Run, config: Config, module: Module, out: Any, batch: Any, batch_idx: int
+) -> None:
+    """After each optimizer step: the step's metrics to the loggers (every `log_every_n_steps`),
+    the bar, on_train_batch_end, and the compile check at step 3."""
+    step_metrics = run.metrics.pop_step()
+    is_log_step = run.loop.global_step % config.output.log_every_n_steps == 0
+    if is_log_step:
+        norm = run.step_stats.get("grad_norm")
+        log_metrics(
+            run,
+            {
+                **({"grad_norm": float(norm)} if norm is not None else {}),
+                **run.guard.log_values(),
+                **{k: float(v) for k, v in step_metrics.items()},
+            },
+        )
+    if run.progress is not None:
+        run.progress.advance(f"epoch {run.loop.epoch}", run.metrics.prog_bar_values, is_log_step)
+    call(run, module.on_train_batch_end, lambda cb: cb.on_train_batch_end, out, batch, batch_idx)
+    if config.step.compile and run.loop.global_step == 3 and not compiled_ran(run.compiled_frames):
+        run.print0(
+            "Warning: compile=True, but nothing compiled ran in 3 steps (see "
+            "kernels.apply_compile)."
+        )
+
+
+def end_train_epoch(run: Run, limits: Limits, module: Module, val: list, epoch_done: bool) -> None:
+    """Lightning's order: validation first, so on_train_epoch_end and epoch schedulers
+    (ReduceLROnPlateau on val_loss) see this epoch's validation metrics; then the checkpoint
+    callbacks save the result."""
+    run.guard.settle()  # the last step's non-finite verdict, if the host has not read it yet
+    epoch, every = run.loop.epoch, limits.check_val_every_n_epoch
+    if val and every and (epoch + 1) % every == 0 and epoch_done:
+        validate_during_fit(run, limits, module, val)
+    module.on_train_epoch_end()
+    epoch_metrics = run.metrics.pop_epoch()
+    if epoch_metrics:
+        log_metrics(run, {"epoch": epoch, **{k: float(v) for k, v in epoch_metrics.items()}})
+    if epoch_done and module.automatic_optimization:  # under manual optimization the user steps
+        step_schedulers(run.strategy.schedulers, "epoch", epoch + 1, run.metrics.latest, module)
+    run.loop.epoch_done = epoch_done
+    for cb in run.callbacks:
+        cb.on_train_epoch_end(run.trainer, module)
+    if epoch_done:
+        run.loop.epoch += 1
+
+
+def validate_during_fit(run: Run, limits: Limits, module: Module, loaders: list) -> None:
+    """A validation epoch inside fit. It must not move the training RNG (its loader draws a seed):
+    training then gives the same losses whatever val_check_interval is, and a checkpoint saved just
+    before a validation resumes exactly."""
+    if num_batches(loaders[0], limits.limit_val_batches) == 0:
+        return  # limit_val_batches=0 turns validation off, hooks included (as in Lightning)
+    rng = rng_state()
+    evaluation_epoch(run, limits, module, loaders, Stage.VALIDATE)  # ends in train() again
+    set_rng_state(rng)
+    run.enter(Stage.TRAIN)
+
+
+def log_metrics(run: Run, metrics: dict[str, float]) -> None:
+    """Sends metrics to every logger (rank 0 only), at the current global step."""
+    if run.global_rank == 0 and metrics:
+        for lg in run.loggers:
+            lg.log_metrics(metrics, run.loop.global_step)
+
+
+# ================================================================== evaluation
+class EvalStage(NamedTuple):
+    """One evaluation stage's step and batch hooks, by name (`eval_stage`)."""
+
+    step: Callable[..., Any]
+    batch_start: Callable[..., Any]
+    callback_batch_start: Callable[[Callback], Callable[..., Any]]
+    batch_end: Callable[..., Any]
+    callback_batch_end: Callable[[Callback], Callable[..., Any]]
+
+
+def eval_stage(stage: Stage, module: Module) -> EvalStage:
+    match stage:
+        case Stage.VALIDATE | Stage.SANITY_CHECK:
+            return EvalStage(
+                module.validation_step,
+                module.on_validation_batch_start,
+                lambda cb: cb.on_validation_batch_start,
+                module.on_validation_batch_end,
+                lambda cb: cb.on_validation_batch_end,
+            )
+        case Stage.TEST:
+            return EvalStage(
+                module.test_step,
+                module.on_test_batch_start,
+                lambda cb: cb.on_test_batch_start,
+                module.on_test_batch_end,
+                lambda cb: cb.on_test_batch_end,
+            )
+        case _:
+            return EvalStage(
+                module.predict_step,
+                module.on_predict_batch_start,
+                lambda cb: cb.on_predict_batch_start,
+                module.on_predict_batch_end,
+                lambda cb: cb.on_predict_batch_end,
+            )
+
+
+def evaluate(
+    run: Run, config: Config, fn: Fn, module: Module, given: Any, ckpt_path: Any, planned: bool
+) -> dict[str, float]:
+    """`validate` or `test`: one evaluation epoch over the data; returns its logged metrics."""
+    loaders = prepare_evaluation(run, config, fn, module, given, ckpt_path, planned)
+    results = evaluation_epoch(run, config.limits, module, loaders, fn.stage)
+    teardown_hooks(run, module, fn)
+    return results
+
+
+def predict(
+    run: Run, config: Config, module: Module, given: Any, ckpt_path: Any, planned: bool, keep: bool
+) -> list[list]:
+    """`predict`: this rank's `predict_step` outputs per loader (kept only with `keep`)."""
+    loaders = prepare_evaluation(run, config, Fn.PREDICT, module, given, ckpt_path, planned)
+    module.on_predict_model_eval()
+    call(run, module.on_predict_start, lambda cb: cb.on_predict_start)
+    call(run, module.on_predict_epoch_start, lambda cb: cb.on_predict_epoch_start)
+    limit = config.limits.limit_predict_batches
+    outputs = eval_batches(run, module, loaders, limit, Stage.PREDICT, keep=keep)
+    call(run, module.on_predict_epoch_end, lambda cb: cb.on_predict_epoch_end)
+    call(run, module.on_predict_end, lambda cb: cb.on_predict_end)
+    teardown_hooks(run, module, Fn.PREDICT)
+    return outputs
+
+
+def prepare_evaluation(
+    run: Run, config: Config, fn: Fn, module: Module, given: Any, ckpt_path: Any, planned: bool
+) -> list:
+    """`start`, then the stage's loaders, the strategy set up for evaluation (fit's serves), the
+    checkpoint's weights loaded (any strategy's, on any world size). Returns the loaders,
+    distributed."""
+    path = start(run, config, fn, module, ckpt_path, planned)
+    loaders = eval_loaders(fn.stage, module, run.datamodule, given)
+    run.loaders[Stage.TRAIN] = None
+    set_up_strategy(run, config, fn, module, None)
+    if path:
+        run.process.checkpointer.load_strategy(path)
+    run.enter(fn.stage)
+    run.loaders[fn.stage] = distribute(run, config.data, config.launch.seed, loaders)
+    return run.loaders[fn.stage]
+
+
+def evaluation_epoch(
+    run: Run, limits: Limits, module: Module, loaders: list, stage: Stage
+) -> dict[str, float]:
+    """A validation or test epoch in Lightning's order: on_<x>_model_eval (eval mode), on_<x>_start,
+    on_<x>_epoch_start, the batches, on_<x>_epoch_end (the Module's before the epoch's results are
+    logged, the callbacks' after), on_<x>_end, then on_<x>_model_train (train mode again, unless
+    overridden). Returns the results logged."""
+    run.enter(stage)
+    if stage is Stage.VALIDATE:
+        module.on_validation_model_eval()
+        call(run, module.on_validation_start, lambda cb: cb.on_validation_start)
+        call(run, module.on_validation_epoch_start, lambda cb: cb.on_validation_epoch_start)
+    else:
+        module.on_test_model_eval()
+        call(run, module.on_test_start, lambda cb: cb.on_test_start)
+        call(run, module.on_test_epoch_start, lambda cb: cb.on_test_epoch_start)
+    eval_batches(run, module, loaders, limits.batches(stage), stage)
+    if stage is Stage.VALIDATE:
+        module.on_validation_epoch_end()
+        results = epoch_results(run)
+        for cb in run.callbacks:
+            cb.on_validation_epoch_end(run.trainer, module)
+        call(run, module.on_validation_end, lambda cb: cb.on_validation_end)
+        module.on_validation_model_train()
+    else:
+        module.on_test_epoch_end()
+        results = epoch_results(run)
+        for cb in run.callbacks:
+            cb.on_test_epoch_end(run.trainer, module)
+        call(run, module.on_test_end, lambda cb: cb.on_test_end)
+        module.on_test_model_train()
+    return results
+
+
+def epoch_results(run: Run) -> dict[str, float]:
+    results = {k: float(v) for k, v in run.metrics.pop_epoch().items()}
+    log_metrics(run, results)
+    return results
+
+
+@torch.no_grad()
+def eval_batches(
+    run: Run,
+    module: Module,
+    loaders: list,
+    limit: Any,
+    stage: Stage,
+    keep: bool = False,
+    cap: int | None = None,
+) -> list[list]:
+    """The one evaluation batch loop: the stage's step through the strategy for each batch of each
+    loader (at most `cap` per loader), with its batch hooks; the outputs per loader if `keep`. The
+    step gets `batch_idx` and `dataloader_idx` when its signature takes them; the hooks get
+    `dataloader_idx` with several loaders. The caller has put the module in eval mode."""
+    hooks = eval_stage(stage, module)
+    takes_idx, takes_batch_idx = (
+        accepts(hooks.step, 3, "dataloader_idx"),
+        accepts(hooks.step, 2, "batch_idx"),
+    )
+    outputs: list[list] = []
+    for dl_idx, loader in enumerate(loaders):
+        several = (dl_idx,) if len(loaders) > 1 else ()
+        run.metrics.dataloader_idx = dl_idx if several else None
+        n = min(num_batches(loader, limit), cap if cap is not None else float("inf"))
+        outputs.append([])
+        for batch_idx, batch in enumerate(loader):
+            if batch_idx >= n:
+                break
+            batch = batch_to_device(run, module, batch, dl_idx)
+            run.metrics.batch_size = infer_batch_size(batch)
+            call(run, hooks.batch_start, hooks.callback_batch_start, batch, batch_idx, *several)
+            args = (batch, batch_idx)[: 2 if takes_batch_idx else 1] + (
+                (dl_idx,) if takes_idx else ()
+            )
+            out = run.strategy.forward(hooks.step, *args)
+            call(run, hooks.batch_end, hooks.callback_batch_end, out, batch, batch_idx, *several)
+            if keep:
+                outputs[-1].append(out)
+    run.metrics.dataloader_idx = None
+    return outputs
+
+
+def sanity_check(run: Run, limits: Limits, module: Module, val: list) -> None:
+    """Lightning's sanity check: `num_sanity_val_steps` validation batches per loader (-1: all)
+    before training, in the SANITY_CHECK stage, nothing logged, no epoch hooks, and the training
+    RNG untouched."""
+    steps = limits.num_sanity_val_steps
+    if not val or steps == 0:
+        return
+    rng, latest = rng_state(), dict(run.metrics.latest)
+    run.enter(Stage.SANITY_CHECK)
+    for cb in run.callbacks:
+        cb.on_sanity_check_start(run.trainer, module)
+    module.on_validation_model_eval()
+    cap = None if steps == -1 else steps
+    eval_batches(run, module, val, limits.limit_val_batches, Stage.SANITY_CHECK, cap=cap)
+    run.metrics.discard(Stage.SANITY_CHECK.logs_as, latest)
+    module.on_validation_model_train()
+    for cb in run.callbacks:  # still sanity checking, as in Lightning
+        cb.on_sanity_check_end(run.trainer, module)
+    set_rng_state(rng)
+    run.enter(Stage.TRAIN)
+
+
+# ================================================================== batches to the device
+TRANSFER_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
+
+
+def transfer_owners(module: Module, datamodule: Any) -> dict[str, Any]:
+    """Whose batch-transfer hook runs, per hook: the DataModule's where it overrides it, else the
+    Module's (as in Lightning, which also takes the DataModule's when both override one;
+    `check_transfer_hooks` says so)."""
+
+    def overrides(name: str) -> bool:  # a duck-typed DataModule may lack the hook: the Module's
+        return getattr(type(datamodule), name, None) not in (
+            None,
+            getattr(LightningDataModule, name),
+        )
+
+    return {
+        name: datamodule if datamodule is not None and overrides(name) else module
+        for name in TRANSFER_HOOKS
+    }
+
+
+def check_transfer_hooks(module: Module, datamodule: Any) -> None:
+    """Warns once per fit for each batch-transfer hook both the Module and the DataModule
+    override."""
+    owners = transfer_owners(module, datamodule)
+    for name in TRANSFER_HOOKS:
+        if owners[name] is datamodule and datamodule is not None and is_overridden(module, name):
+            warnings.warn(
+                f"{name} is overridden in both {type(module).__name__} and "
+                f"{type(datamodule).__name__}: the DataModule's runs (as in Lightning).",
+                stacklevel=3,
+            )
+
+
+def batch_to_device(
+    run: Run, module: Module, batch: Any, dataloader_idx: int = 0, device: Any = None
+) -> Any:
+    """The batch through `on_before_batch_transfer`, `transfer_batch_to_device` (to `device`, by
+    default the run's) and `on_after_batch_transfer`, each the DataModule's or the Module's
+    (`transfer_owners`)."""
+    owners = transfer_owners(module, run.datamodule)
+    batch = owners["on_before_batch_transfer"].on_before_batch_transfer(batch, dataloader_idx)
+    batch = owners["transfer_batch_to_device"].transfer_batch_to_device(
+        batch, device or run.device, dataloader_idx
+    )
+    return owners["on_after_batch_transfer"].on_after_batch_transfer(batch, dataloader_idx)
+
+
+# ================================================================== what the planner runs
+def probe_batch(run: Run, module: Module, batch: Any) -> Any:
+    """A drawn training batch as `training_step` will see it, on the CPU, for the planner's probes
+    before any rank starts (plan/micro_batch.plan_fit): through the three transfer hooks as every
+    training batch is, so a step written for what `on_after_batch_transfer` returns (uint8 images
+    made floats, say) runs in the probe too. The hooks see their trainer in the TRAIN stage; what
+    they return is brought back to the CPU, where the probe's copy of the model lives."""
+    module.trainer = run.trainer
+    if run.datamodule is not None:
+        run.datamodule.trainer = run.trainer
+    stage = run.stage
+    run.enter(Stage.TRAIN)
+    try:
+        cpu = torch.device("cpu")
+        return move_to_device(batch_to_device(run, module, batch, 0, cpu), cpu)
+    finally:
+        run.enter(stage)
+
+
+def trial_step(run: Run, twin: Module, strategy: Any, batch: Any, callbacks: list) -> None:
+    """One training step of a micro-batch trial (plan/micro_batch.confirm): the loop's own
+    `train_window`, run on a copy of the module (whose stand-in trainer holds its metrics) and a
+    copy of the strategy, with the trial's callbacks only, on this run's device and transfer hooks.
+    A non-finite loss only warns: a trial measures memory."""
+    guard = NonFiniteGuard("warn", run.global_rank, run.world_size, run.print0)
+    trial = Run(
+        trainer=twin.trainer,
+        strategy=strategy,
+        callbacks=callbacks,
+        loggers=[],
+        metrics=twin.trainer.metrics,
+        device=run.device,
+        guard=guard,
+        module=twin,
+        datamodule=run.datamodule,
+        training_step=twin.training_step,
+        takes_batch_idx=accepts(twin.training_step, 2, "batch_idx"),
+    )
+    train_window(trial, [(0, batch)], accumulate=1)
+
+
+# ================================================================== checkpoints
+def save_checkpoint(run: Run, path: Path) -> Path:
+    """Collective: the configured module's checkpoint at rank 0's `path`, written atomically, with
+    the Module's and callbacks' `on_save_checkpoint` hooks run on its state."""
+    module = run.configured
+    assert module is not None and run.guard is not None and run.process is not None
+    run.guard.settle()  # a non-finite verdict not yet read: under "stop" nothing is written
+    at = run.loop
+    position = LoopState(
+        at.epoch, at.global_step, at.batches_done, at.epoch_done and run.stage is Stage.TRAIN
+    )
+
+    def on_save(state: dict) -> None:
+        state[HPARAMS_KEY] = dict(module.hparams)  # load_from_checkpoint rebuilds from these
+        state[HPARAMS_NAME] = module.__dict__.get("_hparams_name")
+        state["datamodule"] = run.datamodule.state_dict() if run.datamodule is not None else {}
+        state[DATAMODULE_HPARAMS_KEY] = dict(getattr(run.datamodule, "hparams", {}) or {})
+        module.on_save_checkpoint(state)
+        for cb in run.callbacks:
+            cb.on_save_checkpoint(run.trainer, module, state)
+
+    return run.process.checkpointer.save(broadcast_from_rank0(path), position, on_save)
