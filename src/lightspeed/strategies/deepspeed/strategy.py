@@ -24,7 +24,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import psutil
 import torch
@@ -87,6 +87,9 @@ from lightspeed.strategies.deepspeed.zero3 import (
     wants_deepcompile,
     whole_numel,
 )
+
+if TYPE_CHECKING:
+    from lightspeed.core.module import Module as UserModule
 
 Offload = Literal["cpu", "nvme"] | None
 
@@ -211,7 +214,9 @@ class DeepSpeed:
         offload = "_offload" if self.offload_optimizer or self.offload_params else ""
         nvme = "_nvme" if "nvme" in (self.offload_optimizer, self.offload_params) else ""
         self.name = f"deepspeed_stage_{self.stage}{offload}{nvme}"
-        self.engine, self._prepared, self.micro_batch_size, self._leaf_numel = None, False, None, 0
+        # the DeepSpeed engine (an EngineGroup under several optimizers), once set up
+        self.engine: Any = None
+        self._prepared, self.micro_batch_size, self._leaf_numel = False, None, 0
         self._compile_pending = False
         self.dist: DistInfo | None = None
         self.device: Any = None  # a torch.device, once connected
@@ -363,12 +368,14 @@ class DeepSpeed:
         merged = merge(config, self.user_config)
         self._check_contradictions(config, merged)
         return (
-            module.configure_deepspeed(merged) if hasattr(module, "configure_deepspeed") else merged
+            cast("UserModule", module).configure_deepspeed(merged)
+            if hasattr(module, "configure_deepspeed")
+            else merged
         )
 
     def _check_contradictions(self, ours: dict, merged: dict) -> None:
         spec, zero = self.spec, merged.get("zero_optimization", {})
-        checks = [
+        checks: list[tuple[str, Any, str, Any]] = [
             (
                 "gradient_accumulation_steps",
                 merged["gradient_accumulation_steps"],
@@ -409,7 +416,7 @@ class DeepSpeed:
                     spec.gradient_clip_val,
                 )
             )
-        expected = {"bf16.enabled": "bf16" in ours, "fp16.enabled": "fp16" in ours}
+        expected: dict[str, Any] = {"bf16.enabled": "bf16" in ours, "fp16.enabled": "fp16" in ours}
         for key, got, flag, flag_value in checks:
             want = expected.get(key, flag_value)
             if got != want and not (isinstance(got, float | int) and float(got) == float(want)):
@@ -428,7 +435,7 @@ class DeepSpeed:
     # ------------------------------------------------------------------ model
     def configure_model(self, module: torch.nn.Module) -> None:
         if self.stage != 3:
-            module.configure_model()
+            cast("UserModule", module).configure_model()
             return
         deepspeed = _import_deepspeed()
         config = self.build_config(module)
@@ -448,7 +455,7 @@ class DeepSpeed:
             with partitioned_init(
                 deepspeed, config, self.offload_params
             ):  # deep copies too (zero3.py)
-                module.configure_model()
+                cast("UserModule", module).configure_model()
 
         def fits() -> (
             bool
@@ -564,9 +571,11 @@ class DeepSpeed:
             optimizer=optimizer,
             config=config,
             dist_init_required=False,
-            model_parameters=[p for p in module.parameters() if p.requires_grad]
-            if optimizer is None
-            else None,
+            # (DeepSpeed annotates model_parameters as a Module; it takes parameters)
+            model_parameters=cast(
+                Any,
+                [p for p in module.parameters() if p.requires_grad] if optimizer is None else None,
+            ),
         )
         self.optimizers = (
             [ds_optimizer] if build_optimizers is not None and ds_optimizer is not None else []
