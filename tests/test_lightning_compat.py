@@ -255,6 +255,13 @@ def test_utilities_at_lightning_paths():
     set_shared_parameters(model, [["0.weight", "1.weight"]])
     assert model[1].weight is model[0].weight
 
+    from lightspeed.utilities.rank_zero import WarningCache, rank_prefixed_message
+
+    cache = WarningCache()
+    with pytest.warns(UserWarning, match="once"):
+        cache.warn("once")
+        cache.warn("once")  # not again
+    assert rank_prefixed_message("hi", 1) == "[rank: 1] hi"
     DummyLogger().log_text("anything", step=1)  # any call is a no-op
     experiment = DummyExperiment()
     experiment["key"] = 1

@@ -60,7 +60,7 @@ def test_lightning_surface_on_two_ranks(tmp_path, strategy):
             state=["fit", "train"],
             last_batch_idx=3,
             log_dir=r0["names"]["log_dir"],
-            experiment="CSVLogger" if r == 0 else "DummyExperiment",
+            experiment="ExperimentWriter" if r == 0 else "DummyExperiment",
             gathered=[[0.5], [1.5]],
             gathered_with_grads=[0.0, 2.0],
         )  # Module.all_gather

@@ -252,7 +252,7 @@ class BackboneFinetuning(BaseFinetuning):
                 initial_denom_lr=self.initial_denom_lr,
             )
         elif epoch > self.unfreeze_backbone_at_epoch:
-            backbone_lr = self.lambda_func(epoch + 1) * self.previous_backbone_lr
+            backbone_lr = self.lambda_func(epoch + 1) * (self.previous_backbone_lr or 0.0)
             if self.should_align and backbone_lr > current_lr:
                 backbone_lr = current_lr
             optimizer.param_groups[-1]["lr"] = backbone_lr

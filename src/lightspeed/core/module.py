@@ -286,8 +286,14 @@ class Module(HyperparametersMixin, torch.nn.Module):
     _compile_opaque = ("print", "log", "log_dict")
 
     def print(self, *args: Any, **kwargs: Any) -> None:
-        """print() on rank 0 only."""
-        if self.global_rank == 0:
+        """print() on rank 0 only; through the progress bar when one is drawing (above tqdm's
+        line, as Lightning)."""
+        if self.global_rank != 0:
+            return
+        bar = getattr(self._trainer, "progress_bar_callback", None)
+        if bar is not None and getattr(bar, "is_enabled", False):
+            bar.print(*args, **kwargs)
+        else:
             print(*args, **kwargs)
 
     def log(

@@ -133,7 +133,7 @@ def save_hparams_to_yaml(
     if isinstance(hparams, Namespace):
         hparams = vars(hparams)
     if use_omegaconf and _is_omegaconf(hparams):
-        from omegaconf import OmegaConf
+        from omegaconf import OmegaConf  # pyright: ignore[reportMissingImports]
 
         OmegaConf.save(hparams, config_yaml, resolve=True)
         return
@@ -163,7 +163,7 @@ def load_hparams_from_yaml(config_yaml: str | os.PathLike, use_omegaconf: bool =
     with open(config_yaml) as f:
         hparams = yaml.full_load(f)
     if use_omegaconf and inspect.ismodule(_omegaconf()):
-        from omegaconf import OmegaConf
+        from omegaconf import OmegaConf  # pyright: ignore[reportMissingImports]
 
         return OmegaConf.create(hparams or {})
     return hparams
@@ -203,7 +203,7 @@ def _literal(text: str) -> Any:
 
 def _omegaconf() -> Any:
     try:
-        import omegaconf
+        import omegaconf  # pyright: ignore[reportMissingImports]
     except ImportError:
         return None
     return omegaconf

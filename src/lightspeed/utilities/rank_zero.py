@@ -71,3 +71,33 @@ def rank_zero_warn(
 ) -> None:
     """warnings.warn on rank 0."""
     warnings.warn(message, category, stacklevel=stacklevel)
+
+
+@rank_zero_only
+def rank_zero_deprecation(message: str, stacklevel: int = 5, **kwargs: Any) -> None:
+    """A DeprecationWarning on rank 0."""
+    warnings.warn(message, DeprecationWarning, stacklevel=stacklevel)
+
+
+def rank_prefixed_message(message: str, rank: int | None) -> str:
+    """`message` prefixed with `[rank: n]` when the rank is known."""
+    return f"[rank: {rank}] {message}" if rank is not None else message
+
+
+class WarningCache(set):
+    """Warns (or logs) each message once per process, on rank 0."""
+
+    def warn(self, message: str, stacklevel: int = 5, **kwargs: Any) -> None:
+        if message not in self:
+            self.add(message)
+            rank_zero_warn(message, stacklevel=stacklevel, **kwargs)
+
+    def deprecation(self, message: str, stacklevel: int = 6, **kwargs: Any) -> None:
+        if message not in self:
+            self.add(message)
+            rank_zero_deprecation(message, stacklevel=stacklevel, **kwargs)
+
+    def info(self, message: str, stacklevel: int = 5, **kwargs: Any) -> None:
+        if message not in self:
+            self.add(message)
+            rank_zero_info(message, stacklevel=stacklevel, **kwargs)

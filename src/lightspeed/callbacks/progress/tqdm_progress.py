@@ -33,7 +33,8 @@ class Tqdm(_tqdm):  # type: ignore[misc,valid-type]
     def format_num(n: int | float | str) -> str:
         """1 -> "1", 1.0 -> "1.000", 0.1 -> "0.100", 1e-5 -> "1e-5", "abc" -> "abc"."""
         padded = isinstance(n, (float, str))
-        text = n if isinstance(n, str) else _tqdm.format_num(n)
+        plain_format = getattr(_tqdm, "format_num", str)  # tqdm's: 3 significant digits
+        text = n if isinstance(n, str) else plain_format(n)
         if padded and "e" not in text:
             if "." not in text and len(text) < _PAD_SIZE:
                 try:

@@ -157,10 +157,10 @@ class ModelSummary:
         model, example = self._model, self._model.example_input_array
         params = next(model.parameters(), None)
         device = params.device if params is not None else torch.device("cpu")
-        if all(hasattr(model, h) for h in ("on_before_batch_transfer", "on_after_batch_transfer")):
-            example = model.on_before_batch_transfer(example, 0)
-            example = model.transfer_batch_to_device(example, device, 0)
-            example = model.on_after_batch_transfer(example, 0)
+        hooks = ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
+        if all(callable(getattr(model, h, None)) for h in hooks):  # a LightningModule's
+            before, move, after = (getattr(model, h) for h in hooks)
+            example = after(move(before(example, 0), device, 0), 0)
         modes = [(m, m.training) for m in model.modules()]
         scripted = any(isinstance(m, torch.jit.ScriptModule) for m in model.modules())
         counting = contextlib.nullcontext() if scripted else self._flop_counter
