@@ -17,7 +17,6 @@ from typing import Any, Literal
 
 from lightspeed.errors import ConfigError
 from lightspeed.tuner.batch_size_scaling import METHODS, scale_batch_size
-from lightspeed.tuner.callbacks import BatchSizeFinder, LearningRateFinder
 from lightspeed.tuner.lr_finder import _LRFinder, lr_find
 
 __all__ = ["Tuner"]
@@ -70,6 +69,9 @@ class Tuner:
             raise ValueError(
                 "Tuning the batch size is currently not supported with distributed strategies."
             )
+        # The finder callbacks import this package's search functions: imported here, at call time.
+        from lightspeed.callbacks.batch_size_finder import BatchSizeFinder
+
         if any(isinstance(cb, BatchSizeFinder) for cb in t.callbacks):
             raise ValueError(
                 "Trainer is already configured with a `BatchSizeFinder` callback. "
@@ -127,6 +129,8 @@ class Tuner:
         if method != "fit":
             raise ConfigError("method='fit' is the only valid configuration to run lr finder.")
         _check_tuner_configuration(train_dataloaders, val_dataloaders, dataloaders, method)
+        from lightspeed.callbacks.lr_finder import LearningRateFinder
+
         if any(isinstance(cb, LearningRateFinder) for cb in self._trainer.callbacks):
             raise ValueError(
                 "Trainer is already configured with a `LearningRateFinder` callback. "
