@@ -1,6 +1,8 @@
 """lightspeed: Lightning-style training on one device, DDP, DeepSpeed ZeRO 1/2/3, ZeRO-1 or FSDP2
 with one flag."""
 
+from typing import TYPE_CHECKING
+
 from lightspeed.callbacks import (
     Callback,
     EarlyStopping,
@@ -22,6 +24,11 @@ from lightspeed.runtime.launch import DistInfo
 from lightspeed.runtime.rng import seed_everything
 from lightspeed.strategies import DDP, SingleDevice, Strategy, ZeRO1, build_strategy
 from lightspeed.trainer import Trainer
+
+if TYPE_CHECKING:  # loaded by __getattr__ at run time
+    from lightspeed.strategies.conversion import consolidate
+    from lightspeed.strategies.deepspeed.strategy import DeepSpeed
+    from lightspeed.strategies.fsdp import FSDP
 
 __version__ = "0.1.0"
 

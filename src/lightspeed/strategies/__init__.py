@@ -3,12 +3,16 @@ backend, and DeepSpeed in its own package (the only one that imports `deepspeed`
 strategy classes live at Lightning's module paths (`strategies.ddp.DDPStrategy`,
 `strategies.fsdp.FSDPStrategy`, `strategies.deepspeed.DeepSpeedStrategy`) and are exported here."""
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lightspeed.strategies.base import Strategy
 from lightspeed.strategies.ddp import DDP, DDPStrategy, ZeRO1
 from lightspeed.strategies.registry import STRATEGIES, build_strategy
 from lightspeed.strategies.single import SingleDevice
+
+if TYPE_CHECKING:  # loaded by __getattr__ at run time
+    from lightspeed.strategies.deepspeed.lightning import DeepSpeedStrategy
+    from lightspeed.strategies.fsdp import FSDPStrategy
 
 
 def __getattr__(name: str) -> Any:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
@@ -15,6 +15,9 @@ from lightspeed.errors import ConfigError
 from lightspeed.runtime.distributed import broadcast_from_rank0
 from lightspeed.runtime.rng import rng_state, set_rng_state
 
+if TYPE_CHECKING:
+    from lightspeed.core.module import Module as UserModule
+
 
 def checkpoint_layout(strategy: Any) -> str | None:
     """Every backend's `layout`: how its checkpoints lie on disk on this run's world size
@@ -22,10 +25,11 @@ def checkpoint_layout(strategy: Any) -> str | None:
     return None if strategy.dist is None else layout(strategy.name, strategy.dist.world_size)
 
 
-# The protocol's `distributed_sampler_kwargs` where every rank is a data-parallel rank.
-sampler_kwargs = property(
-    lambda s: None if s.dist is None else {"num_replicas": s.dist.world_size, "rank": s.dist.rank}
-)
+# The protocol's `distributed_sampler_kwargs` where every rank is a data-parallel rank. (A decorated
+# function, not `property(lambda ...)`: pyright sees a getter, and its type, only this way.)
+@property
+def sampler_kwargs(s: Any) -> dict[str, int] | None:
+    return None if s.dist is None else {"num_replicas": s.dist.world_size, "rank": s.dist.rank}
 
 
 def options_of(strategy: Any) -> dict[str, Any]:
@@ -154,6 +158,6 @@ def configure_with_plain_twin(
         return False, None
     if rank0:
         set_rng_state(before)
-        twin.configure_model()
+        cast("UserModule", twin).configure_model()  # a copy of the user's Module
     set_rng_state(broadcast_from_rank0(rng_state() if rank0 else None))
     return True, twin

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import abc
 import inspect
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
@@ -64,6 +65,9 @@ from lightspeed.strategies.common import (
     options_of,
 )
 from lightspeed.strategies.tensor_parallel import apply_tensor_parallel, build_mesh, check_degree
+
+if TYPE_CHECKING:
+    from lightspeed.core.module import Module as UserModule
 
 STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
 
@@ -125,7 +129,7 @@ class FSDP:
         self._full_state: dict[str, torch.Tensor] | None = None
         self._twin_buffers: dict[str, torch.Tensor] = {}
         self._needs_init = self._is_from_full_state = False
-        self.module: nn.Module | None = None  # sharded in place by `setup`
+        self.module: Any = None  # the user's Module, sharded in place by `setup`
         self.dist: DistInfo | None = None
         self.device: Any = None  # a torch.device, once connected
         self.is_fork = False
@@ -189,7 +193,7 @@ class FSDP:
 
         def on_meta() -> None:
             with torch.device("meta"):
-                module.configure_model()
+                cast("UserModule", module).configure_model()
 
         def tensors() -> list[torch.Tensor]:
             return list({id(t): t for t in [*module.parameters(), *module.buffers()]}.values())
@@ -291,7 +295,9 @@ class FSDP:
         if self._is_from_full_state:
             # Rank 0 holds the full state dict; torch broadcasts it and each rank keeps its shards.
             options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-            set_model_state_dict(module, self._full_state or {}, options=options)
+            # (torch annotates a dict[str, ValueType] where a read-only Mapping would do)
+            full_state = cast("dict[str, Any]", self._full_state or {})
+            set_model_state_dict(module, full_state, options=options)
             # Non-persistent buffers (rotary embeddings' inv_freq) are in no state dict: to_empty
             # left them
             # uninitialised. Rank 0's plain build has them; every rank takes its values.
@@ -305,7 +311,7 @@ class FSDP:
             return
         for m in module.modules():  # the fallback: shard-local init, drawn from DTensor's own RNG
             if hasattr(m, "reset_parameters"):
-                m.reset_parameters()
+                cast(Any, m).reset_parameters()
 
     def forward(self, step, *args, sync_grads: bool = True):
         # Off the boundary gradients accumulate unsharded and un-reduced; reduce-scatter only at the
@@ -407,8 +413,8 @@ def find_shard_units(module: nn.Module, classes: list[type] | None) -> list[nn.M
     """
     if classes is None:
         classes = [type(c) for m in module.modules() if isinstance(m, nn.ModuleList) for c in m]
-    classes = tuple(dict.fromkeys(classes))
-    units = [m for m in module.modules() if m is not module and isinstance(m, classes)]
+    kinds = tuple(dict.fromkeys(classes))
+    units = [m for m in module.modules() if m is not module and isinstance(m, kinds)]
     candidates = sorted(
         {
             type(c).__name__
@@ -417,9 +423,9 @@ def find_shard_units(module: nn.Module, classes: list[type] | None) -> list[nn.M
             for c in m
         }
     )
-    if classes and not units:
+    if kinds and not units:
         raise ConfigError(
-            f"FSDP(shard_classes={[c.__name__ for c in classes]}) is not valid: no submodule of "
+            f"FSDP(shard_classes={[c.__name__ for c in kinds]}) is not valid: no submodule of "
             f"{type(module).__name__} has those classes. Candidate block classes: "
             f"{', '.join(candidates) or 'none'}."
         )
@@ -481,7 +487,7 @@ def find_child_units(
 
 def apply_fsdp(
     module: nn.Module,
-    units: list[nn.Module | list[nn.Module]],
+    units: Sequence[nn.Module | list[nn.Module]],
     mesh,
     reshard_after_forward: bool,
     mp_policy: MixedPrecisionPolicy,
@@ -489,7 +495,7 @@ def apply_fsdp(
 ) -> None:
     """Calls `fully_shard` on each unit (children first; a list of modules is one unit), then on the
     root, which takes the rest."""
-    kwargs = dict(mesh=mesh, mp_policy=mp_policy, offload_policy=offload_policy)
+    kwargs: dict[str, Any] = dict(mesh=mesh, mp_policy=mp_policy, offload_policy=offload_policy)
     for unit in units:
         fully_shard(unit, reshard_after_forward=reshard_after_forward, **kwargs)
     fully_shard(module, reshard_after_forward=reshard_after_forward, **kwargs)

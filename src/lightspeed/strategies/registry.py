@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from lightspeed.errors import ConfigError
 from lightspeed.strategies.base import METHODS, READABLE, Strategy
@@ -12,7 +12,9 @@ from lightspeed.strategies.ddp import DDP, ZeRO1
 from lightspeed.strategies.single import SingleDevice
 
 
-def _deepspeed(stage: int, offload: str | None = None) -> Callable[[], Any]:
+def _deepspeed(
+    stage: Literal[1, 2, 3], offload: Literal["cpu", "nvme"] | None = None
+) -> Callable[[], Any]:
     def build():
         from lightspeed.strategies.deepspeed.strategy import DeepSpeed
 
