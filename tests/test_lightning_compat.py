@@ -532,3 +532,33 @@ def test_datamodule_load_from_checkpoint(tmp_path):
     trainer.fit(BoringModel(), datamodule=Data(batch_size=8))
     trainer.save_checkpoint(tmp_path / "ckpt")
     assert Data.load_from_checkpoint(tmp_path / "ckpt").hparams.batch_size == 8
+
+
+def test_issue37_names_in_log_checkpoint_and_all_gather(tmp_path):
+    import numpy as np
+
+    from lightspeed.callbacks import ModelCheckpoint
+    from lightspeed.demos.boring_classes import BoringModel
+
+    class Logs(BoringModel):
+        def training_step(self, batch, batch_idx):
+            out = super().training_step(batch, batch_idx)
+            self.log("avg_loss", out["loss"], reduce_fx="avg", on_epoch=True)
+            self.log("summed", 1.0, reduce_fx="SUM", on_step=False, on_epoch=True)
+            return out
+
+    model = Logs()
+    gathered = model.all_gather(np.ones(3))  # one process: the array made a tensor
+    assert isinstance(gathered, torch.Tensor) and gathered.tolist() == [1.0, 1.0, 1.0]
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ck", monitor="epoch", mode="max", save_top_k=1)
+    trainer = _fit_boring(
+        tmp_path,
+        model,
+        max_epochs=2,
+        limit_train_batches=3,
+        limit_val_batches=0,
+        callbacks=[checkpoint],
+        enable_checkpointing=True,
+    )
+    assert float(trainer.callback_metrics["summed"]) == 3.0
+    assert list(checkpoint.best_k_models.values()) == [1.0]  # the last epoch's, by "epoch"

@@ -117,7 +117,7 @@ class ModelCheckpoint(Callback):
         )
         self.enable_version_counter = enable_version_counter
         self._agreed, self._time_mark = AgreedMax(), 0.0
-        self.best_k: dict[str, float] = {}  # path -> score
+        self.best_k: dict[str, float] = {}  # path -> score (Lightning's `best_k_models`)
         self.best_model_path = ""
         self.best_model_score: float | None = None
         self.last_model_path = ""
@@ -189,9 +189,11 @@ class ModelCheckpoint(Callback):
     def _decide(self, trainer: Trainer) -> tuple:
         """(error message or None, keep among the top k, path, score), from this rank's metrics."""
         metrics = trainer.callback_metrics
+        # Lightning's candidates: the logged metrics, and "epoch" / "step" unless logged
+        candidates = {"epoch": trainer.current_epoch, "step": trainer.global_step, **metrics}
         score = None
         if self.monitor is not None:
-            if self.monitor not in metrics:
+            if self.monitor not in candidates:
                 return (
                     f"ModelCheckpoint(monitor={self.monitor!r}) was not logged: logged metrics are "
                     f"{sorted(metrics)}.",
@@ -199,7 +201,7 @@ class ModelCheckpoint(Callback):
                     None,
                     None,
                 )
-            score = float(metrics[self.monitor])
+            score = float(candidates[self.monitor])
         values = {
             "epoch": trainer.current_epoch,
             "step": trainer.global_step,
@@ -285,6 +287,11 @@ class ModelCheckpoint(Callback):
             order = order[: self.save_top_k]
         self.best_model_path = order[0]
         self.best_model_score = self.best_k[order[0]] if self.monitor is not None else None
+
+    @property
+    def best_k_models(self) -> dict[str, float]:
+        """Lightning's name: {checkpoint path: its score} of the checkpoints kept."""
+        return self.best_k
 
     def state_dict(self) -> dict:
         return {

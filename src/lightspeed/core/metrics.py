@@ -107,6 +107,7 @@ class MetricStore:
         synchronised; with several evaluation loaders the name gets `/dataloader_idx_N` unless
         `add_dataloader_idx=False`."""
         fx = reduce_fx if isinstance(reduce_fx, str) else getattr(reduce_fx, "__name__", "mean")
+        fx = {"avg": "mean", "add": "sum"}.get(fx.lower(), fx.lower())  # Lightning's spellings
         if fx not in _REDUCE:
             raise ConfigError(
                 f"reduce_fx={reduce_fx!r} is not valid for {name!r}: use one of {sorted(_REDUCE)}."

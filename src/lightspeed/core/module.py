@@ -277,8 +277,14 @@ class Module(HyperparametersMixin, torch.nn.Module):
         """Every rank's `data` (a tensor, a number, or a collection of them), each tensor stacked
         along a new first dimension of size world_size, as Lightning's. `sync_grads`: the gather
         takes part in autograd (each rank's gradient flows back to it). On one process the data is
-        returned as it is, as in Lightning."""
-        return gather_all(data, group, sync_grads, self.device)
+        returned as it is, as in Lightning. NumPy arrays are made tensors first, as Lightning's."""
+        import numpy as np
+        from torch.utils._pytree import tree_map
+
+        def tensor(x: Any) -> Any:
+            return torch.as_tensor(x, device=self.device) if isinstance(x, np.ndarray) else x
+
+        return gather_all(tree_map(tensor, data), group, sync_grads, self.device)
 
     # Conveniences that touch the Trainer's Python state: under compile=True (kernels.CompiledStep)
     # they run eagerly,
