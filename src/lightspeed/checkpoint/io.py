@@ -4,6 +4,7 @@ torch.save."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -28,7 +29,7 @@ def full_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     for key, t in state.items():
         t = t.detach()
         if hasattr(t, "full_tensor"):  # a DTensor
-            t = t.full_tensor()
+            t = cast(Any, t).full_tensor()
         t = t.to("cpu")
         ptr = (
             (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))

@@ -263,8 +263,8 @@ def check_model(portable: Portable, module: torch.nn.Module, path: Path) -> None
     shape)."""
     want = {k: tuple(v.shape) for k, v in module.state_dict().items()}
     for name, p in module.named_parameters(remove_duplicate=False):
-        if hasattr(p, "ds_shape"):
-            want[canonical(name)] = tuple(p.ds_shape)
+        if hasattr(p, "ds_shape"):  # DeepSpeed's attribute (ZeRO-3), unknown to torch's types
+            want[canonical(name)] = tuple(p.ds_shape)  # pyright: ignore[reportAttributeAccessIssue]
     got = {k: tuple(v.shape) for k, v in portable["model"].items()}
     for name in [*want, *(k for k in got if k not in want)]:
         if got.get(name) != want.get(name):

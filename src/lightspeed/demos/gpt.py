@@ -154,6 +154,7 @@ class GPTModule(Module):
             self.model = GPT(self.cfg)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        assert self.model is not None  # built by configure_model, which the Trainer calls first
         return self.model(idx)
 
     def _loss(self, batch) -> torch.Tensor:

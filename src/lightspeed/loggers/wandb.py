@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from lightspeed.errors import ConfigError
 from lightspeed.loggers.logger import _check_status, _on_rank_zero, _require, plain
@@ -49,7 +49,7 @@ class WandbLogger:
                 project=self.project,
                 name=self.name,
                 dir=self.save_dir,
-                mode=self.mode,
+                mode=cast(Any, self.mode),  # a str; wandb checks it against its Literal
                 **self.init_kwargs,
             )
         return self._run
