@@ -396,7 +396,14 @@ class Trainer:
         return estimated_stepping_batches(self._run.loaders.get(Stage.TRAIN), self.config.limits)
 
     # -- callbacks, metrics, loggers
-    callbacks = property(lambda self: self._run.callbacks)  # changed in place only
+    @property
+    def callbacks(self) -> list[Callback]:
+        return self._run.callbacks
+
+    @callbacks.setter
+    def callbacks(self, callbacks: list[Callback]) -> None:  # in place: the Checkpointer holds it
+        self._run.callbacks[:] = list(callbacks)
+
     metrics = property(lambda self: self._run.metrics)  # the self.log store (core.metrics)
     callback_metrics = property(lambda self: self._run.metrics.latest)
     logged_metrics = property(lambda self: self._run.metrics.logged)  # the last sent to loggers
