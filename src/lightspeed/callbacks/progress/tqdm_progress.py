@@ -193,6 +193,7 @@ class TQDMProgressBar(ProgressBar):
     # ------------------------------------------------------------------ sanity check and training
     def on_sanity_check_start(self, trainer: Any, pl_module: Any) -> None:
         self.val_progress_bar = self.init_sanity_tqdm()
+        self.val_progress_bar.total = convert_inf(sum(trainer.num_sanity_val_batches))
         self.train_progress_bar = Tqdm(disable=True)  # a stand-in while the sanity check runs
 
     def on_sanity_check_end(self, trainer: Any, pl_module: Any) -> None:
