@@ -19,7 +19,7 @@ import os
 import sys
 import warnings
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 from torch import nn
@@ -188,7 +188,7 @@ def _rebuild(
     if type(opt) is torch.optim.SGD and any(hasattr(p, "device_mesh") for p in params):
         # FSDP's DTensor shards: torch has no sharding rule for the fused SGD kernel (Adam's it has)
         return None
-    cls = type(opt)
+    cls: Any = type(opt)  # any torch optimizer class with a `fused` flag
     if cls is torch.optim.SGD and any(type(p).__name__ == "DTensor" for p in params):
         # FSDP2's sharded parameters: DTensor has no sharding rule for torch's fused SGD kernel
         return None
@@ -430,7 +430,7 @@ class CompiledStep:
 
     def __init__(self, module: nn.Module, **options: Any):
         skip_alignment_asserts()
-        self.step = module.training_step
+        self.step = cast("Callable[..., Any]", module.training_step)  # the user's Module's
         self.compiled = torch.compile(self.step, **options)
         self.opaque = [
             (m, torch.compiler.disable(m._call_impl), m.forward) for m in _opaque_modules(module)

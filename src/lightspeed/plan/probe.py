@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from importlib.util import find_spec
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -20,6 +20,10 @@ from lightspeed.core.optimizer import parse_optimizers
 from lightspeed.errors import ConfigError
 from lightspeed.perf.kernels import repeated_blocks
 from lightspeed.utilities.signature import accepts
+
+if TYPE_CHECKING:
+    from lightspeed.core.module import Module as UserModule
+    from lightspeed.specs import TrainerView
 
 ADAM_STATES = {
     "Adam": 2,
@@ -86,7 +90,7 @@ def inspect_model(
     with `batch`, another copy is built on CPU for the activation probe (`probe_activations`; not
     under manual optimization, whose `training_step` steps optimizers the copy does not have).
     Raises ConfigError if the module has no parameters."""
-    meta = build_copy(module, torch.device("meta"))
+    meta = cast("UserModule", build_copy(module, torch.device("meta")))  # the user's Module
     params = list(dict.fromkeys(meta.parameters()))
     if not params:
         raise ConfigError(
@@ -176,7 +180,7 @@ def build_copy(module: torch.nn.Module, device: torch.device) -> torch.nn.Module
             memo[id(b)] = b.detach().to("meta")
     twin = copy.deepcopy(module, memo)
     with device:
-        twin.configure_model()
+        cast("UserModule", twin).configure_model()  # a copy of the user's Module
     return twin
 
 
@@ -228,9 +232,10 @@ def stand_in(twin: torch.nn.Module, module: torch.nn.Module, strategy: Any = Non
     from its `configure_optimizers`."""
     probe = ProbeTrainer(getattr(module, "_trainer", None), strategy)
     object.__setattr__(twin, "_probe_trainer", probe)
-    twin.trainer = probe
+    user = cast("UserModule", twin)  # a copy of the user's Module
+    user.trainer = cast("TrainerView", probe)  # the real Trainer's view, through __getattr__
     if strategy is None:
-        opts, scheds = parse_optimizers(twin.configure_optimizers())
+        opts, scheds = parse_optimizers(user.configure_optimizers())
         probe.strategy = SimpleNamespace(optimizers=opts, schedulers=scheds)
     return probe
 
@@ -343,7 +348,7 @@ def _saved_bytes(module: torch.nn.Module, batch: Any, precision: str) -> tuple[i
     )
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
-            out = module.training_step(*step_args(module, batch))
+            out = cast("UserModule", module).training_step(*step_args(module, batch))
         loss = out["loss"] if isinstance(out, dict) else out
         loss.float().backward()
     finally:
@@ -364,7 +369,7 @@ def plain_cuda_step(module: torch.nn.Module, batch: Any, n: int, precision: str)
     data = move_to(batch_of(batch, n), device)
     try:
         with torch.autocast("cuda", dtype=half, enabled=half is not None):
-            out = twin.training_step(*step_args(twin, data))
+            out = cast("UserModule", twin).training_step(*step_args(twin, data))
         (out["loss"] if isinstance(out, dict) else out).backward()
         for opt in optimizers:
             opt.step()
@@ -382,7 +387,8 @@ def steps_itself(module: torch.nn.Module) -> bool:
 def step_args(module: torch.nn.Module, batch: Any) -> tuple:
     """`training_step`'s arguments for a probe's step, as the loop passes them: Lightning accepts
     `training_step(self, batch)` without `batch_idx`."""
-    return (batch, 0) if accepts(module.training_step, 2, "batch_idx") else (batch,)
+    step = cast("UserModule", module).training_step
+    return (batch, 0) if accepts(step, 2, "batch_idx") else (batch,)
 
 
 def move_to(value: Any, device: torch.device) -> Any:

@@ -77,17 +77,18 @@ class ProgressBar:
         now = time.perf_counter()
         read = force or now - self._read_at >= self.refresh_s
         self._read_at = now if read else self._read_at
-        metrics = metrics() if read else None
+        values = metrics() if read else None
         rate = self._done / max(now - self._start, 1e-9)
         if self._progress is not None:
             fields: dict[str, Any] = {"rate": f"{rate:.2f} it/s", "description": description}
-            if metrics is not None:
-                fields["metrics"] = _fmt(metrics)
+            if values is not None:
+                fields["metrics"] = _fmt(values)
+            assert self._task is not None  # added with the bar
             self._progress.update(self._task, advance=1, **fields)
         else:
             self._desc, self._metrics = (
                 description,
-                metrics if metrics is not None else self._metrics,
+                values if values is not None else self._metrics,
             )
             if now - self._last_line >= self.line_every_s and self._done != self._total:
                 self._print_line(now)  # the last line comes from stop(), with the final metrics
@@ -108,6 +109,7 @@ class ProgressBar:
         where it stopped)."""
         if self._progress is not None:
             if metrics is not None:
+                assert self._task is not None  # added with the bar
                 self._progress.update(self._task, metrics=_fmt(metrics))
             self._progress.stop()
             self._progress = None
