@@ -6,8 +6,9 @@
 
 `Run` holds who takes part (module, strategy, callbacks, loggers), what the launch made
 (`Process`), where the loop is (the entry point, the stage, `LoopState`) and what fit set up (the
-loaders, the step). Only loop.py assigns its fields; `run.enter(stage)` is the one place the stage
-changes.
+loaders, the step). loop.py assigns its fields; besides it only the Trainer's setters for what
+Lightning lets callbacks set (`should_stop`, `loggers`, `accumulate_grad_batches`, the callbacks
+list in place) write here. `run.enter(stage)` is the one place the stage changes.
 """
 
 from __future__ import annotations
