@@ -8,7 +8,7 @@ import shutil
 import time
 import weakref
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from lightspeed.callbacks.callback import Callback
 from lightspeed.callbacks.monitor import _check_mode, _improved
@@ -220,7 +220,7 @@ class ModelCheckpoint(Callback):
             self.monitor is None
             or self.save_top_k == -1
             or len(self.best_k) < self.save_top_k
-            or _improved(score, self._worst(), self.mode)
+            or _improved(cast(float, score), self._worst(), self.mode)  # monitor set: a score
         )
         return None, keep, path, score
 
@@ -276,9 +276,9 @@ class ModelCheckpoint(Callback):
         if self.monitor is None:
             # Without a monitor, "best" means most recent: scores are global steps, keep the
             # highest.
-            order = sorted(self.best_k, key=self.best_k.get, reverse=True)
+            order = sorted(self.best_k, key=self.best_k.__getitem__, reverse=True)
         else:
-            order = sorted(self.best_k, key=self.best_k.get, reverse=(self.mode == "max"))
+            order = sorted(self.best_k, key=self.best_k.__getitem__, reverse=(self.mode == "max"))
         if self.save_top_k > 0:
             for stale in order[self.save_top_k :]:
                 del self.best_k[stale]

@@ -36,7 +36,8 @@ class _EpochAccumulator:
     # a torchmetrics Metric logged itself: it keeps its own state, compute() gives the value
     metric: Any = None
 
-    def add(self, value: torch.Tensor, batch_size: int = 1) -> None:
+    def add(self, value: torch.Tensor | None, batch_size: int = 1) -> None:
+        # `value` is None only for a Metric logged without on_step: the Metric holds the state.
         if self.metric is not None:
             self.count += 1
             return
@@ -133,6 +134,7 @@ class MetricStore:
             and dist.is_initialized()
             and dist.get_world_size() > 1
         ):
+            assert tensor is not None  # _as_tensor's, as metric is None
             tensor = _all_reduce(tensor, fx)
         # Lightning's naming: a metric logged both per step and per epoch appears as name_step and
         # name_epoch.

@@ -6,7 +6,7 @@ Porting from Lightning is one import: `from lightspeed import LightningModule`.
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -198,7 +198,7 @@ class Module(HyperparametersMixin, torch.nn.Module):
             and getattr(trainer, "device", None) == device
             and hasattr(trainer, "move")
         ):
-            return trainer.move(batch)
+            return cast(Any, trainer).move(batch)  # the Trainer's, beyond its TrainerView
         return move_to_device(batch, device)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
