@@ -202,7 +202,7 @@ class DeepSpeed:
             raise ConfigError(
                 f"DeepSpeed config tensor_parallel.autotp_size={autotp} is not supported: "
                 "lightspeed does not run DeepSpeed's AutoTP (any ZeRO stage). For tensor "
-                f"parallelism use strategy=FSDP(tp={autotp}) (\"fsdp_tp{autotp}\"), FSDP2 x TP."
+                f'parallelism use strategy=FSDP(tp={autotp}) ("fsdp_tp{autotp}"), FSDP2 x TP.'
             )
         self.deepcompile = wants_deepcompile(
             self.deepcompile,
