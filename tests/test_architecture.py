@@ -149,7 +149,7 @@ def test_the_contract_sees_imports():
         "runtime.rng" in graph["strategies.common"]
         and "checkpoint.checkpointer" in graph["callbacks.model_checkpoint"]
     )
-    assert "strategies" in graph["trainer"] and "trainer" in graph["__init__"]
+    assert "strategies" in graph["trainer.trainer"] and "trainer" in graph["__init__"]
 
 
 def test_only_the_deepspeed_package_imports_deepspeed():

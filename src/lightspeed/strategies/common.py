@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -14,9 +14,6 @@ from lightspeed.checkpoint.layouts import layout
 from lightspeed.errors import ConfigError
 from lightspeed.runtime.distributed import broadcast_from_rank0
 from lightspeed.runtime.rng import rng_state, set_rng_state
-
-if TYPE_CHECKING:
-    from lightspeed.core.module import Module as UserModule
 
 
 def checkpoint_layout(strategy: Any) -> str | None:
@@ -158,6 +155,6 @@ def configure_with_plain_twin(
         return False, None
     if rank0:
         set_rng_state(before)
-        cast("UserModule", twin).configure_model()  # a copy of the user's Module
+        cast(Any, twin).configure_model()  # a copy of the user's Module
     set_rng_state(broadcast_from_rank0(rng_state() if rank0 else None))
     return True, twin

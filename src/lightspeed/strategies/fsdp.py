@@ -23,7 +23,7 @@ import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -65,9 +65,6 @@ from lightspeed.strategies.common import (
     options_of,
 )
 from lightspeed.strategies.tensor_parallel import apply_tensor_parallel, build_mesh, check_degree
-
-if TYPE_CHECKING:
-    from lightspeed.core.module import Module as UserModule
 
 STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
 
@@ -193,7 +190,7 @@ class FSDP:
 
         def on_meta() -> None:
             with torch.device("meta"):
-                cast("UserModule", module).configure_model()
+                cast(Any, module).configure_model()
 
         def tensors() -> list[torch.Tensor]:
             return list({id(t): t for t in [*module.parameters(), *module.buffers()]}.values())

@@ -24,7 +24,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import Any, Literal, cast
 
 import psutil
 import torch
@@ -87,9 +87,6 @@ from lightspeed.strategies.deepspeed.zero3 import (
     wants_deepcompile,
     whole_numel,
 )
-
-if TYPE_CHECKING:
-    from lightspeed.core.module import Module as UserModule
 
 Offload = Literal["cpu", "nvme"] | None
 
@@ -368,7 +365,7 @@ class DeepSpeed:
         merged = merge(config, self.user_config)
         self._check_contradictions(config, merged)
         return (
-            cast("UserModule", module).configure_deepspeed(merged)
+            cast(Any, module).configure_deepspeed(merged)
             if hasattr(module, "configure_deepspeed")
             else merged
         )
@@ -435,7 +432,7 @@ class DeepSpeed:
     # ------------------------------------------------------------------ model
     def configure_model(self, module: torch.nn.Module) -> None:
         if self.stage != 3:
-            cast("UserModule", module).configure_model()
+            cast(Any, module).configure_model()
             return
         deepspeed = _import_deepspeed()
         config = self.build_config(module)
@@ -455,7 +452,7 @@ class DeepSpeed:
             with partitioned_init(
                 deepspeed, config, self.offload_params
             ):  # deep copies too (zero3.py)
-                cast("UserModule", module).configure_model()
+                cast(Any, module).configure_model()
 
         def fits() -> (
             bool

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import signal
 from collections.abc import Iterator
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -42,24 +41,9 @@ from lightspeed.runtime.launch import DistInfo, read_dist_info
 from lightspeed.runtime.preemption import Preemption
 from lightspeed.runtime.rng import seed_everything
 from lightspeed.strategies import build_strategy
+from lightspeed.trainer.states import RunningStage, TrainerFn, TrainerState, TrainerStatus
 
 __all__ = ["Trainer", "TrainerState", "seed_everything"]
-
-
-@dataclass(frozen=True)
-class TrainerState:
-    """Lightning's `trainer.state`, as strings: `fn` ("fit", "validate", "test", "predict" or None
-    before any), `stage` ("train", "sanity_check", "validate", "test", "predict") and `status`
-    ("initializing", "running", "finished", "interrupted": an exception ended the run)."""
-
-    fn: str | None
-    stage: str | None
-    status: str
-
-    @property
-    def finished(self) -> bool:
-        """Whether the last entry point ran to its end (Lightning's `trainer.state.finished`)."""
-        return self.status == "finished"
 
 
 class Trainer:
@@ -320,7 +304,11 @@ class Trainer:
     def state(self) -> TrainerState:
         run = self._run
         stage = run.stage.value if run.fn else None
-        return TrainerState(run.fn.value if run.fn else None, stage, run.status)
+        return TrainerState(
+            TrainerFn(run.fn.value) if run.fn else None,
+            RunningStage(stage) if stage else None,
+            TrainerStatus(run.status),
+        )
 
     training = property(lambda self: self._run.stage is Stage.TRAIN)
     validating = property(lambda self: self._run.stage in (Stage.VALIDATE, Stage.SANITY_CHECK))
