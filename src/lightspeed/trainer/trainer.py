@@ -144,6 +144,7 @@ class Trainer:
         """Trains `model` on the given loaders, else the DataModule's, else the Module's.
         `ckpt_path` ("last", "best", a directory) resumes where it was saved. Validation runs only
         if `validation_step` is overridden."""
+        _one_source("fit", train_dataloaders or val_dataloaders, datamodule)
         if (
             train_dataloaders is None
             and datamodule is None
@@ -178,6 +179,7 @@ class Trainer:
     ) -> list[dict]:
         """Runs `validation_step` over the data (one loader or several); returns [epoch metrics] and
         prints them. Without `model`, the fitted one."""
+        _one_source("validate", dataloaders, datamodule)
         with self._entry(self._model_for(Fn.VALIDATE, model), Fn.VALIDATE, datamodule) as model:
             results = loop.evaluate(
                 self._run, self.config, Fn.VALIDATE, model, dataloaders, ckpt_path, self._plans
@@ -194,6 +196,7 @@ class Trainer:
     ) -> list[dict]:
         """Runs `test_step` over the data (one loader or several); returns [epoch metrics] and
         prints them. Without `model`, the fitted one."""
+        _one_source("test", dataloaders, datamodule)
         with self._entry(self._model_for(Fn.TEST, model), Fn.TEST, datamodule) as model:
             results = loop.evaluate(
                 self._run, self.config, Fn.TEST, model, dataloaders, ckpt_path, self._plans
@@ -211,6 +214,7 @@ class Trainer:
         """Returns this rank's `predict_step` outputs in the order of its batches: a list, or one
         list per loader when there are several. Without `model`, the fitted one."""
         keep = return_predictions is not False
+        _one_source("predict", dataloaders, datamodule)
         with self._entry(self._model_for(Fn.PREDICT, model), Fn.PREDICT, datamodule) as model:
             outputs = loop.predict(
                 self._run, self.config, model, dataloaders, ckpt_path, self._plans, keep
@@ -475,3 +479,15 @@ def _one_or_list(loaders: Any) -> Any:
     if not loaders:
         return None
     return loaders[0] if isinstance(loaders, list) and len(loaders) == 1 else loaders
+
+
+def _one_source(fn: str, loaders: Any, datamodule: Any) -> None:
+    """Data comes from the loaders passed or from the DataModule, never both (as Lightning refuses):
+    a ConfigError before any rank starts."""
+    if loaders is not None and datamodule is not None:
+        given = "train_dataloaders/val_dataloaders" if fn == "fit" else "dataloaders"
+        raise ConfigError(
+            f"trainer.{fn}() got both {given}= and datamodule={type(datamodule).__name__}: pass "
+            f"one source of data (the loaders, or the DataModule whose *_dataloader() hooks give "
+            f"them)."
+        )
