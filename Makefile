@@ -32,10 +32,12 @@ chromium:
 
 # pytest runs two workers, each one test file at a time (a file's module fixtures run once): most tests wait on
 # rank start-up and rendezvous, so two streams fill the 2 cores that one stream leaves a third idle.
-# The guards that measure: ruff (lint and format at 100 columns) and the import DAG (tests/test_architecture.py).
+# The guards that measure: ruff (lint and format at 100 columns), pyright in basic mode over src/ (the
+# Protocols checked by a machine; pyrightconfig.json), and the import DAG (tests/test_architecture.py).
 lint: venv
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/ruff format --check src
+	$(BIN)/pyright
 
 test: venv chromium lint
 	$(BIN)/python -c "import sys; from deepspeed.accelerator import get_accelerator as acc; \

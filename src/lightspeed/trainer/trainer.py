@@ -19,7 +19,7 @@ import signal
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -90,7 +90,7 @@ class Trainer:
             logger if not fast else False, config.output.default_root_dir
         )
         if fast and logger not in (False, None):  # as Lightning: one that logs nothing
-            loggers = [DummyLogger()]
+            loggers = [cast(Logger, DummyLogger())]  # a Logger by its methods
         self._run = Run(
             trainer=self,
             strategy=strategy_object,
@@ -158,7 +158,9 @@ class Trainer:
         # where Lightning runs them at fit start; they leave the model and this Trainer as they
         # were.
         for tuner in [cb for cb in self.callbacks if hasattr(cb, "run_before_fit")]:
-            tuner.run_before_fit(self, model, train_dataloaders, val_dataloaders, datamodule)
+            cast(Any, tuner).run_before_fit(
+                self, model, train_dataloaders, val_dataloaders, datamodule
+            )
         run = self._run
         with self._entry(model, Fn.FIT, datamodule) as model:
             # the plan step, before any rank starts: strategy="auto", micro_batch="auto"'s forecast
