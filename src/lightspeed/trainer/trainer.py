@@ -127,6 +127,11 @@ class Trainer:
                 "interrupted" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "failed"
             )
             loop.on_exception(self._run, module, exc)
+            if isinstance(exc, KeyboardInterrupt):
+                # As Lightning: Ctrl+C (or a KeyboardInterrupt a hook raises) shuts down gracefully:
+                # on_exception has run, the finally below tears down, then the process exits 1.
+                self.print0("Detected KeyboardInterrupt, attempting graceful shutdown ...")
+                raise SystemExit(1) from exc
             raise
         finally:
             anomaly.__exit__(None, None, None)  # detect_anomaly: restored
