@@ -149,7 +149,9 @@ class Trainer:
         """Trains `model` on the given loaders, else the DataModule's, else the Module's.
         `ckpt_path` ("last", "best", a directory) resumes where it was saved. Validation runs only
         if `validation_step` is overridden."""
-        _one_source("fit", train_dataloaders or val_dataloaders, datamodule)
+        # `is None`, not truthiness: len() of a user's sampler may need the ranks (not started yet)
+        given = train_dataloaders if train_dataloaders is not None else val_dataloaders
+        _one_source("fit", given, datamodule)
         if (
             train_dataloaders is None
             and datamodule is None
