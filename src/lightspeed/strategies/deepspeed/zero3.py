@@ -86,7 +86,8 @@ def full_shapes(deepspeed, module: torch.nn.Module, device: torch.device, local_
     # Rank 0 decides for all: GatheredParameters is collective, and free memory differs between
     # ranks.
     if not broadcast_from_rank0(
-        sum(p.ds_numel for p in params)  # pyright: ignore[reportAttributeAccessIssue]  (DeepSpeed's)
+        # ds_numel: an attribute DeepSpeed adds to a partitioned parameter (untyped)
+        sum(p.ds_numel for p in params)  # pyright: ignore[reportAttributeAccessIssue]
         * params[0].element_size()
         < 0.5 * free
     ):
