@@ -419,15 +419,14 @@ class LightningCLI:
             self.config = parser.parse_args(args)
 
     def _parse_ckpt_path(self) -> None:
-        """With `--ckpt_path` naming a lightspeed checkpoint folder, the hyper-parameters saved
+        """With `--ckpt_path` naming a checkpoint (file or folder), the hyper-parameters saved
         in it become the model's config (`predict --ckpt_path=...` rebuilds the trained shapes)."""
         path = self.subcommand and self.config[self.subcommand].get("ckpt_path")
-        if not path or not os.path.isdir(path):
+        if not path or not os.path.exists(path):
             return
-        from lightspeed.core import saving  # the checkpoint's trainer.pt holds the hparams
+        from lightspeed.core import saving  # the checkpoint (file or trainer.pt) holds the hparams
 
-        file = saving.checkpoint_dir(path) / saving.TRAINER_STATE
-        saved = torch.load(file, map_location="cpu", weights_only=False).get(saving.HPARAMS_KEY)
+        saved = saving.checkpoint_state(path).get(saving.HPARAMS_KEY)
         if not saved:
             return
         model = {"init_args": dict(saved)} if self.subclass_mode_model else dict(saved)

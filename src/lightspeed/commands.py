@@ -105,8 +105,8 @@ def _quiet_backends(accelerator: str) -> None:
 
 
 def _checkpoint_dir(arg: str) -> Path:
-    """The checkpoint directory CHECKPOINT names (a folder of checkpoints means its `last`);
-    ConfigError in the command line's words when there is none."""
+    """The checkpoint CHECKPOINT names (a file, a directory, or a folder of checkpoints: its
+    `last.ckpt`); ConfigError in the command line's words when there is none."""
     from lightspeed.checkpoint.checkpointer import LAST, META
 
     path = Path(arg)
@@ -114,10 +114,12 @@ def _checkpoint_dir(arg: str) -> Path:
         raise ConfigError(f"checkpoint {arg!r} does not exist.")
     if path.is_dir() and not (path / META).exists() and (path / LAST).exists():
         path = path / LAST
+    if path.is_file():
+        return path.resolve()
     if not (path / META).exists():
         raise ConfigError(
             f"checkpoint {arg!r} is not a lightspeed checkpoint: a checkpoint is a directory with "
-            f"{META} (e.g. lightspeed_demo/checkpoints/last)."
+            f"{META} or a .ckpt file (e.g. lightspeed_demo/checkpoints/last.ckpt)."
         )
     return path.resolve()
 
@@ -159,7 +161,7 @@ def demo(args: argparse.Namespace) -> None:
     trainer.fit(module, loader)
     if not trainer.is_global_zero:
         return
-    last = trainer.checkpoint_dir / "last"  # fit's own checkpoint of its final step
+    last = trainer.checkpoint_dir / "last.ckpt"  # fit's own checkpoint of its final step
     weights = consolidate(last, root / "demo-gpt.safetensors")
     from safetensors.torch import load_file
 

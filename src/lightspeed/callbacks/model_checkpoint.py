@@ -1,5 +1,11 @@
 """ModelCheckpoint: when to save and under which name, decided on rank 0 and broadcast; the Trainer
-saves."""
+saves.
+
+Names are Lightning's: `epoch=0-step=10.ckpt` (`-v1` before `.ckpt` where an earlier run left that
+name), and `last.ckpt`, which always points at the newest complete checkpoint. Under the replicated
+strategies each is one file; a checkpoint kept only because it is the newest (`save_last`, not in
+the top k) is saved as `last.ckpt` itself, so the folder lists what Lightning's does.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +18,8 @@ from typing import Any, Literal, cast
 
 from lightspeed.callbacks.callback import Callback
 from lightspeed.callbacks.monitor import _check_mode, _improved
-from lightspeed.checkpoint.checkpointer import unused_name
+from lightspeed.checkpoint.checkpointer import LAST, unused_name
+from lightspeed.checkpoint.layouts import writes_file
 from lightspeed.config import parse_duration
 from lightspeed.errors import ConfigError
 from lightspeed.runtime.distributed import AgreedMax, broadcast_from_rank0
@@ -37,6 +44,15 @@ def format_checkpoint_name(template: str, values: dict[str, Any], insert_names: 
     return re.sub(r"\{([^{}:]+)(:[^{}]*)?\}", field, template)
 
 
+def remove_checkpoint(path: str | Path) -> None:
+    """Deletes a checkpoint, a file or a directory (a symlink: the link only)."""
+    path = Path(path)
+    if path.is_symlink() or path.is_file():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 class ModelCheckpoint(Callback):
     """Saves checkpoints (collectively: every rank takes part) and keeps the best `save_top_k` by
     `monitor`.
@@ -44,10 +60,10 @@ class ModelCheckpoint(Callback):
     Args:
         dirpath: where checkpoints go (default `<default_root_dir>/checkpoints`).
         monitor: a logged metric; None keeps the most recent `save_top_k` instead.
-        mode: "min" or "max". save_top_k: -1 keeps all, 0 none (only `last`).
-        save_last: also keep the newest checkpoint when it is not among the top k. Whatever is kept,
-        `last`
-            (a symlink moved only after a save completes) points at the newest one.
+        mode: "min" or "max". save_top_k: -1 keeps all, 0 none (only `last.ckpt`).
+        save_last: also keep the newest checkpoint when it is not among the top k (True or
+            Lightning's "link"). Whatever is kept, `last.ckpt` (a symlink moved only after a save
+            completes, or the newest file itself) points at the newest one.
         every_n_train_steps / every_n_epochs / train_time_interval: when to save (default: every
         epoch end);
             `train_time_interval` ("DD:HH:MM:SS", a timedelta or its keywords) goes by rank 0's
@@ -66,13 +82,16 @@ class ModelCheckpoint(Callback):
     The arguments are Lightning's, in its order.
     """
 
+    CHECKPOINT_NAME_LAST = "last"  # Lightning's class attributes
+    FILE_EXTENSION = ".ckpt"
+
     def __init__(
         self,
         dirpath: str | Path | None = None,
         filename: str | None = None,
         monitor: str | None = None,
         verbose: bool = False,
-        save_last: bool | None = None,
+        save_last: bool | Literal["link"] | None = None,
         save_top_k: int = 1,
         save_weights_only: bool = False,
         mode: Literal["min", "max"] = "min",
@@ -131,7 +150,16 @@ class ModelCheckpoint(Callback):
 
     @property
     def state_key(self) -> str:
-        return f"ModelCheckpoint{{monitor={self.monitor},mode={self.mode}}}"
+        """Lightning's key, so that a Lightning checkpoint's ModelCheckpoint state restores here
+        and ours there."""
+        triggers = {
+            "monitor": self.monitor,
+            "mode": self.mode,
+            "every_n_train_steps": self.every_n_train_steps,
+            "every_n_epochs": self.every_n_epochs,
+            "train_time_interval": self.train_time_interval,
+        }
+        return f"{type(self).__qualname__}{triggers!r}"
 
     def setup(self, trainer, module, stage) -> None:
         if self.dirpath is None:
@@ -209,6 +237,7 @@ class ModelCheckpoint(Callback):
         }
         try:
             name = format_checkpoint_name(self.filename, values, self.auto_insert_metric_name)
+            name += self.FILE_EXTENSION
         except ConfigError as e:
             return str(e), False, None, None
         path = self.dirpath / name
@@ -236,12 +265,14 @@ class ModelCheckpoint(Callback):
         self._last_saved_step = trainer.global_step
         if not keep and not self.save_last:
             return
-        trainer.save_checkpoint(path)  # also moves `last` here, once the save is complete
-        self.last_model_path = str(path)
+        if not keep and writes_file(trainer.strategy.name, trainer.world_size):
+            path = cast(Path, self.dirpath) / LAST  # the newest, kept only as Lightning's last.ckpt
+        trainer.save_checkpoint(path)  # also moves `last.ckpt` here, once the save is complete
+        self.last_model_path = str(self.dirpath / LAST) if self.save_last else str(path)
         if keep:
             self.best_k[str(path)] = score if score is not None else float(trainer.global_step)
             self._prune(trainer, current=str(path))
-        self._drop_previous_last_only(trainer, None if keep else str(path))
+        self._drop_previous_last_only(trainer, None if keep or path.name == LAST else str(path))
         for lg in trainer.loggers if trainer.is_global_zero else []:
             if hasattr(lg, "after_save_checkpoint"):  # Lightning's logger hook (W&B uploads here)
                 lg.after_save_checkpoint(weakref.proxy(self))
@@ -264,7 +295,7 @@ class ModelCheckpoint(Callback):
         # last-only one.
         prev = self._last_only
         if trainer.is_global_zero and prev and prev not in self.best_k and prev != last_only:
-            shutil.rmtree(prev, ignore_errors=True)
+            remove_checkpoint(prev)
         self._last_only = last_only
 
     def _worst(self) -> float | None:
@@ -283,7 +314,7 @@ class ModelCheckpoint(Callback):
             for stale in order[self.save_top_k :]:
                 del self.best_k[stale]
                 if trainer.is_global_zero and stale != current:
-                    shutil.rmtree(stale, ignore_errors=True)
+                    remove_checkpoint(stale)
             order = order[: self.save_top_k]
         self.best_model_path = order[0]
         self.best_model_score = self.best_k[order[0]] if self.monitor is not None else None
@@ -294,19 +325,30 @@ class ModelCheckpoint(Callback):
         return self.best_k
 
     def state_dict(self) -> dict:
+        """Lightning's keys (its ModelCheckpoint restores from them), and the step last saved."""
+        worst = self._worst()
+        kth = next((p for p, s in self.best_k.items() if s == worst), "")
+        inf = float("inf") if self.mode == "min" else -float("inf")
         return {
-            "best_k": self.best_k,
-            "best_model_path": self.best_model_path,
+            "monitor": self.monitor,
             "best_model_score": self.best_model_score,
-            "last_model_path": self.last_model_path,
+            "best_model_path": self.best_model_path,
+            "current_score": None,
             "dirpath": str(self.dirpath),
+            "best_k_models": dict(self.best_k),
+            "kth_best_model_path": kth,
+            "kth_value": worst if worst is not None else inf,
+            "last_model_path": self.last_model_path,
             "last_saved_step": self._last_saved_step,
         }
 
     def load_state_dict(self, state: dict) -> None:
-        self.best_k = dict(state.get("best_k", {}))
+        """Takes our state or Lightning's (its scores are tensors)."""
+        best = state.get("best_k_models", state.get("best_k", {}))
+        self.best_k = {str(k): float(v) for k, v in best.items()}
         self.best_model_path = state.get("best_model_path", "")
-        self.best_model_score = state.get("best_model_score")
+        score = state.get("best_model_score")
+        self.best_model_score = float(score) if score is not None else None
         self.last_model_path = state.get("last_model_path", "")
         self._earlier_runs = set()  # a resumed run continues its own line of checkpoints
         # Without it, a resumed run's epoch-end trigger would save again the step the checkpoint was

@@ -1,28 +1,31 @@
 """Checkpoints: collective, atomic, resumable, convertible. `Checkpointer` owns the schema; nothing
 else reads or writes the files below (ModelCheckpoint only decides when, and under which name).
 
-A checkpoint is a directory:
+Where Lightning writes one file, so does lightspeed: the replicated strategies (single device, DDP,
+ZeRO-1) write Lightning's `.ckpt`, the dict `torch.load` reads (single_file.py). The sharded ones
+write a directory, as Lightning's DeepSpeed and FSDP do:
 
     <name>/meta.json        written last: marks a complete lightspeed checkpoint (format, strategy,
                             world size, step) and records every file's size and CRC-32
     <name>/trainer.pt       the LoopState's fields, callback states, LR schedulers, the hooks'
                             on_save_checkpoint extras
     <name>/rng-rank<r>.pt   each rank's RNG states
-    <name>/...              whatever the strategy writes: model.safetensors + optimizer.pt
-                            (single, DDP), DeepSpeed's ZeRO shards, torch.distributed.checkpoint
-                            shards (FSDP)
+    <name>/...              whatever the strategy writes: DeepSpeed's ZeRO shards,
+                            torch.distributed.checkpoint shards (FSDP)
 
-Any strategy resumes any other's checkpoint, on any world size: where the on-disk layouts differ,
-`load` reads the checkpoint into a neutral form and the strategy writes that into its shards
-(checkpoint/layouts.py).
+Any strategy resumes any other's checkpoint, on any world size, and a `.ckpt` Lightning wrote:
+where the on-disk layouts differ, `load` reads the checkpoint into a neutral form and the strategy
+writes that into its shards (checkpoint/layouts.py; a file always travels that way).
 
-Every rank calls `save` (DeepSpeed and DCP require it). The data goes to `.tmp-<name>` and is
-renamed to `<name>` only when every rank has finished; the `last` symlink moves only after that
-rename. A crash at any point leaves `last` pointing at a complete checkpoint. `resolve` checks a
-checkpoint cheaply (sizes and file headers) on rank 0 only, before the load. Every load then checks
-the CRC-32 of each file each rank is about to read (checkpoint/integrity.py), and every rank agrees
-on the verdict before any state is loaded: a changed byte is a ConfigError naming the file, the two
-checksums and the newest checkpoint beside it that is intact.
+Every rank calls `save` (DeepSpeed and DCP require it). A directory's data goes to `.tmp-<name>`
+and is renamed to `<name>` only when every rank has finished; a file is written by rank 0 from what
+the strategy wrote into `.parts-<name>`, to `.tmp-<name>`, then renamed. `last.ckpt` (a symlink)
+moves only after that rename: a crash at any point leaves it on a complete checkpoint. `resolve`
+(locate.py) checks a checkpoint cheaply (sizes and file headers) on rank 0 only, before the load.
+Every load then checks the CRC-32 of each file each rank is about to read (checkpoint/integrity.py;
+a file's zip records carry their own), and every rank agrees on the verdict before any state is
+loaded: a changed byte is a ConfigError naming the file, the two checksums and the newest
+checkpoint beside it that is intact.
 """
 
 from __future__ import annotations
@@ -32,7 +35,6 @@ import json
 import os
 import shutil
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from lightspeed.checkpoint import single_file
 from lightspeed.checkpoint.integrity import (
     TRAINER_STATE,
     Mismatch,
@@ -48,18 +51,38 @@ from lightspeed.checkpoint.integrity import (
     first_mismatch,
     owned,
     sums,
-    verify_files,
+    zip_mismatch,
 )
-from lightspeed.checkpoint.layouts import layout, read_portable
+from lightspeed.checkpoint.layouts import layout, read_portable, writes_file
+from lightspeed.checkpoint.locate import (
+    FORMAT,
+    LAST,
+    META,
+    intact_sentence,
+    last_intact,
+    read_meta,
+    resolve,
+    unused_name,
+    verify,
+    with_intact,
+)
+from lightspeed.checkpoint.neutral import names_by_identity
 from lightspeed.errors import ConfigError
 from lightspeed.runtime.distributed import barrier, broadcast_from_rank0
 from lightspeed.runtime.rng import rng_state
 from lightspeed.specs import LoopState
 
-FORMAT = "lightspeed-checkpoint"
+__all__ = [  # where the rest of lightspeed finds them
+    "LAST",
+    "META",
+    "TRAINER_STATE",
+    "Checkpointer",
+    "read_meta",
+    "resolve",
+    "unused_name",
+    "verify",
+]
 VERSION = 1
-META = "meta.json"
-LAST = "last"
 
 
 class Checkpointer:
@@ -79,10 +102,47 @@ class Checkpointer:
     def save(
         self, path: str | os.PathLike, loop: LoopState, on_save: Callable[[dict], None]
     ) -> Path:
-        """Collective. Writes a complete checkpoint at `path` atomically and points `<dir>/last` at
-        it. `on_save(state)` runs the module's and callbacks' `on_save_checkpoint` hooks on the
-        state before it is written (rank 0's values are the ones saved)."""
+        """Collective. Writes a complete checkpoint at `path` atomically (one file under the
+        replicated strategies, else a directory) and points `<dir>/last.ckpt` at it.
+        `on_save(state)` runs the module's and callbacks' `on_save_checkpoint` hooks on the state
+        before it is written (rank 0's values are the ones saved)."""
         path = Path(path)
+        if writes_file(self.strategy.name, self.world_size):
+            self._save_file(path, loop, on_save)
+        else:
+            self._save_dir(path, loop, on_save)
+        return path
+
+    def _save_file(self, path: Path, loop: LoopState, on_save: Callable[[dict], None]) -> None:
+        parts = path.with_name(f".parts-{path.name}")
+        if self.rank == 0:
+            shutil.rmtree(parts, ignore_errors=True)  # debris of an earlier crash
+            parts.mkdir(parents=True)
+        barrier()
+        self.strategy.save(parts)
+        rngs = _gather(rng_state())
+        barrier()
+        # The model is whole on every rank: its state dict in the module's order (Lightning's), on
+        # CPU, named as the strategy saved it. Every rank's hooks see the whole dict; rank 0's is
+        # written.
+        weights = single_file.module_state(self.strategy.model.state_dict(), parts)
+        state = {
+            "callbacks": {cb.state_key: cb.state_dict() for cb in self.callbacks},
+            "lr_schedulers": [s.scheduler.state_dict() for s in self.strategy.schedulers],
+        }
+        ckpt = single_file.build(
+            parts, weights, loop, state, rngs, self.strategy.name, self.world_size
+        )
+        on_save(ckpt)
+        barrier()
+        if self.rank == 0:
+            single_file.write(ckpt, path)
+            shutil.rmtree(parts, ignore_errors=True)
+            if path.name != LAST:  # saved as `last.ckpt` itself: the newest, kept only as that
+                _point_last(path)
+        barrier()
+
+    def _save_dir(self, path: Path, loop: LoopState, on_save: Callable[[dict], None]) -> None:
         tmp = path.with_name(f".tmp-{path.name}")
         if self.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)  # debris of an earlier crash
@@ -120,7 +180,6 @@ class Checkpointer:
             _replace_dir(tmp, path)
             _point_last(path)
         barrier()
-        return path
 
     def load(self, path: Path, with_optimizer: bool = True) -> tuple[LoopState, dict, dict | None]:
         """Collective. Restores the strategy, schedulers and callbacks from `path`; returns (the
@@ -131,6 +190,11 @@ class Checkpointer:
         A checkpoint another strategy or world size wrote travels through the neutral form
         (`_read_portable`); one line on rank 0 says what was carried over and what was not. Raises
         ConfigError on every rank when a file any rank read differs from its recorded checksum."""
+        if path.is_file():
+            ckpt, _ = self._load_file(path, with_optimizer)
+            self._restore_trainer_state(ckpt.get("callbacks", {}), ckpt.get("lr_schedulers", []))
+            rng = single_file.rng_of(ckpt, self.rank, self.world_size)
+            return single_file.position(ckpt), ckpt, rng
         meta = self._meta(path)
         self._check(path, meta, with_optimizer, loop_state=True)
         self._load_strategy(path, meta, with_optimizer)
@@ -139,23 +203,50 @@ class Checkpointer:
         # rank r's random stream means nothing on another world size
         same_ranks = meta.get("world_size") == self.world_size
         rng = _torch_load(rng_file) if same_ranks and rng_file.exists() else None
-        for cb in self.callbacks:
-            if cb.state_key in state["callbacks"]:
-                cb.load_state_dict(state["callbacks"][cb.state_key])
-        for sched, sd in zip(self.strategy.schedulers, state["schedulers"]):
-            sched.scheduler.load_state_dict(sd)
+        self._restore_trainer_state(state["callbacks"], state["schedulers"])
         loop = LoopState(**{f.name: state[f.name] for f in dataclasses.fields(LoopState)})
         return loop, state, rng
 
     def load_strategy(self, path: Path, with_optimizer: bool = False) -> dict:
         """Collective. Loads the model (and with `with_optimizer` the optimizer state) from `path`
         into the set-up strategy, natively or through the neutral form; what evaluation with
-        `ckpt_path` needs. Returns meta.json. Raises ConfigError naming the checkpoint (and the file
-        at fault, where one is) when it cannot be loaded or a file differs from its checksum."""
+        `ckpt_path` needs. Returns meta.json (for a file: the same facts). Raises ConfigError naming
+        the checkpoint (and the file at fault, where one is) when it cannot be loaded or a file
+        differs from its checksum."""
+        if path.is_file():
+            return self._load_file(path, with_optimizer)[1]
         meta = self._meta(path)
         self._check(path, meta, with_optimizer, loop_state=False)
         self._load_strategy(path, meta, with_optimizer)
         return meta
+
+    def _restore_trainer_state(self, callbacks: dict, schedulers: list) -> None:
+        for cb in self.callbacks:
+            if cb.state_key in callbacks:
+                cb.load_state_dict(callbacks[cb.state_key])
+        for sched, sd in zip(self.strategy.schedulers, schedulers):
+            sched.scheduler.load_state_dict(sd)
+
+    def _load_file(self, path: Path, with_optimizer: bool) -> tuple[dict, dict]:
+        """Collective. Every rank checks the whole file's CRC-32s, then reads it (mapped) and
+        writes it into the strategy through the neutral form. Returns (the file's dict, its
+        meta)."""
+        found: list[Mismatch | None] = _gather(zip_mismatch(path, self.rank))
+        if first := next((m for m in found if m is not None), None):
+            intact = broadcast_from_rank0(last_intact(path) if self.rank == 0 else None)
+            raise ConfigError(describe(path, first) + intact_sentence(path, intact))
+        ckpt = single_file.read(path)
+        meta = single_file.meta(ckpt)
+
+        def names(states: list[dict]) -> list[list[str]]:  # a file Lightning wrote
+            model, optimizers = self.strategy.model, self.strategy.optimizers
+            saved = set(ckpt["state_dict"])
+            return names_by_identity(model, optimizers, states, saved, str(path))
+
+        portable = single_file.portable(ckpt, path, with_optimizer, names)
+        self._say_what_travels(meta, with_optimizer)
+        self._write(path, portable, with_optimizer)
+        return ckpt, meta
 
     def _meta(self, path: Path) -> dict:
         # Rank 0's meta.json decides native or neutral for every rank: a per-rank read that differed
@@ -173,8 +264,8 @@ class Checkpointer:
         first = next((m for m in found if m is not None), None)
         if first is None:
             return
-        intact = broadcast_from_rank0(_last_intact(path) if self.rank == 0 else None)
-        raise ConfigError(describe(path, first) + _intact_sentence(path, intact))
+        intact = broadcast_from_rank0(last_intact(path) if self.rank == 0 else None)
+        raise ConfigError(describe(path, first) + intact_sentence(path, intact))
 
     def _is_native(self, meta: dict) -> bool:
         saved, ranks = meta.get("strategy", "?"), meta.get("world_size", 0)
@@ -183,6 +274,9 @@ class Checkpointer:
     def _load_strategy(self, path: Path, meta: dict, with_optimizer: bool) -> None:
         portable = self._read_portable(path, meta, with_optimizer)
         self._say_what_travels(meta, with_optimizer)
+        self._write(path, portable, with_optimizer)
+
+    def _write(self, path: Path, portable: dict | None, with_optimizer: bool) -> None:
         try:
             self.strategy.load(path, with_optimizer=with_optimizer, portable=portable)
         except (ConfigError, KeyboardInterrupt, SystemExit):
@@ -221,29 +315,30 @@ class Checkpointer:
         return found
 
     def _say_what_travels(self, meta: dict, with_optimizer: bool) -> None:
+        """One line on rank 0 when the checkpoint comes from another strategy, world size or from
+        Lightning (world size 0 in its meta: it does not record one)."""
         saved, ranks = meta.get("strategy", "?"), meta.get("world_size", 0)
         if self.rank != 0 or (saved, ranks) == (self.strategy.name, self.world_size):
             return
+        verb = "Resuming" if with_optimizer else "Loading"
+        here = f"{self.strategy.name} on {self.world_size} rank{'s' * (self.world_size != 1)}"
+        where = f"from {ranks} rank{'s' * (ranks != 1)} " if ranks else ""
+        line = f"{verb} a {saved} checkpoint {where}under {here}: carried weights"
+        if not with_optimizer:
+            print(line + ".", flush=True)
+            return
         same = ranks == self.world_size
-        print(
-            f"{'Resuming' if with_optimizer else 'Loading'} a {saved} checkpoint from {ranks} "
-            f"rank{'s' * (ranks != 1)} under {self.strategy.name} on "
-            f"{self.world_size} rank{'s' * (self.world_size != 1)}: carried weights"
-            + (
-                ", optimizer state, LR schedulers, loop state (epoch, global "
-                f"step){', RNG states' if same else ''}"
-                "; not carried: "
-                + (
-                    "nothing."
-                    if same
-                    else "RNG states and the data order (on another world "
-                    "size each rank's share of the data and its random stream differ)."
-                )
-                if with_optimizer
-                else "."
-            ),
-            flush=True,
-        )
+        line += ", optimizer state, LR schedulers, loop state (epoch, global step)"
+        if same:
+            line += ", RNG states; not carried: nothing."
+        elif not ranks:
+            line += "; not carried: RNG states (Lightning saves none)."
+        else:
+            line += (
+                "; not carried: RNG states and the data order (on another world size each "
+                "rank's share of the data and its random stream differ)."
+            )
+        print(line, flush=True)
 
 
 def _replace_dir(src: Path, dst: Path) -> None:
@@ -266,159 +361,13 @@ def _point_last(path: Path) -> None:
     os.replace(tmp_link, link)  # atomic: readers see the old target or the new one, never neither
 
 
-def unused_name(path: Path) -> Path:
-    """`path`, or `path-vN` with the first N that is free: a run never overwrites an earlier run's
-    checkpoint."""
-    candidate, n = path, 0
-    while candidate.exists():
-        n += 1
-        candidate = path.with_name(f"{path.name}-v{n}")
-    return candidate
-
-
-def resolve(
-    ckpt_path: str | os.PathLike, directory: Path, best: str | None = None, verify: bool = True
-) -> Path | None:
-    """Turns `ckpt_path` ("last", "best" or a path) into a complete checkpoint directory.
-
-    "last" is `<directory>/last`; with nothing saved there yet it warns and returns None (a fresh
-    start: what a requeued job killed before its first save needs). "best" is the checkpoint
-    callback's best model (`best`). With `verify` the checkpoint's files are checked cheaply: sizes
-    against meta.json and file headers (run it on rank 0 only). Raises ConfigError naming the path
-    when it is not a complete, intact checkpoint."""
-    if str(ckpt_path) == "best":
-        if not best:
-            raise ConfigError(
-                "ckpt_path='best' is not valid: no best checkpoint is known yet (fit with a "
-                "ModelCheckpoint first, or pass a path)."
-            )
-        path = Path(best)
-    elif str(ckpt_path) == "last":
-        path = directory / LAST
-        if path.is_symlink() and not path.exists():
-            path = _recover_last(path)
-        if not path.exists():
-            if verify:
-                warnings.warn(
-                    f"ckpt_path='last': nothing saved in {directory} yet; starting from scratch.",
-                    stacklevel=3,
-                )
-            return None
-    else:
-        path = Path(ckpt_path)
-        if path.is_dir() and not (path / META).exists() and (path / LAST).exists():
-            path = path / LAST  # a checkpoint folder given: take its newest
-        if not path.exists():
-            raise ConfigError(
-                f"ckpt_path={str(ckpt_path)!r} is not valid: the path does not exist."
-            )
-    path = path.resolve()
-    meta = read_meta(path)
-    if verify:
-        verify_files(path, meta)
-    return path
-
-
-def _recover_last(link: Path) -> Path:
-    """`last` dangles only when a save that reuses a name was killed between `_replace_dir`'s two
-    renames: the new checkpoint is then complete at `.tmp-<name>` (meta.json is written last) or the
-    old one at `.old-<name>`."""
-    target = os.readlink(link)
-    for candidate in (link.parent / f".tmp-{target}", link.parent / f".old-{target}"):
-        if (candidate / META).exists():
-            warnings.warn(
-                f"{link} points to {target!r}, which a save killed mid-rename left at "
-                f"{candidate.name}; "
-                "resuming from there.",
-                stacklevel=4,
-            )
-            return candidate
-    raise ConfigError(
-        f"ckpt_path='last' is not valid: {link} points to {target!r}, which does not exist (was it "
-        "moved or deleted?)."
-    )
-
-
-def read_meta(path: Path) -> dict:
-    """Validates a checkpoint directory and returns its meta.json; ConfigError if it is not a
-    complete one."""
-    meta_file = path / META
-    if not path.is_dir() or not meta_file.exists():
-        raise ConfigError(
-            f"ckpt_path={str(path)!r} is not a lightspeed checkpoint: expected a directory with "
-            f"{META} (an unfinished save never has one)."
-        )
-    try:
-        meta = json.loads(meta_file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(
-            f"ckpt_path={str(path)!r} is corrupt: {META} is not valid JSON ({e})."
-        ) from None
-    if meta.get("format") != FORMAT:
-        raise ConfigError(
-            f"ckpt_path={str(path)!r} is not a lightspeed checkpoint "
-            f"(format={meta.get('format')!r})."
-        )
-    return meta
-
-
-def verify(path: str | os.PathLike, full: bool = True) -> None:
-    """Checks a checkpoint directory: meta.json, every listed file present with its size and header,
-    and with `full` each file's CRC-32 against the one written at save time (reads every byte).
-    Raises ConfigError naming the file that is wrong; returns None when the checkpoint is intact.
-    Checkpoints written before checksums were recorded are checked for sizes and headers only."""
-    path = Path(path)
-    meta = read_meta(path)
-    verify_files(path, meta)
-    if not full:
-        return
-    if found := first_mismatch(path, meta, list(meta.get("files") or {}), rank=None):
-        raise ConfigError(describe(path, found))
-
-
-def _last_intact(path: Path) -> Path | None:
-    """The newest other checkpoint in `path`'s folder whose every file matches its checksum (by
-    global step, then save time), or None. Reads each candidate whole, newest first, until one
-    passes: only on the error path."""
-    here, candidates = path.resolve(), []
-    for d in path.parent.iterdir():
-        if d.is_symlink() or d.name.startswith((".tmp-", ".old-")) or d.resolve() == here:
-            continue
-        try:
-            meta = read_meta(d)
-        except ConfigError:
-            continue
-        candidates.append((meta.get("global_step", -1), meta.get("saved_at", ""), d.name, d))
-    for *_, d in sorted(candidates, reverse=True):
-        try:
-            verify(d, full=True)
-        except ConfigError:
-            continue
-        return d
-    return None
-
-
-def _intact_sentence(path: Path, intact: Path | None) -> str:
-    if intact is None:
-        return f" No other checkpoint in {path.parent} is intact."
-    return (
-        f" The newest intact checkpoint in {path.parent} is {intact.name}: resume with "
-        f"ckpt_path={str(intact)!r}."
-    )
-
-
-def _with_intact(path: Path, message: str) -> str:
-    """`message` and the newest intact checkpoint beside `path` (this rank alone looks)."""
-    return message + _intact_sentence(path, _last_intact(path))
-
-
 def _culprit(path: Path, error: BaseException) -> str:
     """What to tell the user when an engine fails on a checkpoint: the file at fault if a full check
     finds one (the load's own check covers the files it read; an engine may read more)."""
     try:
         verify(path, full=True)
     except ConfigError as found:
-        return _with_intact(path, str(found))
+        return with_intact(path, str(found))
     if missing := getattr(error, "filename", None):
         return f"file {missing} is missing ({type(error).__name__})."
     return (

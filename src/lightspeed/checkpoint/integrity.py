@@ -18,6 +18,12 @@ by rank k (k modulo the world size when it changed). Where an engine also reads 
 (DCP's rank 0 reads parts of every shard), that file's own rank checks it and the Checkpointer
 shares every rank's verdict before any training step. A checkpoint in another layout is read by
 rank 0 alone (the neutral form, layouts.py): rank 0 checks every file of it.
+
+A checkpoint that is one file (Lightning's `.ckpt`, single_file.py) carries its checksums inside:
+torch writes it as a zip archive whose every record holds the CRC-32 of its bytes. `zip_mismatch`
+recomputes them (mapped, as above) and `check_zip` is the cheap check (the central directory, at
+the end of the file, is where a truncation shows). Every rank reads the whole file, so every rank
+checks all of it.
 """
 
 from __future__ import annotations
@@ -43,11 +49,12 @@ _PER_RANK = re.compile(r"(?:^rng-rank|zero_pp_rank_|(?:^|/)__)(\d+)[._]")
 class Mismatch(NamedTuple):
     """A file whose bytes are not the ones written: `found` None when it could not be read."""
 
-    name: str  # relative to the checkpoint directory
+    name: str  # relative to the checkpoint directory ("" for a one-file checkpoint)
     expected: int
     found: int | None
     rank: int | None  # the rank that read it (None: an offline check)
     error: str = ""
+    record: str = ""  # in a one-file checkpoint: the zip record whose CRC-32 differs
 
 
 def crc32(file: Path, chunk: int = CHUNK) -> int:
@@ -147,10 +154,17 @@ def first_mismatch(path: Path, meta: dict, names: list[str], rank: int | None) -
 def describe(path: Path, m: Mismatch) -> str:
     """The sentence naming a Mismatch: the file, the recorded and the found checksum, the rank."""
     where = "" if m.rank is None else f" on rank {m.rank}"
+    file = path / m.name if m.name else path
+    if m.record:
+        return (
+            f"checkpoint file {file} is corrupt: the CRC-32 of its record {m.record!r} differs "
+            f"from the one recorded when it was written (recorded {m.expected:08x}, found "
+            f"{m.found:08x}{where})."
+        )
     if m.found is None:
-        return f"checkpoint file {path / m.name} could not be read{where} ({m.error})."
+        return f"checkpoint file {file} could not be read{where} ({m.error})."
     return (
-        f"checkpoint file {path / m.name} is corrupt: its CRC-32 differs from the one recorded "
+        f"checkpoint file {file} is corrupt: its CRC-32 differs from the one recorded "
         f"when it was written (recorded {m.expected:08x}, found {m.found:08x}{where})."
     )
 
@@ -196,3 +210,68 @@ def _check_safetensors_size(file: Path) -> None:
     end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
     if file.stat().st_size < 8 + n + end:
         raise ValueError(f"{file.stat().st_size} bytes, the header promises {8 + n + end}")
+
+
+# --------------------------------------------------------------------------------------- one file
+_LOCAL_HEADER = 30  # a zip local file header's fixed part; the name and extra field follow it
+
+
+def check_zip(file: Path) -> None:
+    """Cheap check of a one-file checkpoint: a zip archive (torch's format) whose central directory
+    reads, with torch's pickle record, and whose records fit in the file. Raises ConfigError naming
+    the file when it is truncated, not a zip archive or not written by torch.save."""
+    try:
+        with zipfile.ZipFile(file) as z:
+            infos = z.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError) as e:
+        raise ConfigError(
+            f"checkpoint file {file} is truncated or corrupt, or not a torch.save file ({e})."
+        ) from None
+    if not any(i.filename.endswith("/data.pkl") or i.filename == "data.pkl" for i in infos):
+        raise ConfigError(f"checkpoint file {file} is a zip archive but not a torch.save file.")
+    size = file.stat().st_size
+    if any(i.header_offset + _LOCAL_HEADER + i.compress_size > size for i in infos):
+        raise ConfigError(f"checkpoint file {file} is truncated or corrupt (a record ends past it)")
+
+
+def zip_mismatch(file: Path, rank: int | None) -> Mismatch | None:
+    """The first record of the zip archive `file` whose bytes differ from the CRC-32 the archive
+    holds for it (torch.save writes one per record), or None when all match. Reads every byte,
+    mapped. `rank`: the rank checking, for the message."""
+    try:
+        with zipfile.ZipFile(file) as z:
+            infos = z.infolist()
+        with file.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            if hasattr(m, "madvise"):
+                m.madvise(mmap.MADV_SEQUENTIAL)
+            view = memoryview(m)
+            try:
+                for info in infos:
+                    found = _record_crc(view, info)
+                    if found != info.CRC:
+                        return Mismatch("", info.CRC, found, rank, record=info.filename)
+            finally:
+                view.release()
+    except (zipfile.BadZipFile, OSError, ValueError) as e:
+        return Mismatch("", 0, None, rank, f"{type(e).__name__}: {e}")
+    return None
+
+
+def _record_crc(view: memoryview, info: zipfile.ZipInfo) -> int:
+    """The CRC-32 of one stored record's bytes, read in place (torch stores records uncompressed;
+    a compressed one is read through zipfile, which checks it)."""
+    head = view[info.header_offset : info.header_offset + _LOCAL_HEADER]
+    if bytes(head[:4]) != b"PK\x03\x04":
+        raise ValueError(f"record {info.filename!r} has no local header")
+    if info.compress_type != zipfile.ZIP_STORED:
+        raise ValueError(f"record {info.filename!r} is compressed; torch.save stores records")
+    start = (
+        info.header_offset
+        + _LOCAL_HEADER
+        + int.from_bytes(head[26:28], "little")
+        + int.from_bytes(head[28:30], "little")
+    )
+    value = 0
+    for at in range(start, start + info.compress_size, CHUNK):
+        value = zlib.crc32(view[at : min(at + CHUNK, start + info.compress_size)], value)
+    return value

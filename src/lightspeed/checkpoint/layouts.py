@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from lightspeed.checkpoint import single_file
 from lightspeed.checkpoint.io import (
     DCP_DIR,
     DEEPSPEED_DIR,
@@ -46,14 +47,26 @@ from lightspeed.checkpoint.io import (
     WEIGHTS,
     load_weights,
 )
+from lightspeed.checkpoint.neutral import (
+    CHECKPOINT_PREFIX,
+    IMPLEMENTATION,
+    Portable,
+    canonical,
+    named_optimizer_state,
+    optimizer_param_names,
+    param_names,
+)
 from lightspeed.errors import ConfigError
 
-Portable = dict[str, Any]
-# Activation checkpointing wraps a block; its parameters' names gain this infix (see
-# strategies/common.py).
-CHECKPOINT_PREFIX = "_checkpoint_wrapped_module."
-# Optimizer options that choose an implementation, not the update: the target keeps its own.
-IMPLEMENTATION = {"params", "fused", "foreach", "capturable", "differentiable"}
+__all__ = [  # the neutral form's names, used by the strategies' writers from here
+    "CHECKPOINT_PREFIX",
+    "IMPLEMENTATION",
+    "Portable",
+    "canonical",
+    "named_optimizer_state",
+    "optimizer_param_names",
+    "param_names",
+]
 
 
 def layout(strategy: str, world_size: int) -> str:
@@ -71,31 +84,18 @@ def layout(strategy: str, world_size: int) -> str:
     return f"{strategy}-{world_size}ranks"
 
 
-def canonical(name: str) -> str:
-    """A parameter's name as the user's Module's state_dict spells it (no engine or
-    checkpoint-wrapper prefix)."""
-    return name.removeprefix("module.").replace(CHECKPOINT_PREFIX, "")
+def writes_file(strategy: str, world_size: int) -> bool:
+    """Whether `strategy` saves Lightning's one `.ckpt` file (the replicated layout: whole tensors,
+    as Lightning's single-device and DDP strategies write) rather than a directory."""
+    return layout(strategy, world_size) == "replicated"
 
 
-def param_names(module: torch.nn.Module) -> dict[int, str]:
-    """id(parameter) -> its name; a tied parameter gets its first name, as torch's optimizer state
-    dicts do."""
-    return {id(p): canonical(n) for n, p in module.named_parameters()}
-
-
-def optimizer_param_names(module: torch.nn.Module, optimizers: list) -> list[list[str]]:
-    """For each optimizer, the names of its parameters in index order: what turns a saved torch
-    optimizer state dict (keyed 0, 1, ...) into the neutral form on another strategy."""
-    names = param_names(module)
-    return [[names[id(p)] for g in opt.param_groups for p in g["params"]] for opt in optimizers]
-
-
-# --------------------------------------------------------------------------------------------------
-# readers
 def read_portable(path: Path, strategy: str, with_optimizer: bool = True) -> Portable:
-    """Reads the checkpoint directory `path`, written by `strategy`, into the neutral form on CPU.
-    Offline: no process group is used (call it on one rank). Raises ConfigError naming the file that
-    is missing or unusable."""
+    """Reads the checkpoint `path` (a directory written by `strategy`, or one file) into the neutral
+    form on CPU. Offline: no process group is used (call it on one rank). Raises ConfigError naming
+    the file that is missing or unusable."""
+    if path.is_file():
+        return single_file.portable(single_file.read(path), path, with_optimizer)
     match layout(strategy, 1).split("-")[0]:
         case "replicated":
             return _read_replicated(path, with_optimizer)
@@ -122,11 +122,7 @@ def _read_replicated(path: Path, with_optimizer: bool) -> Portable:
             f"checkpoint {path} was written before lightspeed recorded parameter names in "
             f"{OPTIMIZER}: its optimizer state can only be resumed by single, ddp or ddp_sharded."
         )
-    for sd, names in zip(saved["optimizers"], saved["param_names"]):
-        out["optim"]["state"].update({names[i]: st for i, st in sd["state"].items()})
-        out["optim"]["param_groups"] += [
-            {**g, "params": [names[i] for i in g["params"]]} for g in sd["param_groups"]
-        ]
+    out["optim"] = named_optimizer_state(saved["optimizers"], saved["param_names"])
     out["precision"] = saved.get("precision", {})
     return out
 

@@ -6,13 +6,14 @@ arguments.
             super().__init__()
             self.save_hyperparameters()           # self.hparams == {"hidden": 64, "lr": 0.001}
 
-    model = Model.load_from_checkpoint("checkpoints/last")    # any strategy's checkpoint: DDP,
-    ZeRO-3, FSDP shards
+    model = Model.load_from_checkpoint("checkpoints/last.ckpt")   # any strategy's checkpoint:
+    # a .ckpt file (single, DDP, or written by Lightning), ZeRO-3 or FSDP shards
 
-The hyper-parameters travel in every checkpoint (trainer.pt, "hyper_parameters") and go to the
-loggers at fit start. Loading reads the weights with `conversion.full_state_dict`, which merges
-DeepSpeed's ZeRO shards and FSDP's DCP shards offline, so (unlike Lightning) no conversion step
-comes first.
+The hyper-parameters travel in every checkpoint ("hyper_parameters": in a .ckpt file's dict or a
+directory's trainer.pt) and go to the loggers at fit start. A file is read as Lightning reads it
+(`on_load_checkpoint` sees the dict before its `state_dict` is loaded); a directory's weights are
+read with `conversion.full_state_dict`, which merges DeepSpeed's ZeRO shards and FSDP's DCP shards
+offline, so (unlike Lightning) no conversion step comes first.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ from typing import Any
 
 import torch
 
+from lightspeed.checkpoint import single_file
 from lightspeed.checkpoint.checkpointer import META, TRAINER_STATE, read_meta
+from lightspeed.checkpoint.locate import last_in
 from lightspeed.errors import ConfigError
 from lightspeed.utilities.rank_zero import rank_zero_warn
 
@@ -39,13 +42,15 @@ HPARAMS_NAME = "hparams_name"
 
 
 def checkpoint_dir(path: str | os.PathLike) -> Path:
-    """The checkpoint directory `path` names (a checkpoint, or a folder holding `last`); a
-    ConfigError naming what is missing when it is not a complete lightspeed checkpoint."""
+    """The checkpoint `path` names (a checkpoint file or directory, or a folder holding
+    `last.ckpt`); a ConfigError naming what is missing when it is not a complete checkpoint."""
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"load_from_checkpoint({str(path)!r}): the path does not exist.")
-    if path.is_dir() and not (path / META).exists() and (path / "last").exists():
-        path = path / "last"
+    if path.is_dir() and not (path / META).exists() and last_in(path).exists():
+        path = last_in(path)
+    if path.is_file():
+        return path.resolve()
     read_meta(path.resolve())  # names meta.json when it is missing
     if not (path / TRAINER_STATE).exists():
         raise ConfigError(
@@ -53,6 +58,15 @@ def checkpoint_dir(path: str | os.PathLike) -> Path:
             "hyper-parameters); the checkpoint is incomplete."
         )
     return path.resolve()
+
+
+def checkpoint_state(path: str | os.PathLike) -> dict:
+    """The trainer's state a checkpoint holds (hyper-parameters, callbacks, loop position, the
+    hooks' extras): a .ckpt file's whole dict, or a directory's trainer.pt."""
+    path = checkpoint_dir(path)
+    if path.is_file():
+        return single_file.read(path)
+    return torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=False)
 
 
 def load_from_checkpoint(
@@ -69,12 +83,16 @@ def load_from_checkpoint(
     from lightspeed.strategies.conversion import full_state_dict
 
     path = checkpoint_dir(path)
-    state = torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=False)
+    state = checkpoint_state(path)
     module = cls(
         **_init_kwargs(cls, {**state.get(HPARAMS_KEY, {}), **overrides}, state.get(HPARAMS_NAME))
     )
     module.configure_model()
-    weights = full_state_dict(path)
+    if path.is_file():  # Lightning's order: the hook may edit the state_dict before it is loaded
+        module.on_load_checkpoint(state)
+        weights = state["state_dict"]
+    else:
+        weights = full_state_dict(path)
     current = module.state_dict()
     # The checkpoint holds fp32; a module built in another dtype (bf16-true) keeps its own.
     weights = {
@@ -82,7 +100,8 @@ def load_from_checkpoint(
         for k, v in weights.items()
     }
     module.load_state_dict(weights, strict=strict)
-    module.on_load_checkpoint(state)
+    if not path.is_file():
+        module.on_load_checkpoint(state)
     if map_location is not None:
         module.to(torch.device(map_location) if isinstance(map_location, str) else map_location)
     return module.eval()
@@ -92,8 +111,7 @@ def load_datamodule_from_checkpoint(cls: type, path: str | os.PathLike, **overri
     """Builds `cls(**hparams, **overrides)` from the DataModule hyper-parameters a checkpoint
     holds (Lightning's `LightningDataModule.load_from_checkpoint`) and restores its `state_dict`.
     Hyper-parameters that `__init__` does not take are left out."""
-    path = checkpoint_dir(path)
-    state = torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=False)
+    state = checkpoint_state(path)
     saved = state.get(DATAMODULE_HPARAMS_KEY) or {}
     datamodule = cls(**_init_kwargs(cls, {**saved, **overrides}, None))
     if state.get("datamodule"):
@@ -109,10 +127,12 @@ def dict_argument(args: dict[str, Any], value: Any) -> str | None:
 
 def _init_kwargs(cls: type, hparams: dict[str, Any], dict_name: str | None) -> dict[str, Any]:
     """What to pass to `cls(...)`: the hparams under the one parameter that took them whole, else
-    the hparams that `__init__` accepts (all of them with **kwargs)."""
-    if dict_name:
-        return {dict_name: hparams}
+    the hparams that `__init__` accepts (all of them with **kwargs). Lightning records "kwargs"
+    (the **kwargs parameter's name) for hparams collected from the signature: those are spread."""
     params = inspect.signature(cls.__init__).parameters
+    named = params.get(dict_name or "")
+    if named is not None and named.kind not in (named.VAR_POSITIONAL, named.VAR_KEYWORD):
+        return {named.name: hparams}
     if any(p.kind is p.VAR_KEYWORD for p in params.values()):
         return hparams
     return {k: v for k, v in hparams.items() if k in params}

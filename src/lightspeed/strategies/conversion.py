@@ -4,7 +4,8 @@ plain model.
     lightspeed convert CKPT OUT.safetensors
 
 Each checkpoint format has one reader, chosen by the strategy recorded in meta.json:
-  single, ddp, ddp_sharded -> model.safetensors as written (already whole)
+  a .ckpt file (single, ddp, ddp_sharded, Lightning) -> its "state_dict" (already whole)
+  single, ddp, ddp_sharded (older directories) -> model.safetensors as written
   deepspeed_*              -> strategies.deepspeed.full_state_dict (DeepSpeed's ZeRO shards merged
   to fp32) fsdp*                    -> strategies.fsdp.full_state_dict (torch.distributed.checkpoint
   shards merged)
@@ -20,6 +21,7 @@ from typing import cast
 
 import torch
 
+from lightspeed.checkpoint import single_file
 from lightspeed.checkpoint.checkpointer import read_meta, resolve
 from lightspeed.checkpoint.io import WEIGHTS, load_weights, save_weights
 
@@ -36,7 +38,7 @@ def full_state_dict(ckpt: str | os.PathLike) -> dict[str, torch.Tensor]:
     else:
 
         def read(path: Path) -> dict[str, torch.Tensor]:
-            return load_weights(path / WEIGHTS)
+            return single_file.weights(path) if path.is_file() else load_weights(path / WEIGHTS)
 
     # DeepSpeed's reader prints its progress; keep a conversion's output to the one line the caller
     # prints.
