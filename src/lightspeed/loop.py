@@ -24,6 +24,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import math
+import re
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -39,11 +40,11 @@ from lightspeed.core.metrics import infer_batch_size
 from lightspeed.core.module import Module
 from lightspeed.core.optimizer import parse_optimizers, step_schedulers
 from lightspeed.core.saving import DATAMODULE_HPARAMS_KEY, HPARAMS_KEY, HPARAMS_NAME
+from lightspeed.data.epoch_windows import EpochWindows, check_batch_counts, has_exact_length
 from lightspeed.data.loaders import (
     BatchMover,
     CombinedLoader,
-    accumulation_windows,
-    check_batch_counts,
+    estimated_stepping_batches,
     move_to_device,
     num_batches,
     resumed_iterator,
@@ -61,7 +62,12 @@ from lightspeed.plan.micro_batch import MicroBatchPlan, plan_fit
 from lightspeed.report.progress import start_progress
 from lightspeed.run import Fn, Process, Run, Stage
 from lightspeed.runtime import heartbeat
-from lightspeed.runtime.distributed import AgreedMax, broadcast_from_rank0
+from lightspeed.runtime.distributed import (
+    AgreedMax,
+    broadcast_from_rank0,
+    gather_objects,
+    host_min_max,
+)
 from lightspeed.runtime.guard import NonFiniteGuard
 from lightspeed.runtime.launch import (
     end_with_os_exit,
@@ -295,11 +301,7 @@ def set_up(
     if run.phase in ("fit", phase):
         return
     automatic = module.automatic_optimization
-    factory = (
-        (lambda: parse_optimizers(module.configure_optimizers(), automatic, module))
-        if phase == "fit"
-        else None
-    )
+    factory = (lambda: build_optimizers(run, config, module)) if phase == "fit" else None
     strategy.setup(module, factory, micro_batch if phase == "fit" else None)
     if phase == "fit" and automatic and not strategy.optimizers:
         raise ConfigError(
@@ -307,6 +309,29 @@ def set_up(
             "lightspeed.core.optimizer (an optimizer, a list, a dict with 'optimizer', ...)."
         )
     run.phase = phase
+
+
+def build_optimizers(run: Run, config: Config, module: Module) -> Any:
+    """The Module's `configure_optimizers`, parsed. A schedule sized by
+    `trainer.estimated_stepping_batches` fails on its inf (a training loader without a length, and
+    no max_steps): torch's error ("total_steps ... got inf") then comes with the name and the fix.
+    """
+    try:
+        return parse_optimizers(
+            module.configure_optimizers(), module.automatic_optimization, module
+        )
+    except (ValueError, TypeError, OverflowError) as exc:
+        steps = estimated_stepping_batches(run.loaders.get(Stage.TRAIN), config.limits)
+        said_inf = isinstance(exc, OverflowError) or re.search(r"\binf\b|infinity", str(exc))
+        if isinstance(exc, ConfigError) or steps != math.inf or not said_inf:
+            raise
+        raise ConfigError(
+            f"configure_optimizers raised {type(exc).__name__}({exc}): "
+            "trainer.estimated_stepping_batches is inf, because train_dataloaders has no len() "
+            "(an IterableDataset) and max_steps is not set, so a schedule sized by it "
+            "(OneCycleLR's total_steps, a warmup-cosine's length) has no end. "
+            "Set Trainer(max_steps=N)."
+        ) from exc
 
 
 def distribute(run: Run, data: DataOptions, seed: int | None, loaders: Any) -> Any:
@@ -334,7 +359,8 @@ def fit(
     run.preemption.install()  # a signal only sets a flag; train_epoch acts on it at a step's end
     n = num_batches(train, limits.limit_train_batches)
     run.enter(Stage.TRAIN)
-    run.fitting = True
+    run.fitting, run.said_uneven, run.loader_restored = True, False, False
+    run.train_windows = None
     skip, rng = restore(run, module, resume) if resume else (0, None)
     set_up_training(run, config, module, n)
     run.should_stop = False  # before on_fit_start: a Timer already spent stops at once
@@ -364,15 +390,19 @@ def load_fit_data(
     """fit's loaders (`eval_loaders.fit_loaders`), distributed; the first time, the strategy is set
     up between the training loader and the validation ones (DeepSpeed reads the micro-batch). Later
     (`reload_dataloaders_every_n_epochs`) the loaders given to fit stay and the DataModule's or
-    Module's are asked for again. Raises ConfigError on empty or uneven training data."""
+    Module's are asked for again. Raises ConfigError on empty or uneven training data; a loader
+    without an exact length has its epoch's end agreed per step instead (data/epoch_windows.py)."""
     overfit = bool(config.limits.overfit_batches)
     train, val = fit_loaders(module, run.datamodule, train_given, val_given, overfit)
     run.loaders[Stage.TRAIN] = distribute(run, config.data, config.launch.seed, train)
     if first:
         set_up_strategy(run, config, Fn.FIT, module, getattr(train, "batch_size", None))
     run.loaders[Stage.VALIDATE] = distribute(run, config.data, config.launch.seed, val)
-    limit = config.limits.limit_train_batches
-    check_batch_counts(num_batches(run.loaders[Stage.TRAIN], limit), limit)
+    train, limits = run.loaders[Stage.TRAIN], config.limits
+    n = num_batches(train, limits.limit_train_batches)
+    run.train_counts_known = check_batch_counts(
+        n, has_exact_length(train), limits.limit_train_batches, limits.val_check_interval
+    )
     return run.loaders[Stage.TRAIN], run.loaders[Stage.VALIDATE]
 
 
@@ -383,11 +413,26 @@ def restore(run: Run, module: Module, path: Path) -> tuple[int, dict | None]:
     run.loop.global_step, run.loop.epoch = saved.global_step, saved.resume_epoch
     if run.datamodule is not None and state.get("datamodule"):
         run.datamodule.load_state_dict(state["datamodule"])
+    run.loader_restored = restore_loader(run, state, saved.batches_to_skip)
     call(run, module.on_load_checkpoint, lambda cb: cb.on_load_checkpoint, state)
     run.print0(
         f"Resumed from {path} at epoch {run.loop.epoch}, global step {run.loop.global_step}."
     )
     return saved.batches_to_skip, rng
+
+
+def restore_loader(run: Run, state: dict, skip: int) -> bool:
+    """Puts a stateful training loader (torchdata's StatefulDataLoader: `load_state_dict`) where
+    this rank's was saved, when resuming mid-epoch on the same world size; True when it did (the
+    epoch's batches are then not replayed). At an epoch's end the next epoch starts afresh."""
+    states, loader = state.get(LOADER_STATES), run.loaders.get(Stage.TRAIN)
+    if not skip or not states or len(states) != run.world_size:
+        return False
+    mine = states[run.global_rank]
+    if mine is None or not callable(getattr(loader, "load_state_dict", None)):
+        return False
+    loader.load_state_dict(mine)
+    return True
 
 
 def set_up_training(run: Run, config: Config, module: Module, n: int | float) -> None:
@@ -398,7 +443,7 @@ def set_up_training(run: Run, config: Config, module: Module, n: int | float) ->
     is_zero = run.global_rank == 0
     log_hparams(module, run.datamodule, run.loggers, is_zero)
     run.takes_batch_idx = accepts(module.training_step, 2, "batch_idx")  # Lightning takes (batch)
-    steps = math.ceil(n / config.limits.accumulate_grad_batches)
+    steps = n if n == math.inf else math.ceil(n / config.limits.accumulate_grad_batches)
     show = config.output.enable_progress_bar and is_zero
     run.progress = start_progress(show, run.callbacks, config.limits, steps, run.loop)
     run.compiled_frames, run.training_step = (
@@ -441,28 +486,37 @@ def train_epoch(
     run.skip_vote = AgreedMax() if is_overridden(module, "on_train_batch_start") else None
     module.train()
     call(run, module.on_train_epoch_start, lambda cb: cb.on_train_epoch_start)
-    batches = run.process.move.timed(resumed_iterator(loader, skip, rng), loader)
+    replay = not (skip and run.loader_restored)  # a stateful loader resumes where it was saved
+    batches = run.process.move.timed(resumed_iterator(loader, skip, rng, replay), loader)
     # Manual optimization steps per batch, however the user accumulates; the accumulation is read
     # after on_train_epoch_start (a GradientAccumulationScheduler sets it there).
     accumulate = run.accumulate_grad_batches
     size = accumulate if module.automatic_optimization else 1
-    for window in accumulation_windows(batches, skip, n, size):
-        run.is_last_batch = window[-1][0] + 1 >= n
+    # Counts not known before the epoch (a stream): the ranks agree before each step on how many
+    # micro-batches all have, so every rank ends the epoch after the same step.
+    timeout_s = config.launch.timeout
+    agree = None if run.train_counts_known else lambda count: host_min_max(count, timeout_s)
+    run.train_windows = windows = EpochWindows(loader, batches, skip, n, size, agree)
+    ended = False
+    for window, is_last in windows:
+        run.is_last_batch = is_last
         ran, out = train_window(run, window, accumulate)
         if not ran:  # on_train_batch_start returned -1 before this window's first micro-batch
             break
-        run.loop.batches_done = window[-1][0] + 1
+        run.loop.batches_done, ended = window[-1][0] + 1, is_last
         after_step(run, config, module, out, batch=window[-1][1], batch_idx=window[-1][0])
         if signum := run.preemption.requested():  # collective: every rank stops after this step
             run.preemption.stop(signum, run.trainer)
         at_interval = val_every and any((i + 1) % val_every == 0 for i, _ in window)
-        if val and at_interval and run.loop.batches_done < n:
+        if val and at_interval and not is_last:  # the epoch's end validates after the last
             validate_during_fit(run, limits, module, val)
         if stops(run, limits) or run.skip_rest:
             break
-    end_train_epoch(
-        run, limits, module, val, epoch_done=run.loop.batches_done >= n or run.skip_rest
-    )
+    if windows.uneven and not run.said_uneven:  # once per fit, on every rank alike
+        run.said_uneven = True
+        run.print0(windows.shortfall(run.loop.epoch))
+    ended = ended or run.loop.batches_done >= n or run.skip_rest
+    end_train_epoch(run, limits, module, val, epoch_done=ended)
 
 
 def train_window(run: Run, window: list[tuple[int, Any]], accumulate: int) -> tuple[bool, Any]:
@@ -878,6 +932,9 @@ def trial_step(run: Run, twin: Module, strategy: Any, batch: Any, callbacks: lis
 
 
 # ================================================================== checkpoints
+LOADER_STATES = "train_dataloader_states"  # trainer.pt: each rank's stateful loader, by rank
+
+
 def save_checkpoint(run: Run, path: Path) -> Path:
     """Collective: the configured module's checkpoint at rank 0's `path`, written atomically, with
     the Module's and callbacks' `on_save_checkpoint` hooks run on its state."""
@@ -893,6 +950,9 @@ def save_checkpoint(run: Run, path: Path) -> Path:
         state[HPARAMS_KEY] = dict(module.hparams)  # load_from_checkpoint rebuilds from these
         state[HPARAMS_NAME] = module.__dict__.get("_hparams_name")
         state["datamodule"] = run.datamodule.state_dict() if run.datamodule is not None else {}
+        if run.fitting and run.train_windows is not None:  # every rank's stream position
+            positions = gather_objects(run.train_windows.loader_state())
+            state[LOADER_STATES] = positions if any(p is not None for p in positions) else None
         state[DATAMODULE_HPARAMS_KEY] = dict(getattr(run.datamodule, "hparams", {}) or {})
         module.on_save_checkpoint(state)
         for cb in run.callbacks:

@@ -93,6 +93,12 @@ class Run:
     is_last_batch: bool = False  # the epoch's last training batch runs
     skip_rest: bool = False  # on_train_batch_start returned -1 on some rank: the epoch ends
     skip_vote: AgreedMax | None = None  # this epoch's agreement on that -1 (hook overridden)
+    # every rank's training batch count known and equal before the epoch; else the ranks agree on
+    # the epoch's end step by step (data/epoch_windows.py)
+    train_counts_known: bool = True
+    train_windows: Any = None  # this epoch's EpochWindows (a stateful loader's position)
+    loader_restored: bool = False  # a resume put the stateful training loader where it was saved
+    said_uneven: bool = False  # this fit said once that the ranks' streams ended unevenly
     # -- what fit set up
     loaders: dict[Stage, Any] = field(default_factory=dict)  # this process's, distributed
     training_step: Callable[..., Any] | None = None  # the Module's, or compiled (perf.kernels)

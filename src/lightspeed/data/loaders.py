@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import math
 import os
 import statistics
@@ -12,8 +13,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-import torch.distributed as dist
-from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
+from torch.utils.data import (
+    DataLoader,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+    SequentialSampler,
+)
 
 from lightspeed.errors import ConfigError
 from lightspeed.runtime.rng import set_rng_state
@@ -255,6 +261,8 @@ def with_distributed_sampler(loader: DataLoader, replicas: dict[str, int], seed:
     rank, world_size = replicas["rank"], replicas["num_replicas"]
     if not isinstance(loader, DataLoader) or isinstance(loader.sampler, DistributedSampler):
         return loader
+    if isinstance(loader.dataset, IterableDataset):
+        return loader  # no sampler to give: each rank's stream is the user's to shard (Lightning)
     shuffle = isinstance(loader.sampler, RandomSampler)
     if not shuffle and not isinstance(loader.sampler, SequentialSampler):
         return loader  # the user's own sampler: their responsibility
@@ -285,7 +293,10 @@ def with_distributed_sampler(loader: DataLoader, replicas: dict[str, int], seed:
     if loader.num_workers > 0:
         kwargs["prefetch_factor"] = loader.prefetch_factor
         kwargs["multiprocessing_context"] = loader.multiprocessing_context
-    return DataLoader(loader.dataset, **kwargs)
+    # torchdata's StatefulDataLoader stays one (its state_dict resumes an epoch); any other
+    # subclass may take other arguments, and becomes a DataLoader
+    cls = type(loader) if type(loader).__name__ == "StatefulDataLoader" else DataLoader
+    return cls(loader.dataset, **kwargs)
 
 
 class CombinedLoader:
@@ -397,6 +408,8 @@ def num_batches(loader: Any, limit: int | float | None) -> int | float:
         total = float("inf")
     if limit is None:
         return total
+    if limit == 0:
+        return 0  # training (or that stage) turned off, with or without a length
     if isinstance(limit, float) and limit <= 1.0:
         return int(total * limit) if total != float("inf") else float("inf")
     return min(total, int(limit))
@@ -431,35 +444,10 @@ def estimated_stepping_batches(loader: Any, cfg: Any) -> int | float:
     return min(total, cfg.max_steps) if cfg.max_steps != -1 else total
 
 
-def check_batch_counts(n: int | float, limit: Any) -> None:
-    """Collective: raises ConfigError (on every rank alike) when the training data is empty on any
-    rank, or when ranks have different batch counts (a loader we did not re-sample: the user's
-    sampler, an iterable dataset). Uneven counts would leave a rank waiting in a collective for a
-    peer that has finished its epoch: a hang, or a "Connection closed by peer" on one rank while
-    another reports success. Unsized loaders count as inf."""
-    counts = [n]
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        counts = [None] * dist.get_world_size()
-        dist.all_gather_object(counts, n)
-    empty = [r for r, c in enumerate(counts) if c == 0]
-    if empty and limit != 0:
-        raise ConfigError(
-            f"fit's training data has no batches (len(train_dataloaders) == 0 on rank(s) {empty}): "
-            "give it at least one batch per rank."
-        )
-    if len(set(counts)) > 1:
-        per_rank = ", ".join(f"rank {r}: {c}" for r, c in enumerate(counts))
-        raise ConfigError(
-            f"train_dataloaders has a different number of batches per rank ({per_rank}); every "
-            "rank must run the same number of steps. Use a DataLoader with the default sampler "
-            "(lightspeed adds a DistributedSampler, which evens the ranks), or make your sampler "
-            "or "
-            "iterable dataset give each rank the same count."
-        )
-
-
-def resumed_iterator(loader: Any, skip: int, rng: dict | None) -> Iterator:
-    """An iterator over `loader` positioned after `skip` batches, for resuming an epoch.
+def resumed_iterator(loader: Any, skip: int, rng: dict | None, replay: bool = True) -> Iterator:
+    """An iterator over `loader` positioned after `skip` batches, for resuming an epoch: the first
+    `skip` batches are drawn and dropped, unless `replay` is False (a stateful loader whose
+    `load_state_dict` already put it there).
 
     `rng` (the saved RNG state, rng.set_rng_state) is restored where the save happened: at an epoch
     boundary (skip 0) that is before the iterator draws its seed from the global RNG; mid-epoch it
@@ -467,8 +455,9 @@ def resumed_iterator(loader: Any, skip: int, rng: dict | None) -> Iterator:
     if rng is not None and skip == 0:
         set_rng_state(rng)
     iterator = iter(loader)
-    for _ in range(skip):
-        next(iterator)
+    if replay:  # a stream shorter than `skip` ends here; the epoch's end is agreed later
+        for _ in itertools.islice(iterator, skip):
+            pass
     if rng is not None and skip > 0:
         set_rng_state(rng)
     return iterator
@@ -482,9 +471,9 @@ def accumulation_windows(
     shorter; windows are aligned to the epoch (index + 1 divisible by `size`), so a resumed epoch
     forms the same windows."""
     window: list[tuple[int, Any]] = []
+    if n != math.inf:  # not one batch more than the epoch takes (a stream would move past it)
+        batches = itertools.islice(batches, max(int(n) - start, 0))
     for batch_idx, batch in enumerate(batches, start=start):
-        if batch_idx >= n:
-            break
         window.append((batch_idx, batch))
         if (batch_idx + 1) % size == 0 or batch_idx + 1 == n:
             yield window

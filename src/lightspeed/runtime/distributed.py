@@ -146,6 +146,45 @@ class AgreedMax:
         return previous
 
 
+def gather_objects(value: Any) -> list:
+    """Collective: every rank's `value` (any picklable object), by rank, on every rank; [value]
+    without a group of more than one rank."""
+    if not is_distributed():
+        return [value]
+    values: list = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
+
+
+_host_group: tuple[Any, Any] = (None, None)  # (the default group, a gloo group made beside it)
+
+
+def host_min_max(value: int, timeout_s: float = 600) -> tuple[int, int]:
+    """Collective: the smallest and the largest `value` over the ranks, on every rank alike (one
+    all_reduce of two integers). Reduced on the host: over the default group under gloo, over a
+    gloo group made once beside an NCCL one (with `timeout_s`), so the host never waits for the
+    work queued on the GPU, as a device reduction read back would. Without a group of more than one
+    rank: (value, value)."""
+    if not is_distributed():
+        return value, value
+    both = torch.tensor([value, -value], dtype=torch.int64)
+    dist.all_reduce(both, op=dist.ReduceOp.MIN, group=_gloo_group(timeout_s))
+    return int(both[0]), -int(both[1])
+
+
+def _gloo_group(timeout_s: float) -> Any:
+    """None (the default group) when it reduces CPU tensors, else the gloo group beside it: made
+    at the first call on every rank alike (new_group is collective), again after a new default
+    group."""
+    global _host_group
+    if "gloo" in dist.get_backend():
+        return None
+    world = dist.group.WORLD
+    if _host_group[0] is not world:
+        _host_group = (world, dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s)))
+    return _host_group[1]
+
+
 def gather_all(data: Any, group: Any = None, sync_grads: bool = False, device: Any = None) -> Any:
     """Lightning's `all_gather`: each tensor (or number, made a tensor on `device`) in `data`, from
     every rank of `group`, stacked along a new first dimension. Collective. `sync_grads` uses

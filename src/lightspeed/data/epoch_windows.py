@@ -1,0 +1,175 @@
+"""How a training epoch ends on every rank at once, whether or not its loader knows its length.
+
+    known = check_batch_counts(n, has_exact_length(loader), limit, val_check_interval)  # once
+    for window, is_last in EpochWindows(loader, batches, skip, n, size, None if known else agree):
+        ...  # one optimizer step
+
+A loader with an exact `len()` (a DataLoader over a map-style dataset, a list of batches) tells
+every rank's count before step 1: uneven counts are refused there, and an epoch is its first `n`
+batches with nothing agreed per step. A loader without one (an IterableDataset, a generator, a
+`len()` that only estimates) gives each rank its own stream, which may end at any batch: the ranks
+then agree before each optimizer step on how many micro-batches all of them have, so the epoch ends
+on every rank after the same step, when the first rank runs out. A rank with batches left stops
+with the others (its stream is not restarted); one line on rank 0 names the rank that ran short.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from torch.utils.data import DataLoader, IterableDataset
+
+from lightspeed.data.loaders import CombinedLoader, accumulation_windows
+from lightspeed.errors import ConfigError
+from lightspeed.runtime.distributed import gather_objects
+
+
+def has_exact_length(loader: Any) -> bool:
+    """Whether `len(loader)` is the number of batches its iterator gives: a DataLoader over a
+    map-style dataset (its sampler counts), a list of batches, a CombinedLoader of such. An
+    IterableDataset's `__len__` is only what its author hoped for."""
+    if isinstance(loader, CombinedLoader):
+        given = loader.iterables
+        return all(map(has_exact_length, given.values() if isinstance(given, dict) else given))
+    if isinstance(loader, DataLoader):
+        return not isinstance(loader.dataset, IterableDataset)
+    return isinstance(loader, (list, tuple))
+
+
+def check_batch_counts(
+    n: int | float, exact: bool, limit: Any, val_check_interval: int | float | None
+) -> bool:
+    """Collective: whether every rank's training batch count is known and equal before the epoch
+    (`n` per epoch after `limit`, from a loader with an exact length on every rank: `exact`). When
+    it is not, the ranks agree per step (`EpochWindows`). Decided from every rank's pair, so alike
+    on every rank.
+
+    Raises ConfigError on every rank alike when the data is empty on any rank; when counts known on
+    every rank differ (a rank would wait in a collective for a peer that has finished its epoch: a
+    hang, or a "Connection closed by peer" on one rank while another reports success); and, as
+    Lightning does, when a loader without a length meets a fraction of an epoch
+    (`limit_train_batches` or `val_check_interval` below 1.0)."""
+    pairs = gather_objects((n, exact))
+    counts = [count for count, _ in pairs]
+    empty = [r for r, c in enumerate(counts) if c == 0]
+    if empty and limit != 0:
+        raise ConfigError(
+            f"fit's training data has no batches (len(train_dataloaders) == 0 on rank(s) {empty}): "
+            "give it at least one batch per rank."
+        )
+    unsized = [r for r, c in enumerate(counts) if c == math.inf]
+    for name, value in (("limit_train_batches", limit), ("val_check_interval", val_check_interval)):
+        if unsized and isinstance(value, float) and 0 < value < 1.0:
+            raise ConfigError(
+                f"{name}={value} is a fraction of an epoch, but train_dataloaders has no len() "
+                f"on rank(s) {unsized} (an IterableDataset): give an int (a number of training "
+                "batches) or 1.0, as Lightning requires."
+            )
+    known = all(is_exact for _, is_exact in pairs)
+    if known and len(set(counts)) > 1:
+        per_rank = ", ".join(f"rank {r}: {c}" for r, c in enumerate(counts))
+        raise ConfigError(
+            f"train_dataloaders has a different number of batches per rank ({per_rank}); every "
+            "rank must run the same number of steps. Use a DataLoader with the default sampler "
+            "(lightspeed adds a DistributedSampler, which evens the ranks), or make your sampler "
+            "give each rank the same count."
+        )
+    return known
+
+
+class EpochWindows:
+    """One training epoch's accumulation windows on this rank, each with whether it is the epoch's
+    last: `for window, is_last in EpochWindows(...)` (windows as `accumulation_windows` forms them
+    from `batches`, numbered from `start`, at most `n` batches, `size` micro-batches each).
+
+    `agree` None: every rank's count is known and equal (`check_batch_counts`), and the last window
+    is the one that reaches `n`. Otherwise `agree(count)` is a collective returning the fewest and
+    the most micro-batches any rank has for a window (distributed.host_min_max): each window is
+    fetched one ahead, cut to the fewest, and the window before an agreed 0 is the last. So every
+    rank ends the epoch after the same step, when the first rank runs out, and `is_last` is known
+    while the last window runs (Lightning prefetches one batch for the same reason).
+
+    `loader_state()` is this rank's position for a checkpoint, from a loader with `state_dict()`
+    (torchdata's StatefulDataLoader): after the window handed out, not after the one fetched
+    ahead."""
+
+    def __init__(
+        self,
+        loader: Any,
+        batches: Iterator,
+        start: int,
+        n: int | float,
+        size: int,
+        agree: Callable[[int], tuple[int, int]] | None = None,
+    ):
+        self.loader, self.start, self.n, self.size, self.agree = loader, start, n, size, agree
+        self.batches = self._counted(batches)
+        self.fetched, self.ran_out = start, False  # this rank's stream, read ahead
+        self.trained = start  # batches handed out, on every rank alike
+        self.uneven = False  # some window's counts differed between ranks: the epoch ended short
+        self.is_stateful = callable(getattr(loader, "state_dict", None)) and callable(
+            getattr(loader, "load_state_dict", None)
+        )
+        self._state: Any = None  # the loader's state after the window handed out (read ahead)
+
+    def _counted(self, batches: Iterator) -> Iterator:
+        for batch in batches:
+            self.fetched += 1
+            yield batch
+        self.ran_out = True
+
+    def __iter__(self) -> Iterator[tuple[list[tuple[int, Any]], bool]]:
+        windows = accumulation_windows(self.batches, self.start, self.n, self.size)
+        if self.agree is None:
+            for window in windows:
+                self.trained = window[-1][0] + 1
+                yield window, self.trained >= self.n
+            return
+        current, state = self._take(windows), self._snapshot()
+        while current:
+            following = self._take(windows)  # read ahead: is `current` the last?
+            self._state, state = state, self._snapshot()
+            self.trained = current[-1][0] + 1
+            yield current, not following
+            current = following
+
+    def _take(self, windows: Iterator[list]) -> list:
+        """This rank's next window, cut to the micro-batches every rank has for it."""
+        assert self.agree is not None
+        window = next(windows, [])
+        fewest, most = self.agree(len(window))
+        self.uneven = self.uneven or fewest != most
+        return window[:fewest]
+
+    def _snapshot(self) -> Any:
+        return self.loader.state_dict() if self.is_stateful else None
+
+    def loader_state(self) -> Any:
+        """The loader's `state_dict()` after the last window handed out, or None (no state)."""
+        if not self.is_stateful:
+            return None
+        return self.loader.state_dict() if self.agree is None else self._state
+
+    def shortfall(self, epoch: int) -> str:
+        """Collective: the line that says which rank ran short, after how many batches, and which
+        had more, when the epoch ended on uneven ranks (`uneven`, alike on every rank)."""
+        try:
+            claimed: int | None = len(self.loader)
+        except TypeError:
+            claimed = None
+        ranks = gather_objects((self.ran_out, self.fetched, claimed))
+        ended = [r for r, (_, fetched, _) in enumerate(ranks) if fetched == self.trained]
+        more = [str(r) for r in range(len(ranks)) if r not in ended]
+        said = "; ".join(_ended(r, *ranks[r]) for r in ended)
+        return f"train_dataloaders: {said}; every rank ended epoch {epoch} there, together" + (
+            f": rank(s) {', '.join(more)} had more, left untrained this epoch." if more else "."
+        )
+
+
+def _ended(rank: int, ran_out: bool, fetched: int, claimed: int | None) -> str:
+    if not ran_out:
+        return f"rank {rank} reached its limit of {fetched} batches"
+    length = f"its len() says {claimed}" if claimed is not None else "it has no len()"
+    return f"rank {rank} ran out after {fetched} batches ({length})"

@@ -1,0 +1,139 @@
+"""Loaders without an exact length on 2 ranks: `python tests/iterable_script.py '<json options>'`
+(tests/test_iterable_loaders.py).
+
+Each rank streams its own batches from an IterableDataset (the user's sharding, as Lightning
+expects): rank r yields `lengths[r]` batches of 4 samples, drawn from a generator seeded by (rank,
+batch), so every strategy sees the same data. Options: out (a folder), strategy, lengths, claimed
+(the dataset's `__len__` in batches, the same on every rank: an estimate; absent: no `__len__`),
+stateful (torchdata's StatefulDataLoader), max_epochs, max_steps, accumulate, val_check_interval,
+ckpt_every (a checkpoint every N steps in <out>/ckpt), resume (a checkpoint path).
+
+Each rank writes <out>/rank<r>.json: the loss and the batch ids of each step, global_step, the
+epochs run, validation batches run, `trainer.is_last_batch` per step, the training loader's
+sampler class and `estimated_stepping_batches` as configure_optimizers saw it.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, IterableDataset
+
+import lightspeed as L
+
+BATCH = 4
+
+
+class Stream(IterableDataset):
+    """`lengths[rank]` batches of (id, features) on each rank, without a `__len__`. Its position
+    (samples given) is its state, which a StatefulDataLoader saves and restores: `restored` records
+    where a load put it."""
+
+    restored: list = []
+
+    def __init__(self, lengths: list[int]):
+        self.lengths, self.given, self.start = lengths, 0, 0
+
+    def __iter__(self):
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        start, self.start = self.start, 0
+        self.given = start
+        for b in range(start // BATCH, self.lengths[rank]):
+            g = torch.Generator().manual_seed(1000 * rank + b)
+            for i in range(BATCH):
+                self.given += 1
+                yield torch.tensor(1000 * rank + b), torch.randn(8, generator=g) + i
+
+    def state_dict(self) -> dict:
+        return {"given": self.given}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.start = state["given"]
+        Stream.restored.append(state["given"])
+
+
+class Estimated(Stream):
+    """A `__len__` of `claimed` batches that every rank reports alike, whatever it yields."""
+
+    def __init__(self, lengths: list[int], claimed: int):
+        super().__init__(lengths)
+        self.claimed = claimed
+
+    def __len__(self):
+        return self.claimed * BATCH
+
+
+class Recorder(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)
+        )
+        self.steps: list = []  # per micro-batch: [global_step, epoch, batch id, loss, is_last]
+        self.val_batches = 0
+        self.estimated = None
+
+    def training_step(self, batch, batch_idx):
+        ids, x = batch
+        loss = self.net(x).pow(2).mean()
+        last = self.trainer.is_last_batch
+        self.steps.append([self.global_step, self.current_epoch, int(ids[0]), loss.item(), last])
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        self.val_batches += 1
+
+    def configure_optimizers(self):
+        self.estimated = self.trainer.estimated_stepping_batches
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+def main(opts: dict) -> None:
+    L.seed_everything(0)
+    out = Path(opts["out"])
+    claimed = opts.get("claimed")
+    data = Estimated(opts["lengths"], claimed) if claimed else Stream(opts["lengths"])
+    loader_cls = DataLoader
+    if opts.get("stateful"):
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        loader_cls = StatefulDataLoader
+    val = DataLoader(Stream([3, 3]), batch_size=BATCH)
+    callbacks = []
+    if opts.get("ckpt_every"):
+        every = opts["ckpt_every"]
+        callbacks.append(
+            L.ModelCheckpoint(dirpath=out / "ckpt", every_n_train_steps=every, save_top_k=-1)
+        )
+    model = Recorder()
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=opts["strategy"],
+        max_epochs=opts.get("max_epochs"),
+        max_steps=opts.get("max_steps", -1),
+        accumulate_grad_batches=opts.get("accumulate", 1),
+        val_check_interval=opts.get("val_check_interval"),
+        num_sanity_val_steps=0,
+        callbacks=callbacks,
+        enable_checkpointing=bool(callbacks),
+        logger=False,
+        default_root_dir=str(out),
+    )
+    trainer.fit(model, loader_cls(data, batch_size=BATCH), val, ckpt_path=opts.get("resume"))
+    result = {
+        "global_step": trainer.global_step,
+        "epoch": trainer.current_epoch,
+        "steps": model.steps,
+        "val_batches": model.val_batches,
+        "sampler": type(trainer.train_dataloader.sampler).__name__,
+        "estimated": str(model.estimated),
+        "restored": Stream.restored,
+    }
+    (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))

@@ -1,0 +1,181 @@
+"""Loaders without an exact length (issue 39): an IterableDataset trains under every strategy, the
+ranks' streams end their epochs together, a StatefulDataLoader resumes mid-epoch.
+
+    OMP_NUM_THREADS=1 .venv/bin/python -m pytest -q tests/test_iterable_loaders.py
+
+The multi-rank runs (tests/iterable_script.py, 2 gloo ranks): rank 0 streams 20 batches per epoch,
+rank 1 13, accumulation 2, two epochs, validation every 4 batches. Every rank must stop after
+rank 1's 13th batch (7 steps per epoch, the 7th a window of one micro-batch on both ranks), with
+the same per-step losses under every strategy (relative 1e-5: DeepSpeed reduces in another order;
+observed ≤ 1.5e-6).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+import lightspeed as L
+from helpers import ROOT, assert_close_losses, launch
+
+SCRIPT = str(ROOT / "tests" / "iterable_script.py")
+RUN = dict(lengths=[20, 13], max_epochs=2, accumulate=2, val_check_interval=4)
+STEPS = 14  # 7 per epoch: 6 windows of 2, then rank 1's 13th batch alone
+RTOL = 1e-5
+
+
+def run_script(tmp_path, **opts) -> tuple[list[dict], str]:
+    """Runs the script on 2 ranks; returns each rank's record and rank 0's stdout."""
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    run = launch([SCRIPT, json.dumps({"out": str(out), **opts})], tmp_path, timeout=240)
+    assert run.returncode == 0, run.stderr[-4000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)], run.stdout
+
+
+def check_epochs(ranks: list[dict]) -> None:
+    """Both ranks ran 7 steps per epoch on their own stream's first 13 batches, validated at 4, 8,
+    12 and the epoch's end (3 batches each time), and knew the last window while it ran."""
+    for r, rec in enumerate(ranks):
+        assert rec["global_step"] == STEPS and rec["epoch"] == 2, rec
+        ids = [1000 * r + b for b in range(13)]
+        assert [s[2] for s in rec["steps"]] == ids + ids
+        assert [s[0] for s in rec["steps"]][:13] == [i // 2 for i in range(13)]
+        last = [s[2] for s in rec["steps"] if s[4]]
+        assert last == [1000 * r + 12] * 2, last
+        assert rec["val_batches"] == 2 * 4 * 3
+        assert rec["sampler"] != "DistributedSampler"  # each rank's stream is its own
+
+
+@pytest.fixture(scope="module")
+def ddp(tmp_path_factory):
+    """DDP over an IterableDataset whose `__len__` claims 20 batches on each rank, through a
+    StatefulDataLoader, saving every 2 steps."""
+    tmp = tmp_path_factory.mktemp("ddp")
+    ranks, stdout = run_script(tmp, strategy="ddp", claimed=20, stateful=True, ckpt_every=2, **RUN)
+    return tmp, ranks, stdout
+
+
+def test_a_short_rank_ends_the_epoch_for_all_under_ddp(ddp):
+    _, ranks, stdout = ddp
+    check_epochs(ranks)
+    notes = re.findall(r"train_dataloaders: .*", stdout)
+    assert notes == [
+        "train_dataloaders: rank 1 ran out after 13 batches (its len() says 20); every rank ended "
+        "epoch 0 there, together: rank(s) 0 had more, left untrained this epoch."
+    ], stdout[-2000:]
+    # the schedule length from the claimed len: 10 steps per epoch
+    assert [rec["estimated"] for rec in ranks] == ["20", "20"]
+
+
+@pytest.mark.skipif(
+    not __import__("importlib").util.find_spec("torchdata"), reason="torchdata not installed"
+)
+def test_a_stateful_loader_resumes_mid_epoch(ddp, tmp_path):
+    """From the step-4 checkpoint (8 batches into epoch 0): each rank's StatefulDataLoader is
+    restored at its own position (its dataset's load_state_dict sees 8 batches of 4 samples, no
+    batch replayed) and the rest of the run is the uninterrupted one, loss for loss."""
+    before, full, _ = ddp
+    ckpt = before / "out" / "ckpt" / "epoch=0-step=4.ckpt"
+    ranks, _ = run_script(
+        tmp_path, strategy="ddp", claimed=20, stateful=True, resume=str(ckpt), **RUN
+    )
+    for rec, whole in zip(ranks, full):
+        assert rec["restored"] == [8 * 4]
+        assert rec["global_step"] == STEPS
+        assert rec["steps"] == [s for s in whole["steps"] if s[0] >= 4]
+
+
+@pytest.mark.parametrize("strategy", ["deepspeed_stage_2", "deepspeed_stage_3", "fsdp"])
+def test_an_unsized_stream_trains_alike_under(strategy, ddp, tmp_path):
+    _, reference, _ = ddp
+    ranks, stdout = run_script(tmp_path, strategy=strategy, **RUN)
+    check_epochs(ranks)
+    assert "rank 1 ran out after 13 batches (it has no len())" in stdout
+    for rec, ref in zip(ranks, reference):
+        assert rec["estimated"] == "inf"
+        losses, ref_losses = [s[3] for s in rec["steps"]], [s[3] for s in ref["steps"]]
+        assert_close_losses(losses, ref_losses, RTOL, f"{strategy} vs ddp")
+
+
+# ---------------------------------------------------------------- one process
+class Stream(IterableDataset):
+    def __iter__(self):
+        g = torch.Generator().manual_seed(0)
+        for _ in range(20):
+            yield torch.randn(8, generator=g)
+
+
+class Tiny(L.LightningModule):
+    def __init__(self, one_cycle: bool = False):
+        super().__init__()
+        self.layer, self.one_cycle = torch.nn.Linear(8, 1), one_cycle
+        self.val_batches = 0
+
+    def training_step(self, batch, batch_idx):
+        return self.layer(batch).pow(2).mean()
+
+    def validation_step(self, batch, batch_idx):
+        self.val_batches += 1
+
+    def configure_optimizers(self):
+        opt = torch.optim.SGD(self.parameters(), lr=0.1)
+        if not self.one_cycle:
+            return opt
+        steps = self.trainer.estimated_stepping_batches
+        return [opt], [torch.optim.lr_scheduler.OneCycleLR(opt, 0.1, total_steps=steps)]
+
+
+def fit(tmp_path, model=None, **flags):
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        default_root_dir=str(tmp_path),
+        num_sanity_val_steps=0,
+        **flags,
+    )
+    model = model or Tiny()
+    trainer.fit(model, DataLoader(Stream(), batch_size=4), DataLoader(Stream(), batch_size=4))
+    return trainer, model
+
+
+def test_one_process_epochs_steps_limits_and_bars(tmp_path, capsys):
+    trainer, model = fit(tmp_path, max_epochs=2, val_check_interval=2)
+    assert trainer.global_step == 10 and trainer.current_epoch == 2
+    assert trainer.num_training_batches == math.inf
+    assert trainer.estimated_stepping_batches == math.inf
+    assert model.val_batches == 2 * 3 * 5  # at batches 2, 4 and the end of each epoch
+    assert re.search(r"epoch 1 step 10 [\d.]+ it/s", capsys.readouterr().out)  # no total
+    trainer, _ = fit(tmp_path, max_steps=7, callbacks=[L.TQDMProgressBar()])
+    assert (trainer.global_step, trainer.current_epoch) == (7, 1)
+    assert trainer.estimated_stepping_batches == 7
+    assert "| 2/? [" in "".join(capsys.readouterr())  # tqdm counts epoch 1 without a total
+    trainer, _ = fit(tmp_path, max_epochs=2, limit_train_batches=3)
+    assert trainer.global_step == 6 and trainer.estimated_stepping_batches == 6
+
+
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        (dict(val_check_interval=0.5), "val_check_interval=0.5 is a fraction of an epoch"),
+        (dict(limit_train_batches=0.5), "limit_train_batches=0.5 is a fraction of an epoch"),
+    ],
+)
+def test_fractions_of_an_unsized_epoch_are_refused(tmp_path, flags, says):
+    with pytest.raises(L.ConfigError, match=re.escape(says)):
+        fit(tmp_path, max_epochs=1, **flags)
+
+
+def test_a_schedule_sized_by_an_unknowable_length_names_it(tmp_path):
+    with pytest.raises(L.ConfigError, match="estimated_stepping_batches is inf") as err:
+        fit(tmp_path, Tiny(one_cycle=True), max_epochs=2)
+    assert "Set Trainer(max_steps=N)" in str(err.value)
+    trainer, _ = fit(tmp_path, Tiny(one_cycle=True), max_steps=6)
+    assert trainer.global_step == 6
