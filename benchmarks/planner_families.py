@@ -234,7 +234,7 @@ def child(family: str, cpu: bool, spec: dict) -> dict:
     base = rss_now()  # before the model: the libraries, CUDA's context
     model = Family(family, cpu, spec["seq"], spec["samples"])
     sample = next(iter(DataLoader(model.data, batch_size=1)))
-    facts = inspect_model(model, sample, precision)
+    facts = inspect_model(model, sample, precision, "cpu" if cpu else "cuda")
     # The run probes once: its own inspect_model gets these facts (the same probe, the same sample).
     micro_batch.inspect_model = lambda *a, **k: facts
     plain = forecast_candidate(build_candidates(devices)[0], facts, devices, precision, 1)
@@ -255,8 +255,12 @@ def child(family: str, cpu: bool, spec: dict) -> dict:
         callbacks=[timing],
     )
     start = time.perf_counter()
+    if spec.get("history"):  # the allocator's events, to say what is live at the peak
+        torch.cuda.memory._record_memory_history(max_entries=500_000)
     trainer.fit(model)
     peak = torch.cuda.max_memory_allocated() if not cpu else 0
+    if spec.get("history"):
+        Path(spec["history"]).write_text(live_at_peak(torch.cuda.memory._snapshot()))
     candidate = micro_batch.candidate_of(trainer.strategy, devices)
     mb = model.batch_size
     trials = spec["micro_batch"] is not None
@@ -279,6 +283,35 @@ def child(family: str, cpu: bool, spec: dict) -> dict:
         "seconds": time.perf_counter() - start,
         "rank0": trainer.is_global_zero,
     }
+
+
+def live_at_peak(snapshot: dict, top: int = 30) -> str:
+    """The blocks live at the allocator's largest total in `snapshot`'s event trace, grouped by
+    where they were allocated (the innermost frames outside torch), largest first."""
+    events = snapshot["device_traces"][0]
+    total = best = best_at = 0
+    for i, e in enumerate(events):
+        if e["action"] == "alloc":
+            total += e["size"]
+        elif e["action"] == "free_completed":
+            total -= e["size"]
+        if total > best:
+            best, best_at = total, i
+    live: dict[int, dict] = {}
+    for e in events[: best_at + 1]:
+        if e["action"] == "alloc":
+            live[e["addr"]] = e
+        elif e["action"] == "free_completed":
+            live.pop(e["addr"], None)
+    groups: dict[str, int] = {}
+    for e in live.values():
+        frames = [f for f in e.get("frames", []) if "/torch/" not in f["filename"]][:3]
+        key = " < ".join(f"{Path(f['filename']).name}:{f['line']} {f['name']}" for f in frames)
+        groups[key] = groups.get(key, 0) + e["size"]
+    lines = [f"peak in the trace {best / 2**30:.3f} GiB (event {best_at} of {len(events)})"]
+    for key, size in sorted(groups.items(), key=lambda kv: -kv[1])[:top]:
+        lines.append(f"{size / 2**20:9.1f} MiB  {key}")
+    return "\n".join(lines) + "\n"
 
 
 def table(rows: list[dict]) -> str:
@@ -312,6 +345,7 @@ def main() -> None:
     p.add_argument("--limit", type=float, default=240, help="seconds per family")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--out", help="folder for planner_families.json")
+    p.add_argument("--history", help="families whose live blocks at the peak go to --out")
     args = p.parse_args()
     if args.child:
         spec = json.loads(args.child)
@@ -322,6 +356,8 @@ def main() -> None:
     rows = []
     for family in args.only.split(","):
         spec = {"family": family, **GPU[family]}
+        if args.history and family in args.history.split(",") and args.out:
+            spec["history"] = str(Path(args.out, f"history_{family}.txt"))
         if args.cpu:  # tiny models; the budget comes from their forecast (cpu_budget)
             spec.update(seq=16, samples=8)
         cmd = [sys.executable, __file__, "--child", json.dumps(spec)] + (["--cpu"] * args.cpu)

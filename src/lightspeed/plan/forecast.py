@@ -271,6 +271,7 @@ def forecast(
     accumulate: int = 1,
     pinned: bool = True,
     trials: bool = False,
+    device_type: str = "cpu",
 ) -> list[Forecast]:
     """Forecasts every candidate (default: `build_candidates(devices)`) for `module` on `devices`
     ranks.
@@ -283,11 +284,12 @@ def forecast(
         accumulate: the Trainer's accumulate_grad_batches (above 1, gradients and activations
         coexist). pinned: offloaded host buffers are page-locked (DeepSpeed's default on CUDA).
         trials: micro-batch trials run (micro_batch="auto"): a copy of the model beside it.
+        device_type: where training runs ("cuda": the probe saves what the GPU's kernels save).
     Raises:
         ConfigError: bad devices, precision or micro_batch, or a module without parameters.
     """
     precision = _check(devices, precision, micro_batch)
-    facts = facts or inspect_model(module, batch, precision)
+    facts = facts or inspect_model(module, batch, precision, device_type)
     candidates = candidates or build_candidates(devices, deepspeed=_has_deepspeed())
     rows = [
         forecast_candidate(c, facts, devices, precision, micro_batch, pinned, trials)
@@ -699,6 +701,7 @@ def auto_choice(
         facts=facts,
         pinned=device_type == "cuda",
         trials=trials,
+        device_type=device_type,
     )
     return choose(rows, device_bytes, host_bytes, headroom, show=show)
 
@@ -747,7 +750,7 @@ def find_micro_batch(
         raise ConfigError(
             f"strategy={strategy!r} is not valid here: use one of {', '.join(sorted(by_name))}."
         )
-    candidate, facts = by_name[strategy], inspect_model(module, batch, precision)
+    candidate, facts = by_name[strategy], inspect_model(module, batch, precision, device_type)
     size = largest_micro_batch(
         candidate, facts, devices, precision, device_bytes, headroom, max_micro_batch
     )
@@ -783,8 +786,7 @@ def largest_micro_batch(
     limit = device_bytes * (1 - headroom)
     fixed = forecast_candidate(candidate, facts, devices, precision, 1)
     act = activations_for(candidate, facts)
-    per_sample = act.ac_per_sample if candidate.activation_checkpointing else act.per_sample
-    base = act.ac_base if candidate.activation_checkpointing else act.base
+    base, per_sample = act.slope(candidate.activation_checkpointing)
     # device_total(b) = states without grads + buffers + max(grads, base + per_sample × b): solve
     # for b.
     room = limit - (fixed.params + fixed.optim + fixed.master + fixed.buffers)
@@ -856,7 +858,9 @@ def plan_cli(argv: list[str]) -> int:
     console = Console(width=160)
     try:
         module, batch = load_target(args.target, args.batch)
-        rows = forecast(module, args.devices, args.precision, args.micro_batch, batch=batch)
+        rows = forecast(
+            module, args.devices, args.precision, args.micro_batch, batch=batch, device_type="cuda"
+        )
         if args.device_memory is not None:
             host = args.host_memory or device_memory("cpu", args.devices)[1]
             limit = args.device_memory * (1 - args.headroom)

@@ -196,7 +196,7 @@ def plan_fit(
             "weights, gradients and optimizer states.",
             flush=True,
         )
-    facts = inspect_model(module, sample, options.precision)
+    facts = inspect_model(module, sample, options.precision, options.device_type)
     fallbacks = None
     if plans:
         choice = auto_choice(
@@ -239,7 +239,7 @@ def plan_micro_batch(
     loader = (datamodule if datamodule is not None else module).train_dataloader()
     raw = raw if raw is not None else next(iter(loader))
     sample = sample if sample is not None else raw
-    facts = facts or inspect_model(module, sample, options.precision)
+    facts = facts or inspect_model(module, sample, options.precision, options.device_type)
     device_bytes, _ = device_memory(options.device_type, world_size, options.memory_budget)
     candidate = candidate_of(strategy, world_size)
     size = largest_micro_batch(

@@ -8,12 +8,18 @@ from __future__ import annotations
 
 import copy
 import math
+import weakref
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from importlib.util import find_spec
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from lightspeed.core.metrics import MetricStore
 from lightspeed.core.optimizer import parse_optimizers
@@ -44,18 +50,30 @@ ADAM_STATES = {
 @dataclass(frozen=True)
 class Activations:
     """Saved-for-backward bytes as `base + per_sample × micro_batch`, plain and with activation
-    checkpointing."""
+    checkpointing, plus the step's working memory above them at its peak (`working_*`: the loss's
+    fp32 logits and their gradient at the start of backward, a layer's gradients before they are
+    freed), measured for a GPU target only (`probe_activations(device_type="cuda")`)."""
 
     base: float = 0.0
     per_sample: float = 0.0
     ac_base: float = 0.0
     ac_per_sample: float = 0.0
     is_probed: bool = False
+    working_base: float = 0.0
+    working_per_sample: float = 0.0
 
     def at(self, micro_batch: int, checkpointed: bool = False) -> int:
+        working = self.working_base + self.working_per_sample * micro_batch
         if checkpointed:
-            return max(0, round(self.ac_base + self.ac_per_sample * micro_batch))
-        return max(0, round(self.base + self.per_sample * micro_batch))
+            return max(0, round(self.ac_base + self.ac_per_sample * micro_batch + working))
+        return max(0, round(self.base + self.per_sample * micro_batch + working))
+
+    def slope(self, checkpointed: bool = False) -> tuple[float, float]:
+        """(bytes at micro-batch 0, bytes per sample) of `at`: the line the micro-batch finder
+        solves."""
+        if checkpointed:
+            return self.ac_base + self.working_base, self.ac_per_sample + self.working_per_sample
+        return self.base + self.working_base, self.per_sample + self.working_per_sample
 
 
 @dataclass(frozen=True)
@@ -83,12 +101,16 @@ class ModelFacts:
 
 
 def inspect_model(
-    module: torch.nn.Module, batch: Any = None, precision: str = "32-true"
+    module: torch.nn.Module,
+    batch: Any = None,
+    precision: str = "32-true",
+    device_type: str = "cpu",
 ) -> ModelFacts:
     """Facts about `module` without touching it: a copy is built on the meta device
     (`configure_model`) to read parameter shapes and the optimizer `configure_optimizers` returns;
     with `batch`, another copy is built on CPU for the activation probe (`probe_activations`; not
     under manual optimization, whose `training_step` steps optimizers the copy does not have).
+    `device_type`: where training will run ("cuda": the probe saves what the GPU's kernels save).
     Raises ConfigError if the module has no parameters."""
     meta = cast("UserModule", build_copy(module, torch.device("meta")))  # the user's Module
     params = list(dict.fromkeys(meta.parameters()))
@@ -111,12 +133,15 @@ def inspect_model(
         default=sum(p.numel() for p in params),
     )
     probed = batch is not None and not steps_itself(module)
-    activations = probe_activations(module, batch, precision) if probed else Activations()
+    activations = (
+        probe_activations(module, batch, precision, device_type) if probed else Activations()
+    )
     engine = Activations()
     if probed and precision in ("bf16-mixed", "16-mixed") and find_spec("deepspeed"):
         # DeepSpeed's half-precision modes run the model in that dtype, without autocast.
+        half = cast_floats(batch, torch.bfloat16)
         try:
-            engine = probe_activations(module, cast_floats(batch, torch.bfloat16), "bf16-true")
+            engine = probe_activations(module, half, "bf16-true", device_type)
         except Exception:  # noqa: BLE001 - a model that cannot run in bf16 on CPU: autocast's line
             engine = Activations()
     width = 2 if precision == "bf16-true" else 4  # the probe's copy: weights, then gradients
@@ -210,6 +235,8 @@ class ProbeTrainer:
 
     def __init__(self, trainer: Any = None, strategy: Any = None):
         self.metrics, self._trainer = MetricStore(), trainer
+        # what it logs is a training step's: per step by default, as inside the loop's batch
+        self.metrics.in_batch = True
         self.strategy = (
             strategy if strategy is not None else SimpleNamespace(optimizers=[], schedulers=[])
         )
@@ -241,7 +268,7 @@ def stand_in(twin: torch.nn.Module, module: torch.nn.Module, strategy: Any = Non
 
 
 def probe_activations(
-    module: torch.nn.Module, batch: Any, precision: str = "32-true"
+    module: torch.nn.Module, batch: Any, precision: str = "32-true", device_type: str = "cpu"
 ) -> Activations:
     """Runs `training_step` and backward on a CPU copy of `module` at micro-batch 1 and 2 (rows of
     `batch`, repeated if needed) and fits saved-for-backward bytes as a line in the micro-batch.
@@ -251,22 +278,35 @@ def probe_activations(
     With activation checkpointing only each block's input stays saved, plus one block's own tensors
     while it is recomputed: the probe attributes saved tensors to the repeated blocks
     (`repeated_blocks`) to derive that line.
+
+    For a GPU target (`device_type="cuda"`) the copy runs as the GPU's kernels would
+    (`GpuKernels`: dropout saves a one-byte mask, attention with dropout takes the flash kernel
+    instead of the CPU's fp32 fallback), and the line gains the step's working memory above the
+    saved tensors at its peak (`LiveBytes`), which the GPU's allocator counts too.
     """
     twin = _probe_copy(module, precision)
-    one, two = (_saved_bytes(twin, batch_of(batch, n), precision) for n in (1, 2))
+    gpu = device_type == "cuda"
+    one, two = (_saved_bytes(twin, batch_of(batch, n), precision, gpu) for n in (1, 2))
     slope = [b - a for a, b in zip(one, two)]
     base = [a - s for a, s in zip(one, slope)]
-    # (total, inside blocks, block inputs, largest block): checkpointed = total - inside + inputs +
-    # largest.
+    # (total, inside blocks, block inputs, largest block, working): checkpointed = total - inside
+    # + inputs + largest.
     ac = lambda v: v[0] - v[1] + v[2] + v[3]  # noqa: E731
-    return Activations(base[0], slope[0], ac(base), ac(slope), True)
+    # The working memory is the peak's excess over the saved tensors, whose moment moves with the
+    # micro-batch (the logits' gradient at backward's start, a fixed weight's gradient later): a
+    # line that falls is taken as flat at its larger point, never extrapolated below it.
+    working = max(0, two[4] - one[4])
+    return Activations(base[0], slope[0], ac(base), ac(slope), True, one[4] - working, working)
 
 
-def saved_activation_bytes(module: torch.nn.Module, batch: Any, precision: str = "32-true") -> int:
+def saved_activation_bytes(
+    module: torch.nn.Module, batch: Any, precision: str = "32-true", device_type: str = "cpu"
+) -> int:
     """Bytes autograd saves for one `training_step` and backward on `batch` itself, on a CPU copy of
-    `module` (weights excluded, as in `probe_activations`): a direct measurement to check the
-    probe's line against."""
-    return _saved_bytes(_probe_copy(module, precision), batch, precision)[0]
+    `module` (weights excluded, as in `probe_activations`), plus for a GPU target the step's working
+    memory at its peak: a direct measurement to check the probe's line against."""
+    saved = _saved_bytes(_probe_copy(module, precision), batch, precision, device_type == "cuda")
+    return saved[0] + saved[4]
 
 
 def _probe_copy(module: torch.nn.Module, precision: str) -> torch.nn.Module:
@@ -309,10 +349,82 @@ def is_weight_derived(t: torch.Tensor) -> bool:
     return False
 
 
-def _saved_bytes(module: torch.nn.Module, batch: Any, precision: str) -> tuple[int, int, int, int]:
+class GpuKernels(TorchFunctionMode):
+    """Runs a CPU probe's step as a GPU runs it where the two save different tensors for backward:
+    dropout as the fused kernel (a one-byte mask, where the CPU keeps a noise tensor of the input's
+    dtype), and attention with dropout without it, so that the CPU takes its flash kernel
+    (query, key, value, output and the log-sum-exp, as the GPU's flash kernel saves) instead of the
+    math fallback that keeps fp32 attention matrices. Only the bytes matter: the probe's outputs are
+    thrown away."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func is F.dropout:
+            x, p, training, inplace = _dropout_args(*args, **kwargs)
+            if training and 0 < p < 1 and not inplace and x.is_floating_point():
+                return torch.native_dropout(x, p, True)[0]
+        elif func is F.scaled_dot_product_attention:
+            if len(args) > 4:
+                args = (*args[:4], 0.0, *args[5:])
+            else:
+                kwargs["dropout_p"] = 0.0
+        return func(*args, **kwargs)
+
+
+def _dropout_args(
+    input: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False
+) -> tuple[torch.Tensor, float, bool, bool]:
+    return input, p, training, inplace
+
+
+class LiveBytes(TorchDispatchMode):
+    """The step's memory as a device allocator counts it, on the CPU: every tensor storage an
+    operation creates is counted until it is freed (`weakref.finalize` on the storage, whose Python
+    object lives as long as the storage does), and the largest total is `peak`. Weights are not
+    counted, nor what is computed from weights alone (autocast's copies, transposes: `buffers`)."""
+
+    def __init__(self, weights: set[int]):
+        super().__init__()
+        self.weights, self.counted = set(weights), set()
+        self.live = self.peak = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        derived = bool(inputs) and all(_key(t) in self.weights for t in inputs)
+        for t in tree_leaves(out):
+            if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+                continue
+            storage, key = t.untyped_storage(), _key(t)
+            if key in self.counted or key in self.weights or not storage.nbytes():
+                continue
+            if derived:
+                self.weights.add(key)
+                continue
+            self.counted.add(key)
+            self.live += storage.nbytes()
+            self.peak = max(self.peak, self.live)
+            weakref.finalize(storage, self._free, key, storage.nbytes())
+        return out
+
+    def _free(self, key: int, nbytes: int) -> None:
+        self.counted.discard(key)
+        self.live -= nbytes
+
+
+def _key(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+def _saved_bytes(
+    module: torch.nn.Module, batch: Any, precision: str, gpu: bool = False
+) -> tuple[int, int, int, int, int]:
     """One step's saved tensors: (all bytes, bytes saved inside blocks, bytes of block inputs,
-    largest block)."""
-    weights = {p.untyped_storage()._cdata for p in module.parameters()}
+    largest block, working bytes above the saved ones at the step's peak: `gpu` only). With `gpu`
+    the step runs as the GPU's kernels would (`GpuKernels`), each parameter's gradient freed once
+    accumulated (the strategies keep gradients elsewhere: the forecast's `grads`)."""
+    params = list(module.parameters())
+    weights = {p.untyped_storage()._cdata for p in params}
     half = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
     blocks = repeated_blocks(module)
     seen: set[int] = set()
@@ -341,20 +453,29 @@ def _saved_bytes(module: torch.nn.Module, batch: Any, precision: str) -> tuple[i
 
     handles = [b.register_forward_pre_hook(enter(i)) for i, b in enumerate(blocks)]
     handles += [b.register_forward_hook(lambda *_: state.update(block=None)) for b in blocks]
+    if gpu:
+        drop = lambda p: setattr(p, "grad", None)  # noqa: E731
+        handles += [p.register_post_accumulate_grad_hook(drop) for p in params if p.requires_grad]
     autocast = (
         torch.autocast("cpu", dtype=half)
         if half is not None
         else torch.autocast("cpu", enabled=False)
     )
+    live = LiveBytes(weights)
+    kernels = GpuKernels() if gpu else None
     try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
-            out = cast("UserModule", module).training_step(*step_args(module, batch))
-        loss = out["loss"] if isinstance(out, dict) else out
-        loss.float().backward()
+        with live if gpu else nullcontext(), kernels if kernels is not None else nullcontext():
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
+                out = cast("UserModule", module).training_step(*step_args(module, batch))
+            loss = out["loss"] if isinstance(out, dict) else out
+            del out
+            loss.float().backward()
+            del loss
     finally:
         for h in handles:
             h.remove()
-    return state["total"], sum(inside), state["inputs"], max(inside, default=0)
+    working = max(0, live.peak - state["total"]) if gpu else 0
+    return state["total"], sum(inside), state["inputs"], max(inside, default=0), working
 
 
 def plain_cuda_step(module: torch.nn.Module, batch: Any, n: int, precision: str) -> None:

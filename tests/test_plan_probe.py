@@ -1,0 +1,74 @@
+"""The activation probe for a GPU target, on CPU: it saves what the GPU's kernels save (dropout's
+one-byte mask, flash attention's query/key/value, output and log-sum-exp) and counts the step's
+working memory above the saved tensors (`LiveBytes`), as a device allocator would."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+import lightspeed as ls
+from lightspeed.plan.probe import LiveBytes, probe_activations
+
+
+class _Base(ls.LightningModule):
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class Dropout(_Base):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(64, 128)
+
+    def training_step(self, batch):
+        return F.dropout(self.lin(batch), 0.1, True).float().sum()
+
+
+class Attention(_Base):
+    """One projection used as query, key and value, then attention with dropout."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+
+    def training_step(self, batch):
+        x = self.lin(batch).view(batch.shape[0], 16, 2, 8).transpose(1, 2)
+        out = F.scaled_dot_product_attention(x, x, x, dropout_p=0.1, is_causal=True)
+        return out.float().sum()
+
+
+def test_dropout_saves_a_one_byte_mask_for_a_gpu_and_its_dtype_on_cpu():
+    batch = torch.randn(4, 64, dtype=torch.bfloat16)
+    cpu = probe_activations(Dropout(), batch, "bf16-true", "cpu")
+    gpu = probe_activations(Dropout(), batch, "bf16-true", "cuda")
+    # per sample: 128 outputs; the CPU keeps bf16 noise (2 bytes each), the GPU a bool mask
+    assert (cpu.per_sample, gpu.per_sample) == (256, 128)
+    assert cpu.working_per_sample == 0 and gpu.working_per_sample > 0
+
+
+def test_attention_with_dropout_is_probed_as_the_flash_kernel_saves_it():
+    batch = torch.randn(4, 16, 16, dtype=torch.bfloat16)
+    gpu = probe_activations(Attention(), batch, "bf16-true", "cuda")
+    # per sample: the projection (16×16 bf16, query = key = value), the output (the same) and the
+    # log-sum-exp (2 heads × 16 positions, fp32)
+    assert gpu.per_sample == 16 * 16 * 2 + 16 * 16 * 2 + 2 * 16 * 4
+    cpu = probe_activations(Attention(), batch, "bf16-true", "cpu")
+    assert cpu.per_sample > 4 * gpu.per_sample  # the CPU's math fallback: fp32 attention matrices
+
+
+def test_live_bytes_peaks_at_the_largest_gradient_beside_the_saved_tensors():
+    net = torch.nn.Sequential(
+        torch.nn.Linear(256, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 256)
+    )
+    for p in net.parameters():
+        p.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
+    live = LiveBytes({p.untyped_storage()._cdata for p in net.parameters()})
+    x = torch.randn(64, 256)
+    with live:
+        net(x).pow(2).sum().backward()
+    mib = 2**20
+    # saved: the hidden layer before and after GELU (1 MiB each); then the second layer's input
+    # gradient (1 MiB) and weight gradient (4 MiB) at once, beside the output's gradient (64 KiB)
+    assert 7 * mib <= live.peak <= 7 * mib + 128 * 1024
+    assert live.live < 1024  # everything the step made is freed with it
