@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH := torch==2.13.0
 
-.PHONY: demo test venv clean chromium lint
+.PHONY: demo test venv clean chromium lint lightning-ref
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -30,6 +30,15 @@ chromium:
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
 		|| echo "chromium not installed: tests/test_report.py skips its browser test")
 
+# Real Lightning, for tests/test_lightning_ckpt.py (checkpoint files both ways), in a folder beside the
+# venv's packages: `import lightning` must keep failing in the venv itself. Its other imports
+# (torchmetrics, lightning-utilities, pyyaml, fsspec, tqdm, ...) are the venv's. Without a package
+# index the install fails, and that test skips saying so.
+LIGHTNING_REF := $(VENV)/lightning-ref
+lightning-ref: venv
+	@grep -qs "^2.6.6" $(LIGHTNING_REF)/lightning/version.info || $(BIN)/python -m pip install -q \
+		--target $(LIGHTNING_REF) --no-deps lightning==2.6.6 || echo "lightning-ref not installed"
+
 # pytest runs two workers, each one test file at a time (a file's module fixtures run once): most tests wait on
 # rank start-up and rendezvous, so two streams fill the 2 cores that one stream leaves a third idle.
 # The guards that measure: ruff (lint and format at 100 columns), pyright in basic mode over src/ (the
@@ -39,7 +48,7 @@ lint: venv
 	$(BIN)/ruff format --check src
 	$(BIN)/pyright
 
-test: venv chromium lint
+test: venv chromium lint lightning-ref
 	$(BIN)/python -c "import sys; from deepspeed.accelerator import get_accelerator as acc; \
 	[acc().create_op_builder(n).load() for n in sys.argv[1:]]; print('DeepSpeed ops ready')" $(DS_OPS)
 	$(BIN)/python -m pytest -q -x -n 2 --dist loadfile --durations=25 tests

@@ -4,6 +4,8 @@ checkpoint files travel between the two.
     PYTHONPATH=.venv/lightning-ref python tests/lightning_ckpt_script.py lightning JOBS.json OUT.json
     PYTHONPATH=src python tests/lightning_ckpt_script.py lightspeed JOBS.json OUT.json
 
+Imported (the test's own process), it is the lightspeed side: `run(jobs)` returns the results.
+
 JOBS.json is a list of jobs run in order, each a dict: "fit" (a Trainer.fit: "devices", "epochs",
 "resume" (a checkpoint or None), "save" (a folder: a checkpoint at each epoch's end and one every
 "mid" steps, under `epochs/` and `mid/`)), or "load" (`Model.load_from_checkpoint(path)`: its
@@ -23,9 +25,9 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-if sys.argv[1] == "lightning":
+if __name__ == "__main__" and sys.argv[1] == "lightning":
     import lightning.pytorch as pl
-else:
+else:  # run with "lightspeed", or imported by the test
     import lightspeed as pl
 
 N, BATCH = 32, 4  # 8 batches an epoch on one device, 4 on each of 2 ranks
@@ -96,11 +98,12 @@ def load(job: dict) -> dict:
     }
 
 
+def run(jobs: list[dict]) -> list[dict]:
+    return [fit(job) if job["kind"] == "fit" else load(job) for job in jobs]
+
+
 def main() -> None:
-    jobs = json.loads(Path(sys.argv[2]).read_text())
-    results = []
-    for job in jobs:
-        results.append(fit(job) if job["kind"] == "fit" else load(job))
+    results = run(json.loads(Path(sys.argv[2]).read_text()))
     if all(r.get("rank", 0) == 0 for r in results):
         Path(sys.argv[3]).write_text(json.dumps(results))
 

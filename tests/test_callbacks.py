@@ -50,38 +50,42 @@ def test_checkpoint_top_k_by_monitor(tmp_path):
     ckpt = ls.ModelCheckpoint(monitor="score", mode="min", save_top_k=2)
     fit_scripted(tmp_path, [5.0, 3.0, 4.0, 1.0, 6.0], ckpt)
     # Steps are 2 per epoch; the two lowest scores are epochs 3 (1.0) and 1 (3.0).
-    assert _dirs(tmp_path) == ["epoch=1-step=4", "epoch=3-step=8", "last"]
-    assert ckpt.best_model_path.endswith("epoch=3-step=8") and ckpt.best_model_score == 1.0
-    assert (tmp_path / "checkpoints" / "last").resolve().name == "epoch=3-step=8"
+    assert _dirs(tmp_path) == ["epoch=1-step=4.ckpt", "epoch=3-step=8.ckpt", "last.ckpt"]
+    assert ckpt.best_model_path.endswith("epoch=3-step=8.ckpt") and ckpt.best_model_score == 1.0
+    assert (tmp_path / "checkpoints" / "last.ckpt").resolve().name == "epoch=3-step=8.ckpt"
 
 
 def test_checkpoint_mode_max_with_save_last(tmp_path):
     ckpt = ls.ModelCheckpoint(monitor="score", mode="max", save_top_k=1, save_last=True)
     fit_scripted(tmp_path, [5.0, 3.0, 4.0, 1.0, 6.0, 2.0], ckpt)
-    # Best is epoch 4 (6.0); the newest (epoch 5) is kept as `last` only; nothing else survives.
-    assert _dirs(tmp_path) == ["epoch=4-step=10", "epoch=5-step=12", "last"]
-    assert (tmp_path / "checkpoints" / "last").resolve().name == "epoch=5-step=12"
-    assert ckpt.best_model_path.endswith("epoch=4-step=10")
-    # A newer best replaces both the old best and the directory kept only as `last`.
+    # Best is epoch 4 (6.0); the newest (epoch 5) is kept as Lightning's `last.ckpt` only (the file
+    # itself, not a link); nothing else survives.
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert _dirs(tmp_path) == ["epoch=4-step=10.ckpt", "last.ckpt"]
+    assert not last.is_symlink() and torch.load(last, weights_only=True)["global_step"] == 12
+    assert ckpt.best_model_path.endswith("epoch=4-step=10.ckpt")
+    assert ckpt.last_model_path == str(last)
+    # A newer best replaces both the old best and the checkpoint kept only as `last.ckpt`.
     fit_scripted(
         tmp_path / "again",
         [5.0, 3.0, 6.0],
         ls.ModelCheckpoint(monitor="score", mode="max", save_last=True),
     )
-    assert _dirs(tmp_path / "again") == ["epoch=2-step=6", "last"]
+    assert _dirs(tmp_path / "again") == ["epoch=2-step=6.ckpt", "last.ckpt"]
+    assert (tmp_path / "again/checkpoints/last.ckpt").resolve().name == "epoch=2-step=6.ckpt"
 
 
 def test_checkpoint_every_n_steps_and_epochs(tmp_path):
     fit_scripted(
         tmp_path / "steps", [0.0] * 2, ls.ModelCheckpoint(every_n_train_steps=3, save_top_k=-1)
     )
-    assert _dirs(tmp_path / "steps") == ["epoch=1-step=3", "last"]
+    assert _dirs(tmp_path / "steps") == ["epoch=1-step=3.ckpt", "last.ckpt"]
     fit_scripted(
         tmp_path / "epochs", [0.0] * 4, ls.ModelCheckpoint(every_n_epochs=2, save_top_k=-1)
     )
-    assert _dirs(tmp_path / "epochs") == ["epoch=1-step=4", "epoch=3-step=8", "last"]
+    assert _dirs(tmp_path / "epochs") == ["epoch=1-step=4.ckpt", "epoch=3-step=8.ckpt", "last.ckpt"]
     fit_scripted(tmp_path / "recent", [0.0] * 3, ls.ModelCheckpoint(save_top_k=1))
-    assert _dirs(tmp_path / "recent") == ["epoch=2-step=6", "last"]
+    assert _dirs(tmp_path / "recent") == ["epoch=2-step=6.ckpt", "last.ckpt"]
 
 
 @pytest.mark.parametrize(
@@ -160,8 +164,13 @@ def test_checkpoint_resume_keeps_its_last_saved_step(tmp_path):
         return recorder.steps
 
     assert fit() == [4, 8, 12]
-    assert fit(tmp_path / "checkpoints" / "epoch=0-step=4") == [8, 12]
-    assert _dirs(tmp_path) == ["epoch=0-step=4", "epoch=1-step=8", "epoch=2-step=12", "last"]
+    assert fit(tmp_path / "checkpoints" / "epoch=0-step=4.ckpt") == [8, 12]
+    assert _dirs(tmp_path) == [
+        "epoch=0-step=4.ckpt",
+        "epoch=1-step=8.ckpt",
+        "epoch=2-step=12.ckpt",
+        "last.ckpt",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -233,16 +242,16 @@ def test_checkpoint_lightning_arguments(tmp_path, capsys):
         "'score' reached 3 (best 3), saved" in out
         and "'score' was not in the top 1, saved" not in out
     )
-    assert ckpt.best_model_path.endswith("epoch=1-step=4") and trainer.global_step == 6
+    assert ckpt.best_model_path.endswith("epoch=1-step=4.ckpt") and trainer.global_step == 6
     # mid-epoch validations (val_check_interval=0.5) each save when save_on_train_epoch_end=False
     mid = ls.ModelCheckpoint(save_on_train_epoch_end=False, save_top_k=-1)
     fit_scripted(tmp_path / "mid", [1.0, 1.0], mid, val_check_interval=0.5, limit_train_batches=4)
     assert _dirs(tmp_path / "mid") == [
-        "epoch=0-step=2",
-        "epoch=0-step=4",
-        "epoch=1-step=6",
-        "epoch=1-step=8",
-        "last",
+        "epoch=0-step=2.ckpt",
+        "epoch=0-step=4.ckpt",
+        "epoch=1-step=6.ckpt",
+        "epoch=1-step=8.ckpt",
+        "last.ckpt",
     ]
     # a new run in the same folder overwrites a same-named checkpoint only with
     # enable_version_counter=False
@@ -253,9 +262,8 @@ def test_checkpoint_lightning_arguments(tmp_path, capsys):
         limit_train_batches=4,
     )
     fit_scripted(tmp_path / "mid", [1.0], ls.ModelCheckpoint(), limit_train_batches=4)
-    assert "epoch=0-step=4-v1" in _dirs(tmp_path / "mid") and "epoch=0-step=4-v2" not in _dirs(
-        tmp_path / "mid"
-    )
+    assert "epoch=0-step=4-v1.ckpt" in _dirs(tmp_path / "mid")
+    assert "epoch=0-step=4-v2.ckpt" not in _dirs(tmp_path / "mid")
 
 
 def test_checkpoint_every_train_time_interval(tmp_path):
@@ -269,7 +277,9 @@ def test_checkpoint_every_train_time_interval(tmp_path):
         tmp_path, max_epochs=1, limit_train_batches=20, limit_val_batches=1, callbacks=[ckpt]
     )
     trainer.fit(Slow([1.0]), regression_data(n=80), regression_data())
-    steps = sorted(int(d.split("=")[-1]) for d in _dirs(tmp_path) if d != "last")
+    steps = sorted(
+        int(d.removesuffix(".ckpt").split("=")[-1]) for d in _dirs(tmp_path) if d != "last.ckpt"
+    )
     assert 2 <= len(steps) <= 6 and steps == sorted(set(steps)), (
         steps
     )  # ≈ every 4 steps of 0.06 s, no epoch save

@@ -1,6 +1,7 @@
-"""Every byte a resume reads is checked: a changed byte in any file a rank reads (optimizer state,
-weights, DeepSpeed ZeRO shards, DCP shards) stops the resume on every rank with a ConfigError
-naming the file, the recorded and the found CRC-32, and the newest intact checkpoint beside it.
+"""Every byte a resume reads is checked: a changed byte in any file a rank reads (a DDP .ckpt's
+records, DeepSpeed ZeRO shards, DCP shards) stops the resume on every rank with a ConfigError
+naming the file (and record), the recorded and the found CRC-32, and the newest intact checkpoint
+beside it.
 Without the check, flips in optimizer state resumed silently (the losses parted at steps 12-14).
 
     PYTHONPATH=src .venv/bin/python -m pytest -q tests/test_checksummed_resume.py
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import zipfile
 import zlib
 from pathlib import Path
 
@@ -47,11 +49,41 @@ def _flip(file: Path, at: float = 0.6) -> None:
     file.write_bytes(bytes(data))
 
 
+def _flip_record(file: Path, record: str) -> tuple[int, int]:
+    """One bit of one zip record's bytes flipped; returns (its recorded CRC-32, the new one)."""
+    with zipfile.ZipFile(file) as z:
+        info = z.getinfo(record)
+    data = bytearray(file.read_bytes())
+    head = info.header_offset
+    start = head + 30 + int.from_bytes(data[head + 26 : head + 28], "little")
+    start += int.from_bytes(data[head + 28 : head + 30], "little")
+    data[start + info.file_size // 2] ^= 0x10
+    file.write_bytes(bytes(data))
+    return info.CRC, zlib.crc32(data[start : start + info.file_size])
+
+
+@pytest.mark.parametrize("record", ["archive/data.pkl", "archive/data/0"])
+def test_flipped_byte_of_a_ddp_file_stops_the_resume(tmp_path, trained, record):
+    # DDP writes Lightning's one .ckpt: its zip records carry their CRC-32s, checked on every rank.
+    folder = tmp_path / "checkpoints"
+    shutil.copytree(trained("ddp"), folder, symlinks=True)
+    ckpt = folder / f"epoch=0-step={STEPS}.ckpt"
+    recorded, found = _flip_record(ckpt, record)
+    run = run_workload(
+        tmp_path, strategy="ddp", **{**RUN, "max_steps": STEPS + 2}, resume=str(ckpt), check=False
+    )
+    assert run.returncode != 0, run.stdout[-2000:]
+    assert f"checkpoint file {ckpt} is corrupt: the CRC-32 of its record {record!r}" in run.stderr
+    assert f"(recorded {recorded:08x}, found {found:08x} on rank 0)" in run.stderr, run.stderr[
+        -3000:
+    ]
+    intact = f"The newest intact checkpoint in {folder} is epoch=0-step=2.ckpt"
+    assert intact in run.stderr, run.stderr[-3000:]
+
+
 @pytest.mark.parametrize(
     "strategy, victim",
     [
-        ("ddp", "optimizer.pt"),
-        ("ddp", "model.safetensors"),
         ("deepspeed_stage_2", "deepspeed/zero_pp_rank_1_mp_rank_00_optim_states.pt"),
         ("deepspeed_stage_2", "deepspeed/mp_rank_00_model_states.pt"),
         ("deepspeed_stage_3", "deepspeed/zero_pp_rank_0_mp_rank_00_optim_states.pt"),
@@ -61,7 +93,7 @@ def _flip(file: Path, at: float = 0.6) -> None:
 def test_flipped_byte_stops_the_resume_naming_the_file(tmp_path, trained, strategy, victim):
     folder = tmp_path / "checkpoints"
     shutil.copytree(trained(strategy), folder, symlinks=True)
-    ckpt = folder / f"epoch=0-step={STEPS}"
+    ckpt = folder / f"epoch=0-step={STEPS}.ckpt"
     file = ckpt / victim
     recorded = json.loads((ckpt / "meta.json").read_text())["files"][victim]["crc32"]
     _flip(file)
@@ -78,9 +110,8 @@ def test_flipped_byte_stops_the_resume_naming_the_file(tmp_path, trained, strate
         -3000:
     ]
     assert f"(recorded {recorded:08x}, found {found:08x}" in run.stderr, run.stderr[-3000:]
-    assert f"The newest intact checkpoint in {folder} is epoch=0-step=2" in run.stderr, run.stderr[
-        -3000:
-    ]
+    intact = f"The newest intact checkpoint in {folder} is epoch=0-step=2.ckpt"
+    assert intact in run.stderr, run.stderr[-3000:]
 
 
 def test_files_read_cover_every_rank_share():
@@ -127,7 +158,7 @@ sys.addaudithook(_hook)
 """
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "deepspeed_stage_2", "deepspeed_stage_3", "fsdp"])
+@pytest.mark.parametrize("strategy", ["deepspeed_stage_2", "deepspeed_stage_3", "fsdp"])
 def test_every_file_a_resume_opens_is_checked(tmp_path, trained, strategy):
     # Each rank's Python-level opens during a clean resume (torch.load, DCP's reader, DeepSpeed),
     # recorded by an audit hook; every file opened by any rank must be checked by some rank.
@@ -135,7 +166,7 @@ def test_every_file_a_resume_opens_is_checked(tmp_path, trained, strategy):
     site.mkdir()
     (site / "sitecustomize.py").write_text(_AUDIT)
     log = tmp_path / "opened"
-    ckpt = trained(strategy) / f"epoch=0-step={STEPS}"
+    ckpt = trained(strategy) / f"epoch=0-step={STEPS}.ckpt"
     root = Path(__file__).resolve().parent.parent
     run_workload(
         tmp_path,

@@ -1,19 +1,21 @@
-"""Verified checkpoints: meta.json records each file's size and CRC-32; `verify(path, full=True)`
-names a file whose bytes changed; a missing optimizer state is an error; a damaged file of a
-DeepSpeed or DCP checkpoint is named by its checksum before the engine reads it (every byte a resume
-reads is checked: tests/test_checksummed_resume.py).
+"""Verified checkpoints: a .ckpt file's zip records carry their CRC-32s (a directory's meta.json
+records each file's); `verify(path, full=True)` names a record or file whose bytes changed; a
+missing optimizer state is an error; a damaged file of a DeepSpeed or DCP checkpoint is named by
+its checksum before the engine reads it (every byte a resume reads is checked:
+tests/test_checksummed_resume.py).
 
     PYTHONPATH=src .venv/bin/python -m pytest -q tests/test_verified_checkpoints.py
 """
 
 from __future__ import annotations
 
-import json
 import shutil
+import zipfile
 import zlib
 from pathlib import Path
 
 import pytest
+import torch
 
 import lightspeed as ls
 from helpers import run_workload
@@ -27,38 +29,61 @@ def _flip(file: Path, at: float = 0.98) -> None:
     file.write_bytes(bytes(data))
 
 
+def _flip_record(file: Path, record: str) -> None:
+    """One bit flipped in the bytes of one zip record (its data, not its headers)."""
+    with zipfile.ZipFile(file) as z:
+        info = z.getinfo(record)
+    data = bytearray(file.read_bytes())
+    head = info.header_offset
+    start = head + 30 + int.from_bytes(data[head + 26 : head + 28], "little")
+    start += int.from_bytes(data[head + 28 : head + 30], "little")
+    data[start + info.file_size // 2] ^= 0x10
+    file.write_bytes(bytes(data))
+
+
 @pytest.fixture
 def saved(tmp_path) -> Path:
     make_trainer(tmp_path, max_steps=3, enable_checkpointing=True).fit(Regress(), regression_data())
-    return (tmp_path / "checkpoints" / "last").resolve()
+    return (tmp_path / "checkpoints" / "last.ckpt").resolve()
 
 
-def test_meta_records_size_and_crc32(saved):
-    files = json.loads((saved / "meta.json").read_text())["files"]
-    for name, entry in files.items():
-        data = (saved / name).read_bytes()
-        assert entry == {"size": len(data), "crc32": zlib.crc32(data)}
+def test_each_record_carries_its_crc32(saved):
+    # Lightning's file is torch's zip archive: each record holds the CRC-32 of its bytes.
+    with zipfile.ZipFile(saved) as z:
+        infos = z.infolist()
+        assert len(infos) > 4
+        for info in infos:
+            assert zlib.crc32(z.read(info)) == info.CRC
     verify(saved)
 
 
 def test_flipped_bit_in_weights_is_named_by_full_verify(saved):
-    _flip(saved / "model.safetensors")
-    verify(saved, full=False)  # sizes and headers still match: the cheap check cannot see it
-    with pytest.raises(ls.ConfigError, match=r"model\.safetensors is corrupt: its CRC-32 differs"):
+    _flip_record(saved, "archive/data/0")  # the first tensor's bytes: a weight
+    verify(saved, full=False)  # the zip directory still reads: the cheap check cannot see it
+    with pytest.raises(
+        ls.ConfigError,
+        match=r"\.ckpt is corrupt: the CRC-32 of its record 'archive/data/0' differs",
+    ):
         verify(saved, full=True)
 
 
+def test_flipped_bit_stops_the_resume(saved, tmp_path):
+    _flip_record(saved, "archive/data.pkl")  # the pickled dict: loop state, hyper-parameters
+    with pytest.raises(ls.ConfigError, match=r"record 'archive/data\.pkl' differs .* on rank 0\)"):
+        make_trainer(tmp_path, max_steps=4).fit(Regress(), regression_data(), ckpt_path=saved)
+
+
 def test_missing_optimizer_state_is_an_error(saved, tmp_path):
-    (saved / "optimizer.pt").unlink()
-    with pytest.raises(ls.ConfigError, match=r"optimizer\.pt is truncated or corrupt \(missing\)"):
-        make_trainer(tmp_path, max_steps=4).fit(Regress(), regression_data(), ckpt_path=saved)
-    meta = json.loads((saved / "meta.json").read_text())  # even when meta.json does not list it
-    del meta["files"]["optimizer.pt"]
-    (saved / "meta.json").write_text(json.dumps(meta))
-    with pytest.raises(
-        ls.ConfigError, match=r"has no optimizer\.pt: resuming needs the optimizer state"
-    ):
-        make_trainer(tmp_path, max_steps=4).fit(Regress(), regression_data(), ckpt_path=saved)
+    ckpt = torch.load(saved, weights_only=True)
+    del ckpt["optimizer_states"]  # as Lightning's save_weights_only writes it
+    weights_only = tmp_path / "weights-only.ckpt"
+    torch.save(ckpt, weights_only)
+    with pytest.raises(ls.ConfigError, match=r"has no optimizer_states \(saved with weights only"):
+        make_trainer(tmp_path, max_steps=4).fit(
+            Regress(), regression_data(), ckpt_path=weights_only
+        )
+    # Evaluation needs the weights alone.
+    make_trainer(tmp_path).validate(Regress(), regression_data(), ckpt_path=weights_only)
 
 
 @pytest.mark.parametrize(
@@ -72,7 +97,7 @@ def test_damage_engines_would_fail_on_is_named_first(tmp_path, shared_run, strat
     saved = (
         shared_run(**conformance_run(strategy))["root"]
         / "checkpoints"
-        / f"epoch=0-step={RESUME_AT}"
+        / f"epoch=0-step={RESUME_AT}.ckpt"
     )
     ckpt = tmp_path / "ckpt"
     shutil.copytree(saved, ckpt)

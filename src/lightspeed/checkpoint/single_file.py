@@ -115,8 +115,13 @@ def write(ckpt: dict, path: Path) -> None:
     """Writes `ckpt` at `path` atomically: to `.tmp-<name>` beside it, flushed to storage, then
     renamed over whatever `path` is (a file, a link, an older checkpoint directory)."""
     tmp = path.with_name(f".tmp-{path.name}")
-    torch.save(ckpt, tmp)
-    with tmp.open("rb") as f:
+    if tmp.is_dir():  # debris of a directory checkpoint's crashed save under that name
+        shutil.rmtree(tmp)
+    # Through a file object: torch names the archive's records after a path's stem, which a name
+    # starting with "." does not have.
+    with tmp.open("wb") as f:
+        torch.save(ckpt, f)
+        f.flush()
         os.fsync(f.fileno())
     if path.is_dir() and not path.is_symlink():  # a directory checkpoint of the same name
         old = path.with_name(f".old-{path.name}")
