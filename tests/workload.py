@@ -9,7 +9,9 @@ on that rank at step 3), dropout, num_nodes, progress (show the progress bar), f
 AdamW with fused=True), optimizer_kernels (the Trainer flag), compile (Trainer(compile=...): true or
 a dict of torch.compile options; the loss is then recorded in on_train_batch_end, outside the
 compiled step). Fault options: nan_at ({"step": k, "rank": r}: that rank's loss is NaN at global
-step k; rank omitted: every rank), on_nonfinite (the Trainer flag), sigterm_at ({"step": k, "rank":
+step k; rank omitted: every rank), inf_grad_at ({"step": k, "rank": r}: at global step k a tensor
+hook puts one Inf into that rank's gradient of blocks[0].attn.proj.weight, the loss stays finite),
+on_nonfinite (the Trainer flag), sigterm_at ({"step": k, "rank":
 r, "signal": "SIGTERM"}: that rank sends
 itself the signal during step k); a run that exits (preemption) still writes its result, with "exit"
 set to the status; stall_at ({"step": k, "rank": r, "seconds": s}: that rank sleeps; rank omitted:
@@ -73,7 +75,31 @@ class Workload(GPTModule):
             if self.global_rank == 0:
                 torch.save(full, self.opts["init_weights"])
 
+    def on_train_start(self):
+        # Hooked on the Linear's forward: the weight it uses then is the one autograd accumulates
+        # into under every strategy (FSDP2's unsharded parameter, ZeRO-3's gathered one).
+        if self.opts.get("inf_grad_at"):
+            self.model.blocks[0].attn.proj.register_forward_pre_hook(self._poison_weight_grad)
+
+    def _poison_weight_grad(self, linear, args):
+        fault = self.opts["inf_grad_at"]
+        if self.global_step != fault["step"] or fault.get("rank", self.global_rank) != (
+            self.global_rank
+        ):
+            return
+
+        def poison(grad):
+            grad = grad.clone()
+            grad.view(-1)[0] = float("inf")
+            return grad
+
+        hook = linear.weight.register_hook(poison)
+        self._poison_hooks = [*getattr(self, "_poison_hooks", []), hook]
+
     def on_train_batch_end(self, outputs, batch, batch_idx):
+        for hook in getattr(self, "_poison_hooks", []):  # one step's backward only
+            hook.remove()
+        self._poison_hooks = []
         if self.opts.get("compile"):  # the same value, read outside the step torch.compile traces
             self.losses.append(float(self.trainer.callback_metrics["loss"]))
 

@@ -1,18 +1,22 @@
 """The non-finite guard: a NaN/Inf loss (on any rank) or gradient norm is seen by every rank at the
 same step.
 
-    Trainer(on_nonfinite="stop")   # default: raise NonFiniteError before the optimizer step, naming
-    where Trainer(on_nonfinite="skip")   # every rank skips that optimizer step; `skipped_steps` is
-    logged Trainer(on_nonfinite="warn")   # rank 0 prints a warning and the step runs (what an
-    unguarded loop does)
+    Trainer(on_nonfinite="stop")  # default: NonFiniteError before the optimizer step, naming where
+    Trainer(on_nonfinite="skip")  # every rank skips that optimizer step; `skipped_steps` is logged
+    Trainer(on_nonfinite="warn")  # rank 0 prints a warning and the step runs (as unguarded)
 
 The loop feeds each micro-batch's loss to `observe`; the strategy calls `should_step(norm)` after
 the gradients are complete and BEFORE any optimizer steps (precision.optimizer_step for the torch
-strategies; before `engine.step()` for DeepSpeed, whose norm comes out of its step, so there only
-the loss decides and DeepSpeed's own overflow check skips a non-finite gradient). The verdict is one
+strategies; before `engine.step()` for DeepSpeed, where the losses decide). The verdict is one
 all_reduce (MAX) of a vector with one slot per rank, so every rank agrees, and the message can name
 the ranks that saw it. Under "stop" no non-finite update ever reaches the weights, so no checkpoint
 can hold one.
+
+DeepSpeed's ZeRO optimizers take the global gradient norm inside `engine.step()` (reduced across
+ranks there) and drop a step whose norm is NaN/Inf on every rank, in fp32 and bf16 as in fp16. The
+strategy then hands that norm to `after_engine_step`, which applies the same policy with no
+collective of its own (every rank holds the same norm): "stop" raises naming the step, "skip"
+counts it, "warn" says so; the weights were not touched either way.
 
 On CUDA the loss flags never stall the GPU: `observe` all-reduces them and queues their copy to
 pinned host memory right behind the forward, so `should_step` waits only for the forward, not for
@@ -32,6 +36,7 @@ saved.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 import torch
@@ -66,6 +71,7 @@ class NonFiniteGuard:
         check_policy(policy)
         self.policy, self.rank, self.world_size, self.print0 = policy, rank, world_size, print0
         self.skipped_steps = 0
+        self._flagged = False  # this window's verdict (should_step) found a NaN/Inf
         self._bad_loss: torch.Tensor | None = None
         self._where: dict[str, int] = {}
         self._batches: list[int] = []
@@ -85,6 +91,7 @@ class NonFiniteGuard:
         holds."""
         self._where = {"step": step, "epoch": epoch}
         self._batches = batch_indices
+        self._flagged = False
         self._bad_loss = self._first_bad_batch = self._slots = self._landed = None
 
     def observe(self, loss: torch.Tensor, i: int) -> None:
@@ -130,7 +137,23 @@ class NonFiniteGuard:
             slots = self._published_slots(grad_norm)
         else:
             slots = self._reduced_slots(grad_norm)
+        self._flagged = any(v > 0 for v in slots[:-1].tolist())
         return self._verdict(slots)
+
+    def after_engine_step(self, grad_norm: float | None, stepped: bool) -> None:
+        """For an engine that takes the global gradient norm inside its own step and drops a
+        NaN/Inf one on every rank (DeepSpeed's ZeRO optimizers): applies the policy to that norm,
+        which every rank already holds, so no collective. Call it after the engine's step with the
+        norm it computed and whether it applied the step; nothing happens when the norm was finite
+        and the step applied, or when `should_step` already flagged this window (its losses). Raises
+        NonFiniteError under "stop"."""
+        finite = grad_norm is None or math.isfinite(grad_norm)
+        if self._flagged or (stepped and finite):
+            return
+        slots = torch.zeros(self.world_size + 1, dtype=torch.float64)
+        slots[:-1] = _NORM  # a global norm: every rank saw it, as under DDP and FSDP
+        self._flagged = True
+        self._verdict(slots, engine_stepped=stepped)
 
     def step_flag(self, grad_norm: torch.Tensor) -> torch.Tensor | None:
         """Collective, no host read: the same decision as `should_step(grad_norm)`, kept on the
@@ -176,10 +199,15 @@ class NonFiniteGuard:
         return slots
 
     def _verdict(
-        self, slots: torch.Tensor, where: dict | None = None, batches: list | None = None
+        self,
+        slots: torch.Tensor,
+        where: dict | None = None,
+        batches: list | None = None,
+        engine_stepped: bool | None = None,
     ) -> bool:
         """The policy applied to reduced slots (on the host) of the step at `where` (default: the
-        current one): True means step."""
+        current one): True means step. `engine_stepped` is None when the verdict comes before the
+        optimizer step, else whether the engine applied it (`after_engine_step`)."""
         flags = [int(v) for v in slots[:-1].tolist()]
         if not any(flags):
             return True
@@ -189,21 +217,36 @@ class NonFiniteGuard:
             where or self._where,
             self._batches if batches is None else batches,
         )
+        if engine_stepped:  # an engine that applied a NaN/Inf norm: nothing can undo it now
+            done = "the engine had already applied this optimizer step"
+            kept = "the weights may hold NaN/Inf; no checkpoint is written after it"
+        else:
+            done = (
+                "this optimizer step was not applied"
+                if engine_stepped is None
+                else "the engine dropped this optimizer step itself (its overflow check)"
+            )
+            kept = "the weights (and any checkpoint) are still finite"
         if self.policy == "stop":
             raise NonFiniteError(
-                message + " Training stopped before the optimizer step, so the weights (and any "
-                "checkpoint) are still finite. Pass Trainer(on_nonfinite='skip') to skip such "
-                "steps instead."
+                f"{message} Training stopped and {done}, so {kept}. Pass "
+                "Trainer(on_nonfinite='skip') to skip such steps instead."
             )
+        if self.policy == "skip" and engine_stepped:
+            self.print0(f"{message} It could not be skipped: {done}.")
+            return False
         if self.policy == "skip":
             self.skipped_steps += 1
             self.print0(
                 f"{message} Skipped this optimizer step on every rank ({self.skipped_steps} "
-                "skipped "
-                "so far)."
+                "skipped so far)."
             )
             return False
-        self.print0(f"{message} on_nonfinite='warn': stepping anyway.")
+        if engine_stepped is None:
+            self.print0(f"{message} on_nonfinite='warn': stepping anyway.")
+        else:
+            went_on = "" if engine_stepped else ", so the run goes on without it"
+            self.print0(f"{message} on_nonfinite='warn': {done}{went_on}.")
         return True
 
     def _published_slots(self, grad_norm: torch.Tensor | float | None) -> torch.Tensor:

@@ -291,7 +291,10 @@ class DeepSpeed:
         deepspeed.init_distributed(
             dist_backend=dist.get_backend(), dist_init_required=False, verbose=False
         )
-        logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+        logger = logging.getLogger("DeepSpeed")
+        logger.setLevel(logging.WARNING)
+        if not any(isinstance(f, _GuardSaysIt) for f in logger.filters):
+            logger.addFilter(_GuardSaysIt())
         self._log0(deepcompile_hint(self))  # None: no line
 
     @property
@@ -640,19 +643,19 @@ class DeepSpeed:
         )  # the Trainer already divided by the accumulation
 
     def step(self, should_step: Callable[[Any], bool] | None = None) -> StepStats:
-        # ZeRO computes the norm inside engine.step(), so the guard decides on the losses alone,
-        # before it. A
-        # non-finite gradient is then caught by DeepSpeed's own overflow check, which skips the step
-        # on every
-        # rank (fp16, bf16 and fp32 alike in DeepSpeed >= 0.16); "skip" and "warn" leave that to
-        # DeepSpeed.
+        # ZeRO computes the global gradient norm inside engine.step() (reduced across ranks there),
+        # so the guard decides on the losses before it, and on that norm after it: a NaN/Inf norm
+        # makes DeepSpeed drop the step on every rank (its overflow check, fp32 and bf16 alike),
+        # and the guard applies the Trainer's policy to it, naming the step, with no collective of
+        # its own. Under fp16 an overflow is the loss scaler's routine business, not a fault.
         if should_step is not None:
             should_step(None)
         self.engine.step()
-        return {
-            "grad_norm": self.engine.get_global_grad_norm(),
-            "step_applied": self.engine.was_step_applied(),
-        }
+        norm, applied = self.engine.get_global_grad_norm(), self.engine.was_step_applied()
+        after = getattr(should_step, "after_engine_step", None)
+        if after is not None and not self.engine.fp16_enabled():
+            after(None if norm is None else float(norm), applied)
+        return {"grad_norm": norm, "step_applied": applied}
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, path: Path) -> None:
@@ -707,6 +710,15 @@ class DeepSpeed:
 
     def _log0(self, message: str | None) -> None:
         print(message, flush=True) if message and self.dist.is_global_zero else None
+
+
+class _GuardSaysIt(logging.Filter):
+    """Drops DeepSpeed's fp32/bf16 "OVERFLOW! Skipping step" line (no step, no rank): the Trainer's
+    non-finite guard reports the same event with its step and the policy applied. Its fp16 loss
+    scaler's overflow lines (worded differently) stay."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "OVERFLOW! Skipping step. Gradients are non-finite" not in record.getMessage()
 
 
 def full_state_dict(path: Path) -> dict[str, torch.Tensor]:
