@@ -48,9 +48,7 @@ def _calls(rank: int, port: int, calls: int, out: str) -> None:
     backend = "nccl" if ON_GPU else "gloo"
     if ON_GPU:
         torch.cuda.set_device(rank)
-    dist.init_process_group(
-        backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2
-    )
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     host_min_max(rank)  # makes the gloo group beside NCCL, once
 
     def timed(fn) -> float:
@@ -180,7 +178,9 @@ def main() -> None:
     table = Table(title=f"DDP fit of the small GPT, batch 16 per rank ({where})")
     for col in ("training loader", "median ms/step", "steps timed", "ratio to map-style"):
         table.add_column(col, justify="right")
-    table.add_row("map-style (counts known)", f"{mapped * 1e3:.2f}", str(len(times["map"])), "1.000")
+    table.add_row(
+        "map-style (counts known)", f"{mapped * 1e3:.2f}", str(len(times["map"])), "1.000"
+    )
     table.add_row(
         "IterableDataset (a vote per step)",
         f"{streamed * 1e3:.2f}",
