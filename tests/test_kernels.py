@@ -270,7 +270,7 @@ class StepModule(GPTModule):
         return loss
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
-        self.losses.append(outputs.detach())
+        self.losses.append(outputs["loss"])  # detached, as Lightning hands it over
 
 
 class AppendingStepModule(StepModule):

@@ -328,14 +328,10 @@ def test_datamodule_and_evaluation_without_a_model(tmp_path):
     assert "val_loss" in trainer.callback_metrics
     (val,) = trainer.validate()
     assert set(val) == {"val_loss"}
-    (test,) = trainer.test(datamodule=dm)
-    assert set(test) == {
-        "test_loss/dataloader_idx_0",
-        "test_const/dataloader_idx_0",
-        "test_loss/dataloader_idx_1",
-        "test_const/dataloader_idx_1",
-    }
-    state = torch.load(tmp_path / "checkpoints" / "last" / "trainer.pt", weights_only=False)
+    test0, test1 = trainer.test(datamodule=dm)  # one dict per loader, as Lightning returns them
+    assert set(test0) == {"test_loss/dataloader_idx_0", "test_const/dataloader_idx_0"}
+    assert set(test1) == {"test_loss/dataloader_idx_1", "test_const/dataloader_idx_1"}
+    state = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
     assert state["datamodule"] == {"counter": 7}
     dm2 = Data()
     make_trainer(tmp_path, max_epochs=2, limit_train_batches=2).fit(
@@ -385,7 +381,7 @@ def test_hparams_in_checkpoint_and_load_from_checkpoint(tmp_path, strategy):
     )
     trainer.fit(model, regression_data())
     assert yaml.safe_load(open(f"{logger.log_dir}/hparams.yaml"))["lr"] == 0.2
-    state = torch.load(tmp_path / "checkpoints" / "last" / "trainer.pt", weights_only=False)
+    state = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
     assert state["hyper_parameters"] == {"hidden": 4, "lr": 0.2, "tag": "x"}
     loaded = HParamModel.load_from_checkpoint(tmp_path / "checkpoints", lr=0.5)
     assert loaded.hparams == {"hidden": 4, "lr": 0.5, "tag": "x"} and not loaded.training
@@ -470,9 +466,9 @@ def test_evaluation_verbose_false_prints_nothing(tmp_path, capsys):
         "test_loss",
         "test_const",
     }
-    assert "test results" not in capsys.readouterr().out
+    assert "Test metric" not in capsys.readouterr().out
     trainer.validate(Regress(), regression_data(8))
-    assert "validate results" in capsys.readouterr().out
+    assert "Validate metric" in capsys.readouterr().out  # Lightning's results table
 
 
 class DictHParams(Regress):

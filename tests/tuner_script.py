@@ -57,7 +57,7 @@ class Losses(ls.Callback):
         self.losses: list[float] = []
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        loss = outputs.detach().reshape(1).double().cpu()
+        loss = outputs["loss"].reshape(1).double().cpu()  # detached, as Lightning hands it over
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(loss)
             loss /= dist.get_world_size()

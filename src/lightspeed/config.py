@@ -101,7 +101,7 @@ class TrainerFlags:
     timeout: float = 600.0
     benchmark: bool | None = None  # torch.backends.cudnn.benchmark on every rank; None: as it is
     detect_anomaly: bool = False  # torch.autograd's anomaly detection around each entry point
-    inference_mode: bool = True  # accepted as in Lightning; evaluation runs under torch.no_grad
+    inference_mode: bool = True  # evaluation under torch.inference_mode (else torch.no_grad)
     use_distributed_sampler: bool = True  # False: every loader keeps its sampler
     sync_batchnorm: bool = False  # on more than one rank, BatchNorm becomes SyncBatchNorm (CUDA)
 

@@ -56,6 +56,13 @@ def without_shuffle(loader: Any) -> Any:
     )
 
 
+def from_hook(source: Any, name: str) -> Any:
+    """What `source.<name>()` returns; None when the hook is set to None (switched off, as in
+    Lightning: `model.val_dataloader = None`)."""
+    hook = getattr(source, name, None)
+    return hook() if hook is not None else None
+
+
 def fit_loaders(
     module: Module, datamodule: Any, train: Any, val: Any, overfit: bool
 ) -> tuple[Any, list]:
@@ -63,14 +70,14 @@ def fit_loaders(
     training data."""
     source = datamodule if datamodule is not None else module
     train = combined(
-        train if train is not None else source.train_dataloader()
+        train if train is not None else from_hook(source, "train_dataloader")
     )  # a dict / list: CombinedLoader
     if train is None:
         raise ConfigError(
             f"fit needs training data: pass train_dataloaders= or define train_dataloader() on "
             f"{type(source).__name__}."
         )
-    val = as_list(val if val is not None else source.val_dataloader())
+    val = as_list(val if val is not None else from_hook(source, "val_dataloader"))
     if not is_overridden(module, "validation_step"):
         return (without_shuffle(train) if overfit else train), []
     if overfit:
@@ -84,15 +91,15 @@ def eval_loaders(stage: Stage, module: Module, datamodule: Any, given: Any) -> l
     source = datamodule if datamodule is not None else module
     match stage:
         case Stage.VALIDATE:
-            hook = source.val_dataloader
+            hook = "val_dataloader"
         case Stage.TEST:
-            hook = source.test_dataloader
+            hook = "test_dataloader"
         case _:
-            hook = source.predict_dataloader
-    loaders = as_list(given if given is not None else hook())
+            hook = "predict_dataloader"
+    loaders = as_list(given if given is not None else from_hook(source, hook))
     if not loaders:
         raise ConfigError(
-            f"{stage} needs data: pass dataloaders= (or datamodule=) or define {hook.__name__}() "
+            f"{stage} needs data: pass dataloaders= (or datamodule=) or define {hook}() "
             f"on {type(source).__name__}."
         )
     return loaders

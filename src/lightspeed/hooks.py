@@ -31,9 +31,16 @@ from lightspeed.utilities.parsing import clean_namespace
 from lightspeed.utilities.rank_zero import rank_zero_info
 
 
-def is_overridden(module: Module, name: str) -> bool:
-    """Whether `type(module)` defines `name` itself (or in a parent below lightspeed's Module)."""
-    return getattr(type(module), name, None) is not getattr(Module, name, None)
+def is_overridden(obj: Any, name: str, base: type = Module) -> bool:
+    """Whether `obj` brings its own `name`: set on the instance, or defined by its class (or a
+    parent below `base`, lightspeed's Module by default). A hook set to None on the instance
+    (`model.validation_step = None`) is switched off, as in Lightning: False."""
+    attr = getattr(obj, name, None)
+    if attr is None:
+        return False
+    if name in getattr(obj, "__dict__", {}):
+        return True
+    return getattr(type(obj), name, None) is not getattr(base, name, None)
 
 
 # Lightning methods a LightningModule overrides to change the loop itself; lightspeed's strategies

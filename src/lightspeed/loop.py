@@ -56,6 +56,7 @@ from lightspeed.errors import ConfigError
 from lightspeed.eval_loaders import eval_loaders, fit_loaders
 from lightspeed.hooks import is_overridden, log_hparams, warn_unknown_hooks, with_module_callbacks
 from lightspeed.loggers.build import agree_log_dirs
+from lightspeed.loops.optimization.automatic import Closure
 from lightspeed.perf.kernels import compile_step, compiled_frames, compiled_ran
 from lightspeed.plan.fallback import connected, plan_hint, set_up_or_fall_back
 from lightspeed.plan.micro_batch import MicroBatchPlan, plan_fit
@@ -78,7 +79,7 @@ from lightspeed.runtime.launch import (
 from lightspeed.runtime.rng import rng_state, set_rng_state
 from lightspeed.specs import LoopState, RunSpec
 from lightspeed.strategies import build_strategy
-from lightspeed.utilities.signature import accepts
+from lightspeed.utilities.signature import accepts, requires
 
 
 def call(
@@ -235,6 +236,7 @@ def setup_hooks(run: Run, module: Module, fn: Fn) -> None:
         module.prepare_data, dist.local_rank if module.prepare_data_per_node else dist.rank
     )
     for cb in run.callbacks:
+        cb.attach(module)  # a callback's `self.log` logs through this Module
         cb.setup(run.trainer, module, fn.value)
     if dm is not None:
         dm.setup(fn.value)
@@ -525,9 +527,12 @@ def train_window(run: Run, window: list[tuple[int, Any]], accumulate: int) -> tu
     optimizer hooks and `strategy.step()`. Returns (False, None) when on_train_batch_start asked to
     skip the epoch's rest before the first micro-batch (nothing ran), else (True, the last
     micro-batch's `training_step` output). Micro-batch trials run it too (`trial_step`)."""
-    module, strategy, out = run.module, run.strategy, None
+    module, strategy, out, loss = run.module, run.strategy, None, None
     assert module is not None and run.guard is not None and run.training_step is not None
     run.guard.begin(run.loop.global_step, run.loop.epoch, [i for i, _ in window])
+    run.metrics.in_batch = True  # until after_step: `self.log` defaults to on_step (Lightning's)
+    # DeepSpeed counts micro-steps in its backward: a step without one cannot be skipped there
+    skippable = not strategy.name.startswith("deepspeed")
     for i, (batch_idx, batch) in enumerate(window):
         batch = batch_to_device(run, module, batch)  # the three transfer hooks around `move`
         run.metrics.batch_size = infer_batch_size(batch)
@@ -536,7 +541,9 @@ def train_window(run: Run, window: list[tuple[int, Any]], accumulate: int) -> tu
         args = (batch, batch_idx) if run.takes_batch_idx else (batch,)
         out = strategy.forward(run.training_step, *args, sync_grads=i == len(window) - 1)
         if module.automatic_optimization:
-            run.guard.observe(loss := loss_of(out), i)
+            if (loss := loss_of(out, skippable)) is None:
+                continue  # training_step returned None: this micro-batch has no backward
+            run.guard.observe(loss, i)
             loss = loss / accumulate
             call(run, module.on_before_backward, lambda cb: cb.on_before_backward, loss)
             strategy.backward(loss)
@@ -552,7 +559,23 @@ def train_window(run: Run, window: list[tuple[int, Any]], accumulate: int) -> tu
         step_schedulers(
             strategy.schedulers, "step", run.loop.global_step, run.metrics.latest, module
         )
-    return True, out
+    return True, batch_end_outputs(out, loss, module.automatic_optimization)
+
+
+def batch_end_outputs(out: Any, loss: torch.Tensor | None, automatic: bool) -> dict:
+    """What `on_train_batch_end` receives, as in Lightning: a dict holding the loss without its
+    graph. Automatic optimization: {"loss": the last micro-batch's loss as divided for
+    accumulation, **the step's other keys}, {} when it returned None; manual: the step's dict (a
+    tensor as {"loss": ...}, None as {}) with its "loss" detached."""
+    if automatic:
+        if loss is None:
+            return {}
+        extra = {k: v for k, v in out.items() if k != "loss"} if isinstance(out, dict) else {}
+        return {"loss": loss.detach().clone(), **extra}
+    outputs = dict(out) if isinstance(out, dict) else {} if out is None else {"loss": out}
+    if isinstance(outputs.get("loss"), torch.Tensor):
+        outputs["loss"] = outputs["loss"].detach()
+    return outputs
 
 
 def on_train_batch_start(run: Run, module: Module, batch: Any, batch_idx: int) -> bool:
@@ -571,9 +594,17 @@ def on_train_batch_start(run: Run, module: Module, batch: Any, batch_idx: int) -
     return run.skip_rest
 
 
-def loss_of(out: Any) -> torch.Tensor:
-    """The scalar loss of a `training_step` output (a tensor or a dict with 'loss'); ConfigError
-    otherwise."""
+def loss_of(out: Any, skippable: bool = False) -> torch.Tensor | None:
+    """The scalar loss of a `training_step` output (a tensor or a dict with 'loss'). None when the
+    step returned None and `skippable`: as in Lightning, that batch gets no backward (said once per
+    `Closure.warning_cache`); ConfigError otherwise."""
+    if out is None and skippable:
+        Closure.warning_cache.warn(
+            "`training_step` returned `None`: this batch is skipped (no backward; the optimizer "
+            "still steps on what the window's other batches accumulated). If that is not on "
+            "purpose, return the loss."
+        )
+        return None
     loss = out.get("loss") if isinstance(out, dict) else out
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         if isinstance(loss, torch.Tensor):
@@ -609,6 +640,7 @@ def after_step(
     if run.progress is not None:
         run.progress.advance(f"epoch {run.loop.epoch}", run.metrics.prog_bar_values, is_log_step)
     call(run, module.on_train_batch_end, lambda cb: cb.on_train_batch_end, out, batch, batch_idx)
+    run.metrics.in_batch = False
     if config.step.compile and run.loop.global_step == 3 and not compiled_ran(run.compiled_frames):
         run.print0(
             "Warning: compile=True, but nothing compiled ran in 3 steps (see "
@@ -633,6 +665,8 @@ def end_train_epoch(run: Run, limits: Limits, module: Module, val: list, epoch_d
     run.loop.epoch_done = epoch_done
     for cb in run.callbacks:
         cb.on_train_epoch_end(run.trainer, module)
+    if late := run.metrics.pop_epoch():  # what the callbacks logged in on_train_epoch_end
+        log_metrics(run, {"epoch": epoch, **{k: float(v) for k, v in late.items()}})
     if epoch_done:
         run.loop.epoch += 1
 
@@ -649,11 +683,11 @@ def validate_during_fit(run: Run, limits: Limits, module: Module, loaders: list)
     run.enter(Stage.TRAIN)
 
 
-def log_metrics(run: Run, metrics: dict[str, float]) -> None:
-    """Sends metrics to every logger (rank 0 only), at the current global step."""
+def log_metrics(run: Run, metrics: dict[str, float], step: int | None = None) -> None:
+    """Sends metrics to every logger (rank 0 only), at `step` (default: the global step)."""
     if run.global_rank == 0 and metrics:
         for lg in run.loggers:
-            lg.log_metrics(metrics, run.loop.global_step)
+            lg.log_metrics(metrics, run.loop.global_step if step is None else step)
 
 
 # ================================================================== evaluation
@@ -697,12 +731,13 @@ def eval_stage(stage: Stage, module: Module) -> EvalStage:
 
 def evaluate(
     run: Run, config: Config, fn: Fn, module: Module, given: Any, ckpt_path: Any, planned: bool
-) -> dict[str, float]:
-    """`validate` or `test`: one evaluation epoch over the data; returns its logged metrics."""
+) -> list[dict[str, float]]:
+    """`validate` or `test`: one evaluation epoch over the data; returns its logged metrics, one
+    dict per loader (core.metrics.MetricStore.per_loader)."""
     loaders = prepare_evaluation(run, config, fn, module, given, ckpt_path, planned)
     results = evaluation_epoch(run, config.limits, module, loaders, fn.stage)
     teardown_hooks(run, module, fn)
-    return results
+    return run.metrics.per_loader(results, len(loaders))
 
 
 def predict(
@@ -710,6 +745,14 @@ def predict(
 ) -> list[list]:
     """`predict`: this rank's `predict_step` outputs per loader (kept only with `keep`)."""
     loaders = prepare_evaluation(run, config, Fn.PREDICT, module, given, ckpt_path, planned)
+    with evaluation_context(run):
+        outputs = predict_epoch(run, config, module, loaders, keep)
+    teardown_hooks(run, module, Fn.PREDICT)
+    return outputs
+
+
+def predict_epoch(run: Run, config: Config, module: Module, loaders: list, keep: bool) -> list:
+    """The predict hooks around the batches (evaluation_context's inside)."""
     module.on_predict_model_eval()
     call(run, module.on_predict_start, lambda cb: cb.on_predict_start)
     call(run, module.on_predict_epoch_start, lambda cb: cb.on_predict_epoch_start)
@@ -717,7 +760,6 @@ def predict(
     outputs = eval_batches(run, module, loaders, limit, Stage.PREDICT, keep=keep)
     call(run, module.on_predict_epoch_end, lambda cb: cb.on_predict_epoch_end)
     call(run, module.on_predict_end, lambda cb: cb.on_predict_end)
-    teardown_hooks(run, module, Fn.PREDICT)
     return outputs
 
 
@@ -745,6 +787,25 @@ def evaluation_epoch(
     on_<x>_epoch_start, the batches, on_<x>_epoch_end (the Module's before the epoch's results are
     logged, the callbacks' after), on_<x>_end, then on_<x>_model_train (train mode again, unless
     overridden). Returns the results logged."""
+    with evaluation_context(run):
+        return _evaluation_epoch(run, limits, module, loaders, stage)
+
+
+def evaluation_context(run: Run) -> Any:
+    """What an evaluation runs under, hooks included, as in Lightning: `torch.inference_mode()`
+    (Trainer(inference_mode=True), the default), else `torch.no_grad()`; also no_grad under a gloo
+    process group (its collectives fail on inference tensors), FSDP (torch#95957) and DeepSpeed
+    (ZeRO-3 gathers parameters into tensors that training reuses)."""
+    gloo = torch.distributed.is_initialized() and torch.distributed.get_backend() == "gloo"
+    sharded = run.strategy.name.startswith(("fsdp", "deepspeed"))
+    if run.inference_mode and not gloo and not sharded:
+        return torch.inference_mode()
+    return torch.no_grad()
+
+
+def _evaluation_epoch(
+    run: Run, limits: Limits, module: Module, loaders: list, stage: Stage
+) -> dict[str, float]:
     run.enter(stage)
     if stage is Stage.VALIDATE:
         module.on_validation_model_eval()
@@ -760,6 +821,7 @@ def evaluation_epoch(
         results = epoch_results(run)
         for cb in run.callbacks:
             cb.on_validation_epoch_end(run.trainer, module)
+        results |= epoch_results(run)  # what the callbacks logged there
         call(run, module.on_validation_end, lambda cb: cb.on_validation_end)
         module.on_validation_model_train()
     else:
@@ -767,6 +829,7 @@ def evaluation_epoch(
         results = epoch_results(run)
         for cb in run.callbacks:
             cb.on_test_epoch_end(run.trainer, module)
+        results |= epoch_results(run)  # what the callbacks logged there
         call(run, module.on_test_end, lambda cb: cb.on_test_end)
         module.on_test_model_train()
     return results
@@ -790,8 +853,10 @@ def eval_batches(
 ) -> list[list]:
     """The one evaluation batch loop: the stage's step through the strategy for each batch of each
     loader (at most `cap` per loader), with its batch hooks; the outputs per loader if `keep`. The
-    step gets `batch_idx` and `dataloader_idx` when its signature takes them; the hooks get
-    `dataloader_idx` with several loaders. The caller has put the module in eval mode."""
+    step gets `batch_idx` when its signature takes it and, as in Lightning, `dataloader_idx` with
+    several loaders only (with one, a `*args` step gets two arguments and `dataloader_idx=None`
+    keeps its default; a required `dataloader_idx` gets 0); the hooks get `dataloader_idx` with
+    several loaders. The caller has put the module in eval mode."""
     hooks = eval_stage(stage, module)
     takes_idx, takes_batch_idx = (
         accepts(hooks.step, 3, "dataloader_idx"),
@@ -800,6 +865,8 @@ def eval_batches(
     outputs: list[list] = []
     for dl_idx, loader in enumerate(loaders):
         several = (dl_idx,) if len(loaders) > 1 else ()
+        if not several:
+            takes_idx = requires(hooks.step, "dataloader_idx")
         run.metrics.dataloader_idx = dl_idx if several else None
         n = min(num_batches(loader, limit), cap if cap is not None else float("inf"))
         outputs.append([])
@@ -814,6 +881,9 @@ def eval_batches(
             )
             out = run.strategy.forward(hooks.step, *args)
             call(run, hooks.batch_end, hooks.callback_batch_end, out, batch, batch_idx, *several)
+            if stage in (Stage.VALIDATE, Stage.TEST):  # step values at the loader's batch count
+                values = run.metrics.pop_step()
+                log_metrics(run, {k: float(v) for k, v in values.items()}, step=batch_idx + 1)
             if keep:
                 outputs[-1].append(out)
     run.metrics.dataloader_idx = None
@@ -833,7 +903,8 @@ def sanity_check(run: Run, limits: Limits, module: Module, val: list) -> None:
         cb.on_sanity_check_start(run.trainer, module)
     module.on_validation_model_eval()
     cap = None if steps == -1 else steps
-    eval_batches(run, module, val, limits.limit_val_batches, Stage.SANITY_CHECK, cap=cap)
+    with evaluation_context(run):
+        eval_batches(run, module, val, limits.limit_val_batches, Stage.SANITY_CHECK, cap=cap)
     run.metrics.discard(Stage.SANITY_CHECK.logs_as, latest)
     module.on_validation_model_train()
     for cb in run.callbacks:  # still sanity checking, as in Lightning

@@ -108,6 +108,7 @@ class Run:
     step_stats: StepStats = field(default_factory=StepStats)  # the last step's (grad norm)
     # the accumulation the loop reads each epoch (a GradientAccumulationScheduler sets it)
     accumulate_grad_batches: int = 1
+    inference_mode: bool = True  # evaluation under torch.inference_mode (loop.evaluation_context)
 
     def enter(self, stage: Stage) -> None:
         """The stage changes here only; `self.log` records under it from now on."""

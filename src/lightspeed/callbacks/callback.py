@@ -9,6 +9,7 @@ ranks.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -16,6 +17,9 @@ import torch
 from lightspeed.specs import TrainerView as Trainer
 
 Module = torch.nn.Module
+
+# each callback's running Module (Callback.attach), for its `self.log`
+_RUNNING: weakref.WeakKeyDictionary[Any, weakref.ref] = weakref.WeakKeyDictionary()
 
 
 class Callback:
@@ -104,3 +108,27 @@ class Callback:
         return {}
 
     def load_state_dict(self, state: dict) -> None: ...
+
+    # -- Lightning lets a callback log from its hooks (`self.log`), through the running Module
+    def attach(self, module: Module) -> None:
+        """Called by the loop at each entry point's setup: the Module `self.log` logs through (held
+        by weak reference, outside the callback: it stays picklable)."""
+        _RUNNING[self] = weakref.ref(module)
+
+    def log(self, name: str, value: Any, **kwargs: Any) -> None:
+        """The running Module's `self.log(name, value, **kwargs)`, from a hook of this callback
+        (Lightning's keywords; the defaults follow the hook, as in the Module). Raises RuntimeError
+        outside a run."""
+        ref = _RUNNING.get(self)
+        module = ref() if ref is not None else None
+        if module is None:
+            raise RuntimeError(
+                f"{type(self).__name__}.log({name!r}, ...) was called outside a run: a callback "
+                "logs from its hooks, while the Trainer runs."
+            )
+        module.log(name, value, **kwargs)
+
+    def log_dict(self, metrics: dict[str, Any], **kwargs: Any) -> None:
+        """`self.log` for each item, with the same keywords."""
+        for name, value in metrics.items():
+            self.log(name, value, **kwargs)

@@ -14,6 +14,8 @@ Its `state_dict()` travels in every checkpoint (trainer.pt, under "datamodule") 
 
 from __future__ import annotations
 
+import inspect
+import os
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -75,6 +77,12 @@ class LightningDataModule(HyperparametersMixin):
                 return [loaders(d, shuffle) for d in data]
             return DataLoader(data, batch_size=batch_size, shuffle=shuffle, num_workers=num_workers)
 
+        # batch_size / num_workers also reach __init__ when it takes them (or **kwargs)
+        params = inspect.signature(cls).parameters
+        takes_all = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        for name, value in (("batch_size", batch_size), ("num_workers", num_workers)):
+            if takes_all or name in params:
+                datamodule_kwargs.setdefault(name, value)
         dm = cls(**datamodule_kwargs)
         for hook, data, shuffle in (
             ("train_dataloader", train_dataset, True),
@@ -119,6 +127,24 @@ class LightningDataModule(HyperparametersMixin):
     def teardown(self, stage: str) -> None:
         """After fit / validate / test / predict, on every rank."""
 
+    def __str__(self) -> str:
+        """The size of each stage's datasets as its loaders give them now, one line per stage
+        (Lightning's form: `{Train dataloader: size=64}`; `None` before `setup` made them; `NA` for
+        a dataset without a length; `1. size=16 ; 2. size=NA` for several loaders)."""
+        lines = []
+        for title, hook in (
+            ("Train", "train_dataloader"),
+            ("Validation", "val_dataloader"),
+            ("Test", "test_dataloader"),
+            ("Predict", "predict_dataloader"),
+        ):
+            try:
+                loaders = getattr(self, hook)()
+            except Exception:  # a dataset setup() has not built yet: nothing to describe
+                loaders = None
+            lines.append(f"{{{title} dataloader: {_sizes(loaders)}}}")
+        return os.linesep.join(lines)
+
     def state_dict(self) -> dict:
         """What to save in checkpoints (default: nothing)."""
         return {}
@@ -136,6 +162,25 @@ class LightningDataModule(HyperparametersMixin):
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         return batch
+
+
+def _sizes(loaders: Any) -> str:
+    """`size=N` of one loader's dataset (`NA` without a length), numbered for several."""
+    if loaders is None:
+        return "None"
+    loaders = getattr(loaders, "iterables", loaders)  # a CombinedLoader: its loaders
+    if isinstance(loaders, dict):
+        loaders = list(loaders.values())
+    if not isinstance(loaders, (list, tuple)):
+        loaders = [loaders]
+
+    def size(loader: Any) -> str:
+        data = getattr(loader, "dataset", loader)
+        return f"size={len(data)}" if hasattr(data, "__len__") else "size=NA"
+
+    if len(loaders) == 1:
+        return size(loaders[0])
+    return " ; ".join(f"{i}. {size(loader)}" for i, loader in enumerate(loaders, 1))
 
 
 DataModule = LightningDataModule

@@ -35,6 +35,7 @@ class _EpochAccumulator:
     )
     # a torchmetrics Metric logged itself: it keeps its own state, compute() gives the value
     metric: Any = None
+    dataloader_idx: int | None = None  # the evaluation loader it was logged under (None: outside)
 
     def add(self, value: torch.Tensor | None, batch_size: int = 1) -> None:
         # `value` is None only for a Metric logged without on_step: the Metric holds the state.
@@ -85,9 +86,14 @@ class MetricStore:
         1  # the current batch's size (set by the loop), the default weight of an epoch mean
     )
     dataloader_idx: int | None = None  # set by the evaluation loop when there are several loaders
+    in_batch: bool = False  # the loop is inside a training batch's hooks (training_step, ...)
     to_reset: dict[str, dict[int, Any]] = field(
         default_factory=dict
     )  # Metric objects logged per step only
+    # the evaluation loader each of the last pop_epoch's values was logged under (per_loader)
+    epoch_loaders: dict[str, int | None] = field(default_factory=dict)
+    # per evaluation stage, the `name_step` values it logged (dropped from `latest` at its end)
+    eval_step_names: dict[str, set[str]] = field(default_factory=dict)
 
     def log(
         self,
@@ -117,11 +123,22 @@ class MetricStore:
             raise ConfigError(
                 f"self.log({name!r}, batch_size={batch_size!r}) is not valid: expected an int ≥ 1."
             )
-        if add_dataloader_idx and self.dataloader_idx is not None:
-            name = f"{name}/dataloader_idx_{self.dataloader_idx}"
+        # several evaluation loaders: Lightning's suffix, after the _step / _epoch fork
+        suffix = (
+            f"/dataloader_idx_{self.dataloader_idx}"
+            if add_dataloader_idx and self.dataloader_idx is not None
+            else ""
+        )
+        # Lightning's defaults by hook: per step inside a training batch's hooks, else per epoch
+        per_step = self.stage == "train" and self.in_batch
+        on_step = per_step if on_step is None else on_step
+        on_epoch = (not per_step) if on_epoch is None else on_epoch
+        if not on_step and not on_epoch:
+            raise ConfigError(
+                f"self.log({name!r}, ..., on_step=False, on_epoch=False) is not useful: it would "
+                "record nothing. Set on_step=True, on_epoch=True or both."
+            )
         training = self.stage == "train"
-        on_step = training if on_step is None else on_step
-        on_epoch = (not training) if on_epoch is None else on_epoch
         metric = value if is_metric(value) else None
         if metric is not None:
             tensor = _metric_step_value(name, metric, on_step)
@@ -138,8 +155,12 @@ class MetricStore:
             tensor = _all_reduce(tensor, fx)
         # Lightning's naming: a metric logged both per step and per epoch appears as name_step and
         # name_epoch.
-        step_name = f"{name}_step" if on_step and on_epoch else name
-        epoch_name = f"{name}_epoch" if on_step and on_epoch else name
+        forked = on_step and on_epoch
+        step_name = f"{name}_step{suffix}" if forked else f"{name}{suffix}"
+        epoch_name = f"{name}_epoch{suffix}" if forked else f"{name}{suffix}"
+        name = f"{name}{suffix}"
+        if forked and not training:  # an evaluation's step values leave callback_metrics after it
+            self.eval_step_names.setdefault(self.stage, set()).add(step_name)
         if on_step and tensor is not None:
             self.step_metrics[step_name] = tensor
             self.latest[step_name] = tensor
@@ -147,18 +168,20 @@ class MetricStore:
                 self.latest[name] = tensor
         if on_epoch:
             acc = self.epoch_metrics.setdefault(
-                epoch_name, _EpochAccumulator(fx, self.stage, name, metric=metric)
+                epoch_name,
+                _EpochAccumulator(
+                    fx, self.stage, name, metric=metric, dataloader_idx=self.dataloader_idx
+                ),
             )
             acc.add(tensor, batch_size or self.batch_size)
         elif (
             metric is not None
         ):  # logged per step only: still reset at the epoch's end, as in Lightning
             self.to_reset.setdefault(self.stage, {})[id(metric)] = metric
-        names = {step_name, epoch_name, name}
-        if prog_bar:
-            self.prog_bar |= names
+        if prog_bar:  # the forked names only, as Lightning's bar shows them
+            self.prog_bar |= {step_name, epoch_name}
         if not logger:
-            self.hidden_from_logger |= names
+            self.hidden_from_logger |= {step_name, epoch_name, name}
 
     def pop_step(self) -> dict[str, torch.Tensor]:
         """The values logged during this step (for loggers); clears them."""
@@ -175,12 +198,26 @@ class MetricStore:
         for metric in self.to_reset.pop(self.stage, {}).values():
             metric.reset()
         out = {name: acc.compute() for name, acc in mine.items() if acc.count}
+        self.epoch_loaders.update({name: mine[name].dataloader_idx for name in out})
+        for name in self.eval_step_names.pop(self.stage, set()):
+            self.latest.pop(name, None)
         self.epoch_metrics = {k: v for k, v in self.epoch_metrics.items() if k not in mine}
         self.latest.update(out)
         self.latest.update({mine[name].plain_name: value for name, value in out.items()})
         out = {k: v for k, v in out.items() if k not in self.hidden_from_logger}
         self.logged.update(out)
         return out
+
+    def per_loader(self, results: dict[str, float], loaders: int) -> list[dict[str, float]]:
+        """`results` (the last `pop_epoch`'s, as numbers) split as Lightning returns them from
+        validate / test: one dict per loader, holding what was logged while that loader ran, plus
+        what was logged outside any (an epoch-end hook) in every one."""
+        split: list[dict[str, float]] = [{} for _ in range(loaders)]
+        for name, value in results.items():
+            idx = self.epoch_loaders.get(name)
+            for i in range(loaders) if idx is None or idx >= loaders else (idx,):
+                split[i][name] = value
+        return split
 
     def discard(self, stage: str, latest: dict[str, torch.Tensor]) -> None:
         """Forgets what `stage` logged since `latest` was copied (the sanity check's values are
@@ -192,6 +229,7 @@ class MetricStore:
             metric.reset()
         self.epoch_metrics = {k: v for k, v in self.epoch_metrics.items() if v.stage != stage}
         self.step_metrics = {}
+        self.eval_step_names.pop(stage, None)
         self.latest = latest
 
     def prog_bar_values(self) -> dict[str, float]:
@@ -248,8 +286,9 @@ def _as_tensor(name: str, value: Any, device: torch.device) -> torch.Tensor:
         return value.detach().reshape(())
     if isinstance(value, (int, float, bool)):
         return torch.tensor(float(value), device=device)
-    raise ConfigError(
-        f"self.log({name!r}, value={value!r}) is not valid: log a number or a one-element tensor."
+    raise ConfigError(  # Lightning's wording first: code matches on it
+        f"`self.log({name}, {value})` was called, but `{type(value).__name__}` values cannot be "
+        "logged: log a number or a one-element tensor."
     )
 
 

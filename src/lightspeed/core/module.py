@@ -12,6 +12,7 @@ import torch
 
 from lightspeed.core import saving as _hparams
 from lightspeed.core.mixins import HyperparametersMixin
+from lightspeed.core.optimizer import LightningOptimizer
 from lightspeed.data.loaders import move_to_device
 from lightspeed.errors import ConfigError
 from lightspeed.runtime.distributed import gather_all
@@ -359,9 +360,15 @@ class Module(HyperparametersMixin, torch.nn.Module):
         )
 
     # ----------------------------------------------------------------- manual optimization
-    def optimizers(self) -> Any:
-        """The optimizer(s) after strategy setup: one object if there is one, else a list."""
-        opts = self.trainer.strategy.optimizers
+    def optimizers(self, use_pl_optimizer: bool = True) -> Any:
+        """The optimizer(s) after strategy setup: one object if there is one, else a list. As in
+        Lightning each comes wrapped in a `LightningOptimizer` (the same wrapper at every call),
+        unless `use_pl_optimizer=False`."""
+        opts = list(self.trainer.strategy.optimizers)
+        if use_pl_optimizer:
+            known = {id(w.optimizer): w for w in self.__dict__.get("_lightning_optimizers", [])}
+            opts = [known.get(id(o)) or LightningOptimizer(o) for o in opts]
+            self.__dict__["_lightning_optimizers"] = opts
         return opts[0] if len(opts) == 1 else opts
 
     def lr_schedulers(self) -> Any:

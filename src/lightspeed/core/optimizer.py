@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 
-from lightspeed.core.module import Module
 from lightspeed.errors import ConfigError
 from lightspeed.specs import SchedulerConfig
 from lightspeed.utilities.rank_zero import rank_zero_warn
@@ -217,7 +216,10 @@ def _validate_scheduler_api(configs: list[SchedulerConfig], model: Any = None) -
 
 
 def _overrides(model: Any, name: str) -> bool:
-    return getattr(type(model), name, None) is not getattr(Module, name, None)
+    """Whether a class of `model` below lightspeed's Module defines `name` (read by where it is
+    defined: core/module.py imports this module)."""
+    owner = next((c for c in type(model).__mro__ if name in vars(c)), None)
+    return owner is not None and owner.__module__ != "lightspeed.core.module"
 
 
 def _validate_optimizers_attached(optimizers: list, configs: list[SchedulerConfig]) -> None:

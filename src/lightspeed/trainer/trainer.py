@@ -26,6 +26,7 @@ import torch
 from lightspeed import loop
 from lightspeed.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from lightspeed.config import check_sync_batchnorm, parse_flags
+from lightspeed.core.datamodule import LightningDataModule
 from lightspeed.core.module import Module
 from lightspeed.data.loaders import BatchMover, estimated_stepping_batches, num_batches
 from lightspeed.errors import ConfigError
@@ -33,14 +34,15 @@ from lightspeed.hooks import is_overridden, trainer_callbacks
 from lightspeed.loggers import Logger
 from lightspeed.loggers.build import build_loggers
 from lightspeed.loggers.logger import DummyLogger
+from lightspeed.loops import _EvaluationLoop
 from lightspeed.perf.kernels import unwrap_compiled
 from lightspeed.plan.micro_batch import confirm
-from lightspeed.report.progress import metrics_table, print_table
 from lightspeed.run import Fn, Run, Stage
 from lightspeed.runtime.launch import DistInfo, read_dist_info
 from lightspeed.runtime.preemption import Preemption
 from lightspeed.runtime.rng import seed_everything
 from lightspeed.strategies import build_strategy
+from lightspeed.trainer.configuration_validator import verify_loop_configuration
 from lightspeed.trainer.states import RunningStage, TrainerFn, TrainerState, TrainerStatus
 
 __all__ = ["Trainer", "TrainerState", "seed_everything"]
@@ -100,6 +102,7 @@ class Trainer:
             world_size=world_size,
             preemption=Preemption(launch.preemption_signals),
             accumulate_grad_batches=config.limits.accumulate_grad_batches,
+            inference_mode=config.launch.inference_mode,
         )
 
     # ------------------------------------------------------------------ an entry point's frame
@@ -149,9 +152,11 @@ class Trainer:
         """Trains `model` on the given loaders, else the DataModule's, else the Module's.
         `ckpt_path` ("last", "best", a directory) resumes where it was saved. Validation runs only
         if `validation_step` is overridden."""
+        train_dataloaders, datamodule = _datamodule_given(train_dataloaders, datamodule)
         # `is None`, not truthiness: len() of a user's sampler may need the ranks (not started yet)
         given = train_dataloaders if train_dataloaders is not None else val_dataloaders
         _one_source("fit", given, datamodule)
+        verify_loop_configuration(self, "fit", model, datamodule, val_dataloaders)
         if (
             train_dataloaders is None
             and datamodule is None
@@ -188,8 +193,11 @@ class Trainer:
     ) -> list[dict]:
         """Runs `validation_step` over the data (one loader or several); returns [epoch metrics] and
         prints them. Without `model`, the fitted one."""
+        dataloaders, datamodule = _datamodule_given(dataloaders, datamodule)
         _one_source("validate", dataloaders, datamodule)
-        with self._entry(self._model_for(Fn.VALIDATE, model), Fn.VALIDATE, datamodule) as model:
+        model = self._model_for(Fn.VALIDATE, model)
+        verify_loop_configuration(self, "validate", model)
+        with self._entry(model, Fn.VALIDATE, datamodule) as model:
             results = loop.evaluate(
                 self._run, self.config, Fn.VALIDATE, model, dataloaders, ckpt_path, self._plans
             )
@@ -205,8 +213,11 @@ class Trainer:
     ) -> list[dict]:
         """Runs `test_step` over the data (one loader or several); returns [epoch metrics] and
         prints them. Without `model`, the fitted one."""
+        dataloaders, datamodule = _datamodule_given(dataloaders, datamodule)
         _one_source("test", dataloaders, datamodule)
-        with self._entry(self._model_for(Fn.TEST, model), Fn.TEST, datamodule) as model:
+        model = self._model_for(Fn.TEST, model)
+        verify_loop_configuration(self, "test", model)
+        with self._entry(model, Fn.TEST, datamodule) as model:
             results = loop.evaluate(
                 self._run, self.config, Fn.TEST, model, dataloaders, ckpt_path, self._plans
             )
@@ -223,8 +234,11 @@ class Trainer:
         """Returns this rank's `predict_step` outputs in the order of its batches: a list, or one
         list per loader when there are several. Without `model`, the fitted one."""
         keep = return_predictions is not False
+        dataloaders, datamodule = _datamodule_given(dataloaders, datamodule)
         _one_source("predict", dataloaders, datamodule)
-        with self._entry(self._model_for(Fn.PREDICT, model), Fn.PREDICT, datamodule) as model:
+        model = self._model_for(Fn.PREDICT, model)
+        verify_loop_configuration(self, "predict", model)
+        with self._entry(model, Fn.PREDICT, datamodule) as model:
             outputs = loop.predict(
                 self._run, self.config, model, dataloaders, ckpt_path, self._plans, keep
             )
@@ -238,10 +252,11 @@ class Trainer:
             )
         return model
 
-    def _report(self, fn: Fn, results: dict[str, float], verbose: bool) -> list[dict]:
-        if self.is_global_zero and results and verbose:
-            print_table(metrics_table(f"{fn} results", results))
-        return [results]
+    def _report(self, fn: Fn, results: list[dict[str, float]], verbose: bool) -> list[dict]:
+        """Prints Lightning's results table on rank 0 (`verbose`); returns one dict per loader."""
+        if self.is_global_zero and verbose:
+            _EvaluationLoop._print_results(results, fn.value)
+        return results
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path: str | Path) -> Path:
@@ -488,6 +503,25 @@ def _one_or_list(loaders: Any) -> Any:
     if not loaders:
         return None
     return loaders[0] if isinstance(loaders, list) and len(loaders) == 1 else loaders
+
+
+def _one_datamodule(given: Any, positional: Any) -> Any:
+    """The DataModule passed in the loaders' place; a ConfigError when one was also passed as
+    datamodule=."""
+    if given is not None:
+        raise ConfigError(
+            f"got two DataModules ({type(positional).__name__} in the loaders' place and "
+            f"datamodule={type(given).__name__}): pass one."
+        )
+    return positional
+
+
+def _datamodule_given(loaders: Any, datamodule: Any) -> tuple[Any, Any]:
+    """(loaders, datamodule) with a DataModule passed in the loaders' place moved to its own
+    (`trainer.test(model, dm)`, as Lightning takes it)."""
+    if isinstance(loaders, LightningDataModule):
+        return None, _one_datamodule(datamodule, loaders)
+    return loaders, datamodule
 
 
 def _one_source(fn: str, loaders: Any, datamodule: Any) -> None:

@@ -15,3 +15,11 @@ def accepts(fn: Callable, n: int, name: str) -> bool:
     if any(p.kind is p.VAR_POSITIONAL for p in params) or any(p.name == name for p in params):
         return True
     return len([p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]) >= n
+
+
+def requires(fn: Callable, name: str) -> bool:
+    """Whether `fn` has a parameter called `name` without a default (it must be passed)."""
+    param = inspect.signature(fn).parameters.get(name)
+    return (
+        param is not None and param.default is param.empty and param.kind is not param.VAR_KEYWORD
+    )

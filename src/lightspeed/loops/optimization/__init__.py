@@ -1,0 +1,1 @@
+"""Lightning's `loops.optimization` path: `automatic.Closure`."""

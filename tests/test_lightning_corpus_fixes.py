@@ -1,0 +1,324 @@
+"""Behaviour Lightning's own tests (../shared/lightning-tests) check, found missing there and built
+here: hooks set to None, the entry points' checks, a DataModule passed positionally, what
+`on_train_batch_end` and `validate` / `test` hand back, `self.log`'s per-hook defaults, evaluation
+under `inference_mode`, and the names code imports from Lightning's loop paths.
+
+.venv/bin/python -m pytest -q tests/test_lightning_corpus_fixes.py
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from contextlib import redirect_stdout
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import lightspeed as ls
+from lightspeed.callbacks import Callback
+from lightspeed.core.optimizer import LightningOptimizer
+from test_trainer import Regress, make_trainer, regression_data
+
+
+# ------------------------------------------------------------------ a hook set to None
+def test_a_step_set_to_none_switches_its_loop_off(tmp_path):
+    model = Regress()
+    model.validation_step = None
+    model.val_dataloader = lambda: regression_data(8)
+    with pytest.warns(UserWarning, match="`val_dataloader` but have no `validation_step`"):
+        make_trainer(tmp_path, max_steps=2).fit(model, regression_data())
+    assert "validation_step" not in model.calls and model.calls.count("training_step") == 2
+
+    model = Regress()  # a validation_step, and no validation data: skipped, with a warning
+    model.val_dataloader = None
+    with pytest.warns(UserWarning, match="`validation_step` but have no `val_dataloader`"):
+        make_trainer(tmp_path, max_steps=2).fit(model, regression_data())
+    assert "validation_step" not in model.calls
+
+
+@pytest.mark.parametrize(
+    "entry, hook, message",
+    [
+        ("fit", "training_step", r"No `training_step\(\)` method defined"),
+        ("fit", "configure_optimizers", r"No `configure_optimizers\(\)` method defined"),
+        ("validate", "validation_step", r"No `validation_step\(\)` method defined"),
+        ("test", "test_step", r"No `test_step\(\)` method defined"),
+        ("predict", "predict_step", "`predict_step` cannot be None"),
+    ],
+)
+def test_an_entry_points_own_step_set_to_none_is_refused(tmp_path, entry, hook, message):
+    model = Regress()
+    setattr(model, hook, None)
+    with pytest.raises(ls.ConfigError, match=message):
+        getattr(make_trainer(tmp_path, max_steps=1), entry)(model, regression_data())
+
+
+def test_predict_without_predict_step_needs_forward(tmp_path):
+    class NoForward(ls.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+    with pytest.raises(ls.ConfigError, match="requires `forward` method to run"):
+        make_trainer(tmp_path).predict(NoForward(), regression_data())
+
+
+def test_removed_epoch_end_hooks_and_manual_optimization_flags_are_refused(tmp_path):
+    class Legacy(Regress):
+        def validation_epoch_end(self, outputs):
+            pass
+
+    with pytest.raises(NotImplementedError, match="validation_epoch_end` has been removed"):
+        make_trainer(tmp_path).validate(Legacy(), regression_data())
+
+    manual = Regress()
+    manual.automatic_optimization = False
+    with pytest.raises(ls.ConfigError, match="Automatic gradient clipping is not supported"):
+        make_trainer(tmp_path, gradient_clip_val=1.0).fit(manual, regression_data())
+    with pytest.raises(ls.ConfigError, match="Automatic gradient accumulation is not supported"):
+        make_trainer(tmp_path, accumulate_grad_batches=2).fit(manual, regression_data())
+
+
+# ------------------------------------------------------------------ a DataModule passed positionally
+class Data(ls.LightningDataModule):
+    def setup(self, stage):
+        self.data = regression_data(8).dataset
+
+    def train_dataloader(self):
+        return DataLoader(self.data, batch_size=4)
+
+    def test_dataloader(self):
+        return DataLoader(self.data, batch_size=2)
+
+
+def test_a_datamodule_in_the_loaders_place_is_the_datamodule(tmp_path):
+    trainer = make_trainer(tmp_path, max_epochs=1)
+    model = Regress()
+    model.val_dataloader = None
+    trainer.fit(model, Data())
+    assert trainer.global_step == 2 and isinstance(trainer.datamodule, Data)
+    (results,) = trainer.test(model, Data(), verbose=False)
+    assert set(results) == {"test_loss", "test_const"}
+    with pytest.raises(ls.ConfigError, match="two DataModules"):
+        trainer.test(model, Data(), datamodule=Data())
+
+
+def test_datamodule_str_and_from_datasets_passes_batch_size_to_init():
+    dm = Data()
+    assert str(dm).splitlines()[0] == "{Train dataloader: None}"  # setup has not run
+    dm.setup("fit")
+    assert str(dm).splitlines() == [
+        "{Train dataloader: size=8}",
+        "{Validation dataloader: None}",
+        "{Test dataloader: size=8}",
+        "{Predict dataloader: None}",
+    ]
+
+    class Sized(ls.LightningDataModule):
+        def __init__(self, batch_size=1):
+            super().__init__()
+            self.batch_size = batch_size
+
+    sized = Sized.from_datasets(regression_data(8).dataset, batch_size=4)
+    assert sized.batch_size == 4 and len(sized.train_dataloader()) == 2
+
+
+# ------------------------------------------------------------------ what the steps receive and return
+def test_one_evaluation_loader_passes_no_dataloader_idx(tmp_path):
+    seen = []
+
+    class Args(Regress):
+        def validation_step(self, *args):
+            seen.append(len(args))
+
+        def test_step(self, batch, batch_idx, dataloader_idx=None):
+            seen.append(dataloader_idx)
+
+    trainer = make_trainer(tmp_path, limit_val_batches=1, limit_test_batches=1)
+    trainer.validate(Args(), regression_data(), verbose=False)
+    trainer.test(Args(), regression_data(), verbose=False)
+    trainer.test(Args(), [regression_data(), regression_data()], verbose=False)
+    assert seen == [2, None, 0, 1]
+
+
+def test_on_train_batch_end_gets_a_dict_with_the_loss_detached(tmp_path):
+    got = []
+
+    class Outputs(Regress):
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            return None if batch_idx == 1 else {"loss": loss, "extra": batch_idx}
+
+        def on_train_batch_end(self, outputs, batch, batch_idx):
+            got.append(outputs)
+
+    with pytest.warns(UserWarning, match="`training_step` returned `None`"):
+        make_trainer(tmp_path, max_steps=3, accumulate_grad_batches=1).fit(
+            Outputs(), regression_data()
+        )
+    assert got[1] == {}  # the batch whose step returned None: skipped, no backward
+    assert got[0]["extra"] == 0 and got[2]["extra"] == 2
+    assert got[0]["loss"].grad_fn is None and got[0]["loss"].requires_grad is False
+
+
+# ------------------------------------------------------------------ validate / test results
+def test_results_come_one_dict_per_loader_and_print_lightnings_table(tmp_path):
+    class PerLoader(Regress):
+        def test_step(self, batch, batch_idx, dataloader_idx=0):
+            self.log("acc", float(dataloader_idx))
+            self.log(f"raw{dataloader_idx}", 5.0, add_dataloader_idx=False)
+
+        def on_test_epoch_end(self):
+            self.log("shared", 1.0)
+
+    out = io.StringIO()
+    with redirect_stdout(out):
+        results = make_trainer(tmp_path).test(PerLoader(), [regression_data(), regression_data()])
+    assert results == [
+        {"acc/dataloader_idx_0": 0.0, "raw0": 5.0, "shared": 1.0},
+        {"acc/dataloader_idx_1": 1.0, "raw1": 5.0, "shared": 1.0},
+    ]
+    table = out.getvalue()
+    assert "Test metric" in table and "DataLoader 1" in table and "raw1" in table
+
+
+def test_print_results_layout():
+    from lightspeed.loops import _EvaluationLoop
+
+    with redirect_stdout(io.StringIO()) as out:
+        _EvaluationLoop._print_results([{}], "test")
+    assert out.getvalue() == ""
+    from lightspeed.report.results import print_results
+
+    with redirect_stdout(io.StringIO()) as out:
+        print_results([{"b/dataloader_idx_0": torch.tensor(2.5), "a": {"x": 1}}], "test", False)
+    lines = [line.strip() for line in out.getvalue().splitlines()]
+    assert lines[1].split() == ["Test", "metric", "DataLoader", "0"]
+    assert lines[3].split() == ["a:x", "1"] and lines[4].split() == ["b", "2.5"]
+
+
+# ------------------------------------------------------------------ self.log
+def test_log_defaults_follow_the_hook_and_forked_names(tmp_path):
+    class Logs(Regress):
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            self.log("both", loss, on_step=True, on_epoch=True, prog_bar=True)
+            return loss
+
+        def on_train_epoch_end(self):
+            self.log("at_end", 2.0)  # an epoch-level hook: on_epoch by default
+
+        def validation_step(self, batch, batch_idx):
+            self.log("v", 1.0, on_step=True, on_epoch=True)
+
+    class CallbackLogs(Callback):
+        def on_train_epoch_end(self, trainer, module):
+            self.log("from_callback", 3.0)
+
+    trainer = make_trainer(tmp_path, max_epochs=1, limit_val_batches=2, callbacks=[CallbackLogs()])
+    trainer.fit(Logs(), regression_data(8), regression_data(8))
+    metrics = trainer.callback_metrics
+    assert float(metrics["at_end"]) == 2.0 and "at_end_step" not in metrics
+    assert float(metrics["from_callback"]) == 3.0
+    assert set(trainer.progress_bar_metrics) == {"both_step", "both_epoch"}
+    assert "v_epoch" in metrics and "v_step" not in metrics  # evaluation step values leave
+    assert "v_step" in trainer.logged_metrics  # ... after being logged per batch
+    with pytest.raises(RuntimeError, match="outside a run"):
+        CallbackLogs().log("x", 1.0)
+
+
+def test_log_refuses_what_records_nothing_and_values_it_cannot_log(tmp_path):
+    class Useless(Regress):
+        def training_step(self, batch, batch_idx):
+            self.log("x", 1.0, on_step=False, on_epoch=False)
+
+    with pytest.raises(ls.ConfigError, match="is not useful"):
+        make_trainer(tmp_path, max_steps=1).fit(Useless(), regression_data())
+
+    class Text(Regress):
+        def training_step(self, batch, batch_idx):
+            self.log("x", "foo")
+
+    with pytest.raises(ValueError, match=r"`self.log\(x, foo\)` was called"):
+        make_trainer(tmp_path, max_steps=1).fit(Text(), regression_data())
+
+
+# ------------------------------------------------------------------ evaluation's grad mode
+@pytest.mark.parametrize("inference_mode", [True, False])
+def test_evaluation_runs_under_inference_mode_or_no_grad(tmp_path, inference_mode):
+    modes = []
+
+    class Modes(Regress):
+        def record(self):
+            modes.append((torch.is_grad_enabled(), torch.is_inference_mode_enabled()))
+
+        def on_validation_start(self):
+            self.record()
+
+        def on_test_start(self):
+            self.record()
+
+        def on_predict_start(self):
+            self.record()
+
+    trainer = make_trainer(tmp_path, inference_mode=inference_mode)
+    for entry in ("validate", "test", "predict"):
+        getattr(trainer, entry)(Modes(), regression_data(8))
+    assert modes == [(False, inference_mode)] * 3
+
+
+# ------------------------------------------------------------------ Lightning's optimizer wrapper
+def test_optimizers_come_wrapped_in_lightning_optimizer(tmp_path):
+    seen = []
+
+    class Manual(Regress):
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = False
+
+        def training_step(self, batch, batch_idx):
+            opt = self.optimizers()
+            seen.append(opt)
+            opt.zero_grad()
+            self.manual_backward(super().training_step(batch, batch_idx))
+            opt.step()
+
+    model = Manual()
+    trainer = make_trainer(tmp_path, max_steps=2)
+    trainer.fit(model, regression_data())
+    assert isinstance(seen[0], LightningOptimizer) and seen[0] is seen[1]
+    assert seen[0].optimizer is trainer.optimizers[0]
+    assert str(seen[0]) == "Lightning" + str(trainer.optimizers[0])
+    assert model.optimizers(use_pl_optimizer=False) is trainer.optimizers[0]
+
+
+# ------------------------------------------------------------------ names at Lightning's loop paths
+def test_loop_paths_names():
+    from lightspeed.loops import _Loop
+    from lightspeed.loops.optimization.automatic import Closure
+    from lightspeed.loops.utilities import _no_grad_context
+
+    class Runs(_Loop):
+        def __init__(self, inference_mode):
+            super().__init__(trainer=None)
+            self.inference_mode = inference_mode
+
+        @_no_grad_context
+        def run(self):
+            return torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+
+    assert Runs(True).run() == (False, True) and Runs(False).run() == (False, False)
+
+    class NotALoop:
+        run = _no_grad_context(lambda self: None)
+
+    with pytest.raises(TypeError, match="needs to be a Loop"):
+        NotALoop().run()
+    Closure.warning_cache.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        Closure.warning_cache.warn("once")
+        Closure.warning_cache.warn("once")
+    assert len(caught) == 1
