@@ -1,5 +1,5 @@
 """`strategy="auto"` whose first plan runs out of memory at setup: `python tests/fallback_script.py
-<out.json> [honest]` (test_plan_families.py runs it; the Trainer starts the second rank).
+<out.json> [honest] [steps]` (test_plan_families.py runs it; the Trainer starts the second rank).
 
 The forecast is made wrong on purpose for ddp (it claims ddp holds nothing, as issue 38's forecast
 missed DeepSpeed's flatten copy), so the plan chooses ddp under a `memory_budget` that ddp cannot
@@ -7,6 +7,10 @@ meet: its setup holds the whole weights and Adagrad's state (built at constructi
 allocation) past the budget on both ranks. Every rank learns it, ddp is torn down, and the next plan
 that fits is set up and trains. Rank 0 writes what ran and the losses. With `honest` the forecast
 is left as it is, and the plan chooses directly what the fallback chose.
+
+With `steps` the optimizer is Adam, whose state comes at the first step: ddp sets up within the
+budget and runs out of it in its first step (weights and Adam's two moments held after the step),
+so the fallback happens there, after ddp stepped the module's own tensors.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ def optimistic(c, *args, **kwargs):
 
 if "honest" not in sys.argv[2:]:
     plan.forecast_candidate = optimistic
+STEPS = "steps" in sys.argv[2:]
 
 
 class Table(ls.LightningModule):
@@ -54,6 +59,8 @@ class Table(ls.LightningModule):
         return h.pow(2).mean()
 
     def configure_optimizers(self):
+        if STEPS:
+            return torch.optim.Adam(self.parameters(), lr=0.1)
         return torch.optim.Adagrad(self.parameters(), lr=0.1)
 
     def train_dataloader(self):
@@ -76,6 +83,8 @@ def main(out: str) -> None:
     # ddp holds 8 bytes per parameter after setup (fp32 weights and Adagrad's sum); fsdp's whole
     # forecast on 2 ranks is about 6 (a half of weights, gradients and state): a budget between.
     budget = 7.5 * numel
+    if STEPS:  # ddp: 4 bytes per parameter after setup, 12 after its first step; fsdp about 8
+        budget = 10 * numel
     trainer = ls.Trainer(
         accelerator="cpu",
         devices=2,

@@ -159,7 +159,7 @@ def test_fallback_restores_the_module_and_tries_the_next_plan_after_a_real_oom()
             torch.empty(2**62, dtype=torch.uint8)  # a real allocation the host cannot make
         s.is_set_up = True
 
-    got = set_up_or_fall_back(
+    got, first = set_up_or_fall_back(
         Attempt("first", log),
         module,
         set_up,
@@ -169,6 +169,7 @@ def test_fallback_restores_the_module_and_tries_the_next_plan_after_a_real_oom()
         log.append,
     )
     assert got.name == "second" and got.is_set_up
+    assert first is not None and first.name == "second" and first.names == ()
     assert log[:2] == ["fork first", "teardown first"]
     assert any("first failed at setup (out of memory" in line for line in log)
     assert "trying second" in next(line for line in log if "failed" in line)
@@ -218,6 +219,19 @@ def test_auto_falls_back_on_2_ranks_when_the_chosen_plan_runs_out_of_memory(tmp_
     # from the weights and random state that run starts from, so the losses are the same.
     direct = _fallback_run(tmp_path, "direct.json", "honest")
     assert "failed at setup" not in direct["stdout"]
+    assert direct["strategy"] == fell_back["strategy"]
+    assert direct["losses"] == fell_back["losses"]
+
+
+def test_auto_falls_back_on_2_ranks_when_the_chosen_plan_runs_out_of_memory_in_a_step(tmp_path):
+    fell_back = _fallback_run(tmp_path, "steps_fell_back.json", "steps")
+    out = fell_back["stdout"]
+    assert "ddp ran out of memory in step 1 (out of memory:" in out and "failed at setup" not in out
+    assert fell_back["strategy"] != "ddp" and len(fell_back["losses"]) == 3
+    # ddp stepped the module's own tensors before the verdict: the next plan still starts from the
+    # weights (and random state) a run that chose it first starts from, so the losses are the same.
+    direct = _fallback_run(tmp_path, "steps_direct.json", "honest", "steps")
+    assert "out of memory" not in direct["stdout"]
     assert direct["strategy"] == fell_back["strategy"]
     assert direct["losses"] == fell_back["losses"]
 

@@ -1,6 +1,9 @@
-"""A plan that runs out of memory at setup is not the end of the run: the next plan that fits is.
+"""A plan that runs out of memory at setup or in its first steps is not the end of the run: the
+next plan that fits is.
 
-    strategy = set_up_or_fall_back(strategy, module, set_up, fallbacks, connect, facts, log0)
+    strategy, first = set_up_or_fall_back(strategy, module, set_up, fallbacks, connect, ...)
+    out = first.guard(module, strategy, lambda: train_window(...))   # the first FIRST_STEPS steps
+    strategy, first = first.next_plan(strategy, module, set_up, connect, log0, why)  # on OOM
 
 Under `strategy="auto"` the plan (`forecast.auto_choice`) ranks every candidate that fits; the
 Trainer sets up the first. If `configure_model` or `setup` runs out of memory on any rank (CUDA's
@@ -9,11 +12,19 @@ out-of-memory error, a host `MemoryError`, or on CPU the bytes the strategy hold
 (engine, wrappers, its memory returned to the device), the module is put back as it was before the
 attempt, and the next candidate is set up. One line says what failed and what runs instead.
 
+The first training steps are guarded the same way (`FirstSteps`): an out-of-memory error in one
+of them (on CPU: the step's saved tensors or what the strategy holds after it past the budget)
+becomes one verdict for every rank at the step's end, the plan is torn down, the module and the
+random state are put back as they were before its setup, and the next plan is set up and trains
+from step 0 (the loop's `next_plan`).
+
 Each attempt runs on a fork of its strategy (`Strategy.fork()`: connected, its own engine, the
 process group its parent's), so a failed one can be freed without leaving the group. The module is
 put back from a snapshot of its structure: every submodule copied, every parameter and buffer
 shared with the original tensors, so the snapshot costs no tensor memory beyond keeping the host
-copy the model was built in alive until setup ends (the forecast counts it: `host_setup`).
+copy the model was built in alive until the first steps end (the forecast counts it:
+`host_setup`); where the strategy steps those very tensors (single or ddp on the CPU), they are
+copied before the first step, so the next plan starts from the same weights.
 
 A strategy the user chose has no fallback: its out-of-memory error propagates as before, after one
 line naming the plan `lightspeed plan` forecasts would fit (from the model's shapes, activations
@@ -25,7 +36,8 @@ from __future__ import annotations
 import copy
 import gc
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -33,9 +45,13 @@ import torch.distributed as dist
 from lightspeed.plan.chart import gib
 from lightspeed.plan.forecast import auto_choice, device_memory
 from lightspeed.plan.probe import ModelFacts
+from lightspeed.runtime.memory import measure
 from lightspeed.runtime.rng import rng_state, set_rng_state
 
 __all__ = [
+    "FIRST_STEPS",
+    "FirstSteps",
+    "StepsOutOfMemory",
     "SetupOutOfMemory",
     "is_out_of_memory",
     "set_up_or_fall_back",
@@ -75,8 +91,9 @@ def set_up_or_fall_back(
     budget: float | None = None,
     log0: Callable[[str], None] = print,
     hint: Callable[[], str | None] = lambda: None,
-) -> Any:
-    """Runs `set_up(s)` (configure_model, then setup) and returns the strategy `s` that is set up.
+) -> tuple[Any, FirstSteps | None]:
+    """Runs `set_up(s)` (configure_model, then setup) and returns the strategy `s` that is set up,
+    with the guard of its first steps.
 
     Args:
         strategy: the connected strategy the Trainer holds (not set up yet).
@@ -88,7 +105,8 @@ def set_up_or_fall_back(
         budget: on CPU, `memory_budget`: an attempt whose strategy holds more after setup fails.
         log0: prints on rank 0. hint: one line naming a plan that fits, for a user's strategy.
     Returns:
-        `strategy` itself for a user's strategy; under `auto` a fork of the candidate that set up.
+        (`strategy` itself, None) for a user's strategy; under `auto` a fork of the candidate that
+        set up and the `FirstSteps` that guard its first steps.
     Raises:
         The last attempt's out-of-memory error when no candidate is left; for a user's strategy,
         its error, after printing `hint()`. Any other exception propagates at once.
@@ -96,7 +114,7 @@ def set_up_or_fall_back(
     if fallbacks is None:
         try:
             set_up(strategy)
-            return strategy
+            return strategy, None
         except Exception as e:
             if is_out_of_memory(e) and (line := hint()):
                 log0(line)
@@ -116,7 +134,7 @@ def set_up_or_fall_back(
             error = e
         # One verdict for every rank: a rank that set up frees its attempt when another did not.
         if all_ranks_ok(error is None):
-            return attempt
+            return attempt, FirstSteps(name, tuple(names[i + 1 :]), kept, start, budget)
         why = f"out of memory: {str(error).splitlines()[0][:120]}" if error else "another rank"
         error = error or SetupOutOfMemory("another rank ran out of memory at setup")
         release(attempt, module, kept)
@@ -130,6 +148,150 @@ def set_up_or_fall_back(
             "plan that fits."
         )
     raise AssertionError("unreachable")
+
+
+# The second step runs beside what the first allocated (torch optimizers' state, ZeRO-3's gradient
+# partitions): two steps see the plan's steady peak.
+FIRST_STEPS = 2
+
+T = TypeVar("T")
+
+
+class StepsOutOfMemory(MemoryError):
+    """Under `auto`: the plan ran out of memory in one of its first steps on some rank (raised on
+    every rank, after the one verdict)."""
+
+
+@dataclass
+class FirstSteps:
+    """What the first steps of a plan set up under `auto` need to give way to the next plan: its
+    name, the plans after it that the forecast fits, the module's snapshot and the random state
+    from before its setup, and on CPU the budget. `left`: steps still guarded."""
+
+    name: str
+    names: tuple[str, ...]
+    kept: torch.nn.Module | None
+    start: dict
+    budget: float | None = None
+    left: int = FIRST_STEPS
+    at_first_step: dict | None = None  # the random state the first step found
+
+    def guard(self, module: torch.nn.Module, strategy: Any, step: Callable[[], T]) -> T:
+        """Runs `step()` (one training step on `strategy`); while steps are guarded, an
+        out-of-memory error in it (on CPU: more held than the budget, saved tensors included) on any
+        rank raises StepsOutOfMemory on every rank, at the step's end. Collective while guarded."""
+        if self.left <= 0:
+            return step()
+        if self.at_first_step is None:
+            self.at_first_step = rng_state()
+            detach_from(self.kept, module)
+        meter, out, error = _Meter(strategy, self.budget), None, None
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(meter.pack, lambda t: t):
+                out = step()
+            error = meter.over()
+        except Exception as e:
+            if not is_out_of_memory(e):
+                raise
+            error = f"out of memory: {str(e).splitlines()[0][:120]}"
+        # Outside the except block: the traceback no longer holds the failed step's tensors.
+        if not all_ranks_ok(error is None):
+            del out
+            raise StepsOutOfMemory(error or "another rank ran out of memory")
+        self.left -= 1
+        if self.left == 0:
+            self.kept = None  # the host copy the model was built in can go
+        return out  # type: ignore[return-value]  # set when no error was caught
+
+    def next_plan(
+        self,
+        failed: Any,
+        module: torch.nn.Module,
+        set_up: Callable[[Any], None],
+        connect: Callable[[str], Any],
+        log0: Callable[[str], None],
+        why: str,
+    ) -> tuple[Any, FirstSteps | None]:
+        """Frees `failed` (the strategy whose first steps ran out of memory), puts the module and
+        the random state back as before its setup, and sets up the next plan that fits (itself
+        falling back at setup), with the random state the first step found. One line says so.
+        Raises StepsOutOfMemory when no plan is left."""
+        step = FIRST_STEPS - self.left + 1
+        assert self.kept is not None, "the first steps are over: nothing to restore"
+        release(failed, module, self.kept)
+        set_rng_state(self.start)
+        line = f"strategy='auto': {self.name} ran out of memory in step {step} ({why})"
+        if not self.names:
+            log0(f"{line}; no other plan fits.")
+            raise StepsOutOfMemory(why)
+        log0(f"{line}; trying {self.names[0]}, the next plan that fits.")
+        fallbacks = self.names[1:]
+        strategy, first = set_up_or_fall_back(
+            connect(self.names[0]), module, set_up, fallbacks, connect, self.budget, log0
+        )
+        set_rng_state(self.at_first_step or self.start)
+        return strategy, first
+
+
+class _Meter:
+    """On CPU with a budget: the bytes a step's saved tensors add (once per storage, weights
+    excluded) to what the strategy held before it, and what it holds after it."""
+
+    def __init__(self, strategy: Any, budget: float | None):
+        self.strategy, self.budget, self.seen = strategy, budget, set()
+        self.total = sum(measure(strategy).values()) if budget is not None else 0
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        if self.budget is None or t.device.type != "cpu":
+            return t
+        storage = t.untyped_storage()
+        is_weight = t.requires_grad and t.grad_fn is None
+        if not is_weight and storage._cdata not in self.seen:
+            self.seen.add(storage._cdata)
+            self.total += storage.nbytes()
+        return t
+
+    def over(self) -> str | None:
+        if self.budget is None:
+            return None
+        held = max(self.total, sum(measure(self.strategy).values()))
+        if held <= self.budget:
+            return None
+        return f"out of memory: {gib(held)} held in the step, budget {gib(self.budget)}"
+
+
+def detach_from(kept: torch.nn.Module | None, module: torch.nn.Module) -> None:
+    """Where the set-up `module` steps the very tensors the snapshot `kept` shares (single or ddp
+    on the CPU), gives the snapshot its own copies, so a retry starts from the weights before any
+    step. A strategy that moved, cast or sharded the weights left the snapshot's untouched."""
+    if kept is None:
+        return
+    live = {_data_ptr(t) for t in (*module.parameters(), *module.buffers())} - {None}
+    copies: dict[int, Any] = {}  # one copy per tensor: a weight tied in two places stays tied
+
+    def own(t: torch.Tensor, make: Callable[[torch.Tensor], Any]) -> Any:
+        if id(t) not in copies:
+            shared = t.numel() and _data_ptr(t) in live
+            copies[id(t)] = make(t) if shared else t
+        return copies[id(t)]
+
+    for sub in kept.modules():
+        for name, p in list(sub._parameters.items()):
+            if p is not None:
+                sub._parameters[name] = own(
+                    p, lambda p: torch.nn.Parameter(p.data.clone(), p.requires_grad)
+                )
+        for name, b in list(sub._buffers.items()):
+            if b is not None:
+                sub._buffers[name] = own(b, lambda b: b.clone())
+
+
+def _data_ptr(t: torch.Tensor) -> int | None:
+    """The address of `t`'s storage; None for a tensor subclass without one (FSDP's DTensor)."""
+    try:
+        return t.untyped_storage().data_ptr()
+    except RuntimeError:
+        return None
 
 
 def connected(strategy: Any, spec: Any, dist_info: Any, device: torch.device) -> Any:
