@@ -179,3 +179,14 @@ def test_a_schedule_sized_by_an_unknowable_length_names_it(tmp_path):
     assert "Set Trainer(max_steps=N)" in str(err.value)
     trainer, _ = fit(tmp_path, Tiny(one_cycle=True), max_steps=6)
     assert trainer.global_step == 6
+
+
+@pytest.mark.timeout(120)
+def test_a_spent_stream_ends_its_epochs_instead_of_looping(tmp_path):
+    """A generator given to fit is spent after the first epoch: the later epochs end with no
+    batch (an epoch without batches must still count as done, or fit would loop forever)."""
+    trainer = L.Trainer(
+        accelerator="cpu", devices=1, max_epochs=3, logger=False, enable_checkpointing=False
+    )
+    trainer.fit(Tiny(), (torch.randn(4, 8) for _ in range(5)))
+    assert (trainer.global_step, trainer.current_epoch) == (5, 3)

@@ -517,7 +517,8 @@ def train_epoch(
     if windows.uneven and not run.said_uneven:  # once per fit, on every rank alike
         run.said_uneven = True
         run.print0(windows.shortfall(run.loop.epoch))
-    ended = ended or run.loop.batches_done >= n or run.skip_rest
+    # a stream that gave no batch this epoch ends it too (a generator spent in the first epoch)
+    ended = ended or windows.ended or run.loop.batches_done >= n or run.skip_rest
     end_train_epoch(run, limits, module, val, epoch_done=ended)
 
 

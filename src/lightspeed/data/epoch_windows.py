@@ -109,6 +109,7 @@ class EpochWindows:
         self.fetched, self.ran_out = start, False  # this rank's stream, read ahead
         self.trained = start  # batches handed out, on every rank alike
         self.uneven = False  # some window's counts differed between ranks: the epoch ended short
+        self.ended = False  # the ranks agreed the stream has no more (an epoch of none, too)
         self.is_stateful = callable(getattr(loader, "state_dict", None)) and callable(
             getattr(loader, "load_state_dict", None)
         )
@@ -134,6 +135,7 @@ class EpochWindows:
             self.trained = current[-1][0] + 1
             yield current, not following
             current = following
+        self.ended = True
 
     def _take(self, windows: Iterator[list]) -> list:
         """This rank's next window, cut to the micro-batches every rank has for it."""
