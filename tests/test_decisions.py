@@ -64,9 +64,9 @@ def test_checkpoint_and_stop_decided_on_rank0(tmp_path, strategy):
 
     first = run("3")
     assert first["epochs"] == 3  # rank 1's score never improves; rank 0's does, and rank 0 decides
-    assert first["best"].endswith("epoch=2-score=8.0")
+    assert first["best"].endswith("epoch=2-score=8.0.ckpt")
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
-    assert names == ["epoch=2-score=8.0", "last"], (
+    assert names == ["epoch=2-score=8.0.ckpt", "last.ckpt"], (
         names
     )  # no leftover .tmp- folder from a rank's own name
     resumed = run("4", "last")  # complete on both ranks: it resumes

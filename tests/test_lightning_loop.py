@@ -12,6 +12,7 @@ import yaml
 
 import lightspeed as ls
 from lightspeed.callbacks import Callback
+from lightspeed.core.saving import checkpoint_state
 from lightspeed.loggers.logger import DummyLogger
 from test_trainer import Regress, make_trainer, regression_data
 
@@ -381,7 +382,8 @@ def test_hparams_in_checkpoint_and_load_from_checkpoint(tmp_path, strategy):
     )
     trainer.fit(model, regression_data())
     assert yaml.safe_load(open(f"{logger.log_dir}/hparams.yaml"))["lr"] == 0.2
-    state = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
+    # a file (Lightning's dict) under single and ddp, a directory's trainer.pt under the others
+    state = checkpoint_state(tmp_path / "checkpoints" / "last.ckpt")
     assert state["hyper_parameters"] == {"hidden": 4, "lr": 0.2, "tag": "x"}
     loaded = HParamModel.load_from_checkpoint(tmp_path / "checkpoints", lr=0.5)
     assert loaded.hparams == {"hidden": 4, "lr": 0.5, "tag": "x"} and not loaded.training

@@ -114,7 +114,7 @@ def test_trainer_names_follow_fit_and_test_as_lightnings_do(tmp_path, accelerato
         and trainer.test_dataloaders == tests
         and trainer.num_test_batches == [2, 3]
     )
-    assert trainer.ckpt_path == str((trainer.checkpoint_dir / "last").resolve())
+    assert trainer.ckpt_path == str(trainer.checkpoint_dir / "last.ckpt")  # as Lightning says it
     assert make_trainer(tmp_path, logger=False).log_dir == str(
         tmp_path
     )  # no logger: default_root_dir

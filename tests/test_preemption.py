@@ -32,7 +32,7 @@ def test_sigterm_saves_exits_143_and_resumes_exactly(tmp_path):
     )
     assert run.returncode == 143, (run.returncode, run.stderr[-3000:])
     assert "received SIGTERM" in run.stdout and "preempted-step=5" in run.stdout, run.stdout[-2000:]
-    assert os.readlink(tmp_path / "checkpoints" / "last") == "preempted-step=5"
+    assert os.readlink(tmp_path / "checkpoints" / "last.ckpt") == "preempted-step=5.ckpt"
     resumed = run_workload(
         tmp_path, devices=2, strategy="ddp", max_steps=10, shuffle=True, resume="last"
     )
@@ -55,19 +55,30 @@ def test_last_with_nothing_saved_starts_fresh(tmp_path):
 
 
 def test_last_dangling_after_a_kill_between_renames(tmp_path):
+    # A directory checkpoint (the sharded strategies') saved again under its name, killed between
+    # its two renames.
     ckpts = tmp_path / "checkpoints"
     ckpts.mkdir()
-    (ckpts / ".tmp-epoch=1").mkdir()
-    (ckpts / ".tmp-epoch=1" / "meta.json").write_text(
+    (ckpts / ".tmp-epoch=1.ckpt").mkdir()
+    (ckpts / ".tmp-epoch=1.ckpt" / "meta.json").write_text(
         '{"format": "lightspeed-checkpoint", "files": {}}'
     )
-    os.symlink("epoch=1", ckpts / "last")
+    os.symlink("epoch=1.ckpt", ckpts / "last.ckpt")
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
-        assert resolve("last", ckpts).name == ".tmp-epoch=1"
-    (ckpts / ".tmp-epoch=1" / "meta.json").unlink()
-    with pytest.raises(ConfigError, match="points to 'epoch=1', which does not exist"):
+        assert resolve("last", ckpts).name == ".tmp-epoch=1.ckpt"
+    (ckpts / ".tmp-epoch=1.ckpt" / "meta.json").unlink()
+    with pytest.raises(ConfigError, match="points to 'epoch=1.ckpt', which does not exist"):
         resolve("last", ckpts)
+    # A folder written before lightspeed named it `last.ckpt` still resumes from its `last`.
+    (ckpts / "last.ckpt").unlink()
+    (ckpts / ".tmp-epoch=1.ckpt" / "meta.json").write_text(
+        '{"format": "lightspeed-checkpoint", "files": {}}'
+    )
+    os.symlink("epoch=1.ckpt", ckpts / "last")
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        assert resolve("last", ckpts).name == ".tmp-epoch=1.ckpt"
 
 
 @pytest.mark.gpu

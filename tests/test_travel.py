@@ -38,7 +38,7 @@ def saved(root: Path, strategy: str, devices: int = 2, **opts) -> tuple[Path, li
     run = run_workload(
         root, devices=devices, strategy=strategy, max_steps=N, ckpt_every=K, **{**OPTS, **opts}
     )
-    return root / "checkpoints" / f"epoch=0-step={K}", run["losses"]
+    return root / "checkpoints" / f"epoch=0-step={K}.ckpt", run["losses"]
 
 
 def resume(root: Path, ckpt: Path, strategy: str, devices: int = 2, **opts) -> dict:
@@ -115,7 +115,7 @@ def test_a_checkpoint_of_another_model_is_refused_naming_the_parameter(tmp_path)
     from workload import Workload
 
     run_workload(tmp_path, launcher="in-process", max_steps=1, ckpt_every=1, strategy="ddp")
-    ckpt = (tmp_path / "checkpoints" / "last").resolve()
+    ckpt = (tmp_path / "checkpoints" / "last.ckpt").resolve()
     portable = read_portable(ckpt, "ddp")
     portable["model"]["model.wpe.renamed"] = portable["model"].pop("model.wpe.weight")
     module = Workload({})

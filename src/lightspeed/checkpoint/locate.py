@@ -92,7 +92,7 @@ def resolve(
         path = path.resolve()
     if path.is_file():
         if verify:
-            check_zip(path)
+            check_zip(path.resolve())  # names the file itself, not the `last.ckpt` link to it
         return path
     meta = read_meta(path)
     if verify:

@@ -85,13 +85,13 @@ class Preemption:
         return self._agreed(self.received) if self.signals else 0
 
     def stop(self, signum: int, trainer: Any) -> None:
-        """Collective: saves `<checkpoint_dir>/preempted-step=N` through `trainer.save_checkpoint`
-        (which points `last` at it), says why, requeues under SLURM (rank 0) and exits the process
-        with 128 + signum. A rank that lightspeed itself spawned exits 0, so rank 0, which waits for
-        it, is the one that reports."""
+        """Collective: saves `<checkpoint_dir>/preempted-step=N.ckpt` through
+        `trainer.save_checkpoint` (which points `last.ckpt` at it), says why, requeues under SLURM
+        (rank 0) and exits the process with 128 + signum. A rank that lightspeed itself spawned
+        exits 0, so rank 0, which waits for it, is the one that reports."""
         name = signal.Signals(signum).name
         path = trainer.save_checkpoint(
-            Path(trainer.checkpoint_dir) / f"preempted-step={trainer.global_step}"
+            Path(trainer.checkpoint_dir) / f"preempted-step={trainer.global_step}.ckpt"
         )
         trainer.print0(
             f"[lightspeed] received {name}: saved {path} after step {trainer.global_step}; resume "
