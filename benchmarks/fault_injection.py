@@ -106,17 +106,17 @@ def midsave(tmp: Path, trial: int, a) -> dict:
     while (
         time.time() < deadline
         and proc.poll() is None
-        and not ((ckpts / "last").exists() and any(ckpts.glob(".tmp-*")))
+        and not ((ckpts / "last.ckpt").exists() and _saving(ckpts))
     ):
         time.sleep(0.002)
     time.sleep(random.uniform(0.0, 0.03))
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     ckpts = tmp / "checkpoints"
-    mid = any(p.name.startswith(".tmp-") for p in ckpts.iterdir()) if ckpts.exists() else False
+    mid = _saving(ckpts) if ckpts.exists() else False
     try:
-        if (ckpts / "last").exists():
-            verify(ckpts / "last", full=True)
+        if (ckpts / "last.ckpt").exists():
+            verify(ckpts / "last.ckpt", full=True)
         intact = True
     except ConfigError:
         intact = False
@@ -182,15 +182,18 @@ def nan(tmp: Path, trial: int, a) -> dict:
     return {"ok": run.returncode != 0 and said, "seconds": run.seconds}
 
 
+def _saving(ckpts: Path) -> bool:
+    """A save in flight: a directory's `.tmp-<name>`, a file's `.parts-<name>` or `.tmp-<name>`."""
+    return any(p.name.startswith((".tmp-", ".parts-")) for p in ckpts.iterdir())
+
+
 def bitflip(tmp: Path, trial: int, a) -> dict:
     run, hung = _run(tmp, a.timeout, strategy=a.strategy, max_steps=2, ckpt_every=2)
     if hung:
         return {"hang": True}
-    last = (tmp / "checkpoints" / "last").resolve()
-    victim = max(
-        (p for p in last.rglob("*") if p.is_file() and p.name != "meta.json"),
-        key=lambda p: p.stat().st_size,
-    )
+    last = (tmp / "checkpoints" / "last.ckpt").resolve()
+    files = [last] if last.is_file() else [p for p in last.rglob("*") if p.is_file()]
+    victim = max((p for p in files if p.name != "meta.json"), key=lambda p: p.stat().st_size)
     data = bytearray(victim.read_bytes())
     data[random.randrange(len(data))] ^= 1 << random.randrange(8)
     victim.write_bytes(bytes(data))

@@ -196,7 +196,7 @@ def run(sources: list[str], targets: list[str], out: Path) -> None:
                 **placement(strategy, ranks),
                 **OPTS,
             )["losses"]
-            ckpt = (root / "checkpoints" / f"epoch=0-step={K}").resolve()
+            ckpt = (root / "checkpoints" / f"epoch=0-step={K}.ckpt").resolve()
             for tgt in targets:
                 start = time.time()
                 cell = run_cell(work, ckpt, (strategy, ranks), parse(tgt), reference)

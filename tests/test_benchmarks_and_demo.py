@@ -144,7 +144,7 @@ def test_demo_trains_and_shows_summary(tmp_path):
     first, last = row_value("first loss"), row_value("last loss")
     assert last < first
     assert (tmp_path / "d" / "demo-gpt.safetensors").exists()
-    assert (tmp_path / "d" / "checkpoints" / "last" / "meta.json").exists()
+    assert (tmp_path / "d" / "checkpoints" / "last.ckpt" / "meta.json").exists()
     if not torch.cuda.is_available():
         assert re.search(r"devices\s*│\s*2 × cpu", out), out[
             -3000:

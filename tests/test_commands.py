@@ -105,7 +105,7 @@ def test_demo_then_inspect_and_report(tmp_path, monkeypatch, capsys):
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = proc.stdout
     assert "metric" in out and "value" in out  # the summary's header row
-    assert "│ checkpoint" in out and "d/checkpoints/epoch=0-step=10 " in out  # relative, whole
+    assert "│ checkpoint" in out and "d/checkpoints/epoch=0-step=10.ckpt " in out  # relative, whole
     assert "d/demo-gpt.safetensors " in out and "…" not in out and str(tmp_path) not in out
     assert out.strip().splitlines()[-1] == "report: d/lightning_logs/version_0/report.html"
     assert (tmp_path / "d/lightning_logs/version_0/report.html").exists()
@@ -113,7 +113,7 @@ def test_demo_then_inspect_and_report(tmp_path, monkeypatch, capsys):
     ckpts = sorted(
         p.name for p in (tmp_path / "d/checkpoints").iterdir() if not p.name.startswith(".")
     )
-    assert ckpts == ["epoch=0-step=10", "last"]
+    assert ckpts == ["epoch=0-step=10.ckpt", "last.ckpt"]  # a directory under DeepSpeed
 
     monkeypatch.chdir(tmp_path)
     main(["inspect", "d/checkpoints"])

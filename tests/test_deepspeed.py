@@ -117,7 +117,7 @@ def test_consolidate_loads_into_plain_gpt(stage3, tmp_path):
 
 def test_resume_is_exact_and_evaluation_only_engine(stage3, tmp_path):
     root, straight = stage3
-    step2 = next((root / "checkpoints").glob("*step=2"))
+    step2 = next((root / "checkpoints").glob("*step=2.ckpt"))
     resumed = run_workload(tmp_path, strategy="deepspeed_stage_3", resume=str(step2), **RUN)
     assert resumed["global_step"] == 6 == resumed["deepspeed"]["global_steps"]
     assert_close_losses(

@@ -114,7 +114,7 @@ def test_gan_one_engine_per_optimizer_matches_ddp_and_resumes(tmp_path, gan_ddp)
         assert_close_losses(
             [s[i] for s in ds], [s[i] for s in ddp], 1e-5, f"gan {name}, deepspeed_stage_2 vs ddp"
         )
-    step4 = tmp_path / "checkpoints" / "epoch=0-step=4"
+    step4 = tmp_path / "checkpoints" / "epoch=0-step=4.ckpt"
     assert (step4 / "deepspeed").is_dir() and (step4 / "deepspeed_1").is_dir()  # one tag per engine
     resumed = _gan(tmp_path, "deepspeed_stage_2", "--ckpt_path", str(step4))
     assert len(resumed) == 4  # steps 5 to 8
@@ -137,7 +137,7 @@ def test_gan_under_fsdp_matches_ddp_and_resumes(tmp_path, gan_ddp):
         )
     # Both Adams' moments are in the step-4 checkpoint: the resume replays steps 5-8 bit for bit.
     resumed = _gan(
-        tmp_path, "fsdp", "--ckpt_path", str(tmp_path / "checkpoints" / "epoch=0-step=4")
+        tmp_path, "fsdp", "--ckpt_path", str(tmp_path / "checkpoints" / "epoch=0-step=4.ckpt")
     )
     assert resumed == fsdp[4:]
 
@@ -309,12 +309,14 @@ def test_gan_zero3_one_engine_per_submodule_matches_ddp_and_resumes(tmp_path, ga
     spec = importlib.util.spec_from_file_location("gan_example", ROOT / "examples" / "gan.py")
     gan = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gan)
-    mine = gan.GAN.load_from_checkpoint(tmp_path / "checkpoints" / "epoch=0-step=8").state_dict()
-    theirs = lightspeed.full_state_dict(ddp_dir / "checkpoints" / "epoch=0-step=8")
+    mine = gan.GAN.load_from_checkpoint(
+        tmp_path / "checkpoints" / "epoch=0-step=8.ckpt"
+    ).state_dict()
+    theirs = lightspeed.full_state_dict(ddp_dir / "checkpoints" / "epoch=0-step=8.ckpt")
     assert sorted(mine) == sorted(theirs) and any(k.startswith("discriminator.") for k in mine)
     for key, value in theirs.items():
         torch.testing.assert_close(mine[key], value, rtol=1e-5, atol=1e-6, msg=key)
-    step4 = tmp_path / "checkpoints" / "epoch=0-step=4"
+    step4 = tmp_path / "checkpoints" / "epoch=0-step=4.ckpt"
     assert (step4 / "deepspeed").is_dir() and (step4 / "deepspeed_1").is_dir()  # one tag per engine
     resumed = _gan(tmp_path, "deepspeed_stage_3", "--ckpt_path", str(step4))
     assert len(resumed) == 4  # steps 5 to 8

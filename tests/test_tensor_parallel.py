@@ -133,7 +133,7 @@ def test_the_users_own_plan_in_configure_tensor_parallel(runs):
 # checkpoints
 def test_resume_under_the_same_tp_degree_and_on_one_device(runs, tmp_path):
     straight = tp2(runs, "gpt")
-    ckpt = straight["root"] / "ckpt" / f"step={HALF}"
+    ckpt = straight["root"] / "ckpt" / f"step={HALF}.ckpt"
     again = _run(tmp_path / "tp2", model="gpt", strategy="fsdp_tp2", devices=2, resume=str(ckpt))
     assert again["losses"] == straight["losses"][2 * HALF :]  # exact: same layout, same ranks
     one = _run(tmp_path / "one", model="gpt", resume=str(ckpt))  # tp 2 -> 1: the neutral form
@@ -148,7 +148,7 @@ def test_consolidated_weights_load_into_the_plain_module(runs, tmp_path):
 
     plain = {}
     for name, run in (("tp2", tp2(runs, "gpt")), ("one", single(runs, "gpt"))):
-        ls.consolidate(run["root"] / "ckpt" / "last", tmp_path / f"{name}.safetensors")
+        ls.consolidate(run["root"] / "ckpt" / "last.ckpt", tmp_path / f"{name}.safetensors")
         plain[name] = CausalLM("gpt")
         plain[name].configure_model()
         state = load_file(str(tmp_path / f"{name}.safetensors"))
@@ -162,7 +162,7 @@ def test_consolidated_weights_load_into_the_plain_module(runs, tmp_path):
 @pytest.mark.parametrize("target, devices, batch", [("fsdp", 2, 2), ("deepspeed_stage_3", 2, 2)])
 def test_a_tp2_checkpoint_resumes_under_another_strategy(runs, tmp_path, target, devices, batch):
     straight = tp2(runs, "gpt")
-    ckpt = straight["root"] / "ckpt" / f"step={HALF}"
+    ckpt = straight["root"] / "ckpt" / f"step={HALF}.ckpt"
     out = _run(
         tmp_path / target,
         model="gpt",
@@ -186,7 +186,7 @@ def test_a_checkpoint_resumes_under_tp2(runs, tmp_path, source, devices, batch):
         steps=HALF,
         ckpt_every=HALF,
     )
-    ckpt = first["root"] / "ckpt" / f"step={HALF}"
+    ckpt = first["root"] / "ckpt" / f"step={HALF}.ckpt"
     out = _run(tmp_path / "tp2", model="gpt", strategy="fsdp_tp2", devices=2, resume=str(ckpt))
     straight = tp2(runs, "gpt")["losses"][2 * HALF :]
     assert_close_losses(out["losses"], straight, RTOL, f"{source} -> tp2")

@@ -38,7 +38,7 @@ def _fit(tmp_path: Path, logger, steps: int = 6) -> ls.Trainer:
 
 
 def _weights(trainer: ls.Trainer, tmp_path: Path) -> Path:
-    return ls.consolidate(trainer.checkpoint_dir / "last", tmp_path / "model.safetensors")
+    return ls.consolidate(trainer.checkpoint_dir / "last.ckpt", tmp_path / "model.safetensors")
 
 
 def test_csv_and_tensorboard_honour_the_protocol(tmp_path):

@@ -65,7 +65,7 @@ def _resume_runs(root: Path, devices: int, batch_size: int) -> dict:
     first = run_workload(dirs["split"], checkpointing=True, **{**kw, "max_epochs": 1})
     second = run_workload(dirs["split"], resume="last", **kw)
     mid = run_workload(
-        dirs["mid"], resume=str(dirs["straight"] / "checkpoints" / "epoch=0-step=3"), **kw
+        dirs["mid"], resume=str(dirs["straight"] / "checkpoints" / "epoch=0-step=3.ckpt"), **kw
     )
     return dict(straight=straight, first=first, second=second, mid=mid)
 

@@ -232,7 +232,7 @@ def inspect(args: argparse.Namespace) -> None:
         parameters = f"{sum(t.numel() for t in unique.values()):,}"
     except Exception as e:  # noqa: BLE001 - a damaged checkpoint still shows its other facts
         parameters = f"unknown ({type(e).__name__})"
-    files = sorted(p for p in path.rglob("*") if p.is_file())
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
     rows = [
         ("path", _rel(path)),
         ("strategy", str(meta.get("strategy"))),
@@ -250,7 +250,10 @@ def inspect(args: argparse.Namespace) -> None:
         _table(
             "files",
             ("file", "size"),
-            [(str(p.relative_to(path)), _size(p.stat().st_size)) for p in files],
+            [
+                (str(p.relative_to(path)) if p != path else p.name, _size(p.stat().st_size))
+                for p in files
+            ],
         )
     )
 
