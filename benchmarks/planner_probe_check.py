@@ -53,7 +53,7 @@ def on_gpu(model: Family, sample, sizes: list[int]) -> dict[int, tuple[int, int,
         torch.cuda.synchronize()
         start = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
-        saved, _, _, _, working = _saved_bytes(twin, batch, "bf16-true", gpu=True)
+        saved, _, _, _, working, _ = _saved_bytes(twin, batch, "bf16-true", gpu=True)
         torch.cuda.synchronize()
         out[n] = (torch.cuda.max_memory_allocated() - start, saved, working)
         del batch

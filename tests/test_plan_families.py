@@ -266,3 +266,55 @@ def test_six_families_train_under_a_cap_on_a_gpu(tmp_path):
         assert "error" not in r and r["trained"], r
         assert r["plain"] > 0.9 * r["cap"]  # plain training does not fit the cap
         assert r["forecast"] == pytest.approx(r["measured"], rel=0.15)
+
+
+class MLPBlocks(torch.nn.Module):
+    """An embedding, then blocks that keep 4× wider activations inside (what checkpointing drops)."""
+
+    def __init__(self, d: int = 64, layers: int = 4, vocab: int = 256):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, d)
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.Sequential(
+                torch.nn.Linear(d, 4 * d), torch.nn.GELU(), torch.nn.Linear(4 * d, d)
+            )
+            for _ in range(layers)
+        )
+
+    def forward(self, ids):
+        h = self.embed(ids)
+        for block in self.blocks:
+            h = h + block(h)
+        return h
+
+
+def test_auto_ranks_plans_with_their_micro_batch_by_forecast_tokens_per_second(capsys):
+    from lightspeed.plan.forecast import auto_choice
+    from lightspeed.plan.micro_batch import planned_strategy
+
+    module = _as_module(MLPBlocks())
+    ids = torch.randint(0, 256, (1, 64))
+    facts = inspect_model(module, ids, "32-true")
+    ddp = forecast_candidate(Candidate("ddp"), facts, 2, "32-true", 1)
+    # room for ddp's states and a few samples' activations
+    budget = (ddp.model_states + ddp.buffers + 6 * ddp.activations) / 0.9
+    choice = auto_choice(
+        module, 2, "32-true", 1, "cpu", budget, facts=facts, show=True, max_micro_batch=4096
+    )
+    rows = {f.candidate.name: f for f in choice.ordered}
+    # each plan at the largest micro-batch it fits; checkpointing fits more samples
+    assert rows["fsdp+ac"].micro_batch > rows["fsdp"].micro_batch > 1
+    for f in choice.ordered:
+        limit = budget * 0.9
+        if f.device_total <= limit:
+            bigger = forecast_candidate(f.candidate, facts, 2, "32-true", f.micro_batch + 1)
+            assert bigger.device_total > limit or f.micro_batch == 4096
+    # fastest first: tokens/s never rises down the table (equal within its 3% steps)
+    speeds = [f.tokens_per_s for f in choice.ordered]
+    assert all(b <= a * 1.031 for a, b in zip(speeds, speeds[1:]))
+    assert choice.forecast is choice.ordered[0] or choice.ordered[0].device_total > budget * 0.9
+    printed = capsys.readouterr().out
+    assert "tok/s" in printed and " mb " in printed
+    # a "+ac" plan is a strategy object that checkpoints the repeated blocks
+    fsdp_ac = planned_strategy("fsdp+ac", 2, module)
+    assert fsdp_ac.name == "fsdp" and fsdp_ac.activation_checkpointing == [torch.nn.Sequential]

@@ -58,8 +58,13 @@ from lightspeed.hooks import is_overridden, log_hparams, warn_unknown_hooks, wit
 from lightspeed.loggers.build import agree_log_dirs
 from lightspeed.loops.optimization.automatic import Closure
 from lightspeed.perf.kernels import compile_step, compiled_frames, compiled_ran
-from lightspeed.plan.fallback import connected, plan_hint, set_up_or_fall_back
-from lightspeed.plan.micro_batch import MicroBatchPlan, plan_fit
+from lightspeed.plan.fallback import (
+    StepsOutOfMemory,
+    connected,
+    plan_hint,
+    set_up_or_fall_back,
+)
+from lightspeed.plan.micro_batch import MicroBatchPlan, plan_fit, planned_strategy
 from lightspeed.report.progress import start_progress
 from lightspeed.run import Fn, Process, Run, Stage
 from lightspeed.runtime import heartbeat
@@ -78,7 +83,6 @@ from lightspeed.runtime.launch import (
 )
 from lightspeed.runtime.rng import rng_state, set_rng_state
 from lightspeed.specs import LoopState, RunSpec
-from lightspeed.strategies import build_strategy
 from lightspeed.utilities.signature import accepts, requires
 
 
@@ -263,24 +267,57 @@ def set_up_strategy(run: Run, config: Config, fn: Fn, module: Module, micro_batc
         return
     before, plan = run.strategy, config.plan
     spec = config.run_spec(module.automatic_optimization)
-    run.strategy = set_up_or_fall_back(
+    run.strategy, run.first_steps = set_up_or_fall_back(
         run.strategy,
         module,
         lambda strategy: set_up(run, config, strategy, module, phase, micro_batch, configure),
         run.fallbacks,
         lambda name: connected(
-            build_strategy(name, run.world_size), spec, run.process.dist, run.device
+            planned_strategy(name, run.world_size, module), spec, run.process.dist, run.device
         ),
         plan.memory_budget if plan.device_type == "cpu" else None,
         run.print0,
         plan_hint(module, run.world_size, plan.precision, plan.device_type, plan.memory_budget),
     )
     run.fallbacks = None  # only the first setup falls back
-    # a fork set up: checkpoints and teardown follow it
+    follow_fork(run, before)
+
+
+def follow_fork(run: Run, before: Any) -> None:
+    """When a fork of `before` was set up (strategy="auto"), checkpoints and teardown follow it."""
     if run.strategy is not before and run.process is not None:
         checkpointer = Checkpointer(run.strategy, run.callbacks, run.global_rank, run.world_size)
         run.process = dataclasses.replace(run.process, checkpointer=checkpointer)
         atexit.register(run.strategy.teardown)  # runs before the parent's: LIFO
+
+
+def next_plan(run: Run, config: Config, module: Module, why: str) -> None:
+    """strategy="auto" after its plan ran out of memory in one of its first steps
+    (plan/fallback.py): the next plan that fits, set up from the module and random state the failed
+    one's setup started from; the loop back at step 0 of epoch 0 (callbacks see those steps
+    again)."""
+    first, before = run.first_steps, run.strategy
+    assert first is not None and run.process is not None
+    spec, dist = config.run_spec(module.automatic_optimization), run.process.dist
+    micro_batch = getattr(run.loaders[Stage.TRAIN], "batch_size", None)
+    run.configured = run.phase = None
+    run.strategy, run.first_steps = first.next_plan(
+        run.strategy,
+        module,
+        lambda strategy: set_up(run, config, strategy, module, "fit", micro_batch, True),
+        lambda name: connected(
+            planned_strategy(name, run.world_size, module), spec, dist, run.device
+        ),
+        run.print0,
+        why,
+    )
+    follow_fork(run, before)
+    # the step as the new strategy wraps it (FSDP registers training_step as a forward method)
+    run.compiled_frames, run.training_step = (
+        compiled_frames(),
+        compile_step(module, config.step.compile),
+    )
+    run.loop.global_step = run.loop.epoch = run.loop.batches_done = 0
 
 
 def set_up(
@@ -379,7 +416,11 @@ def fit(
         if every and run.loop.epoch - loaded_at >= every:
             loaded_at = run.loop.epoch
             train, val = load_fit_data(run, config, module, train_given, val_given, first=False)
-        train_epoch(run, config, module, train, val, skip, rng)
+        try:
+            train_epoch(run, config, module, train, val, skip, rng)
+        except StepsOutOfMemory as e:  # strategy="auto": the next plan trains from step 0
+            next_plan(run, config, module, str(e))
+            continue
         skip, rng = 0, None
     call(run, module.on_train_end, lambda cb: cb.on_train_end)
     call(run, module.on_fit_end, lambda cb: cb.on_fit_end)
@@ -502,7 +543,9 @@ def train_epoch(
     ended = False
     for window, is_last in windows:
         run.is_last_batch = is_last
-        ran, out = train_window(run, window, accumulate)
+        step = lambda: train_window(run, window, accumulate)  # noqa: B023, E731
+        first = run.first_steps  # strategy="auto": the first steps may give way to another plan
+        ran, out = step() if first is None else first.guard(module, run.strategy, step)
         if not ran:  # on_train_batch_start returned -1 before this window's first micro-batch
             break
         run.loop.batches_done, ended = window[-1][0] + 1, is_last

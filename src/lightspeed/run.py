@@ -85,6 +85,7 @@ class Run:
     configured: Module | None = None  # the Module the strategy configured (configure_model)
     phase: Literal["fit", "eval"] | None = None  # the strategy's set-up (fit serves evaluation)
     fallbacks: tuple[str, ...] | None = None  # strategy="auto": the next plans that fit (plan/)
+    first_steps: Any = None  # strategy="auto": plan/fallback.FirstSteps, the first steps' guard
     ckpt_path: str | None = None  # the checkpoint the last entry point loaded (rank 0's path)
     loop: LoopState = field(default_factory=LoopState)
     fitting: bool = False  # inside fit, also while it validates (EarlyStopping acts only then)

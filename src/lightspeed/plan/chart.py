@@ -35,14 +35,16 @@ def render_table(
     title: str = "Memory plan per device",
     host_limit: float | None = None,
 ) -> Any:
-    """A rich Table: one row per candidate in the given (speed) order, each term per device, the
+    """A rich Table: one row per candidate in the given (speed) order, its micro-batch and forecast
+    tokens/s per device (the SPEED factor where there is none), each term per device, the
     optimizer step's extra (DeepSpeed's fp32 gradient copy), setup's extra (DeepSpeed's flatten
     copy), the peak (`Forecast.device_total`: the largest of the moments), the host peak, whether it
     fits `device_limit` (and `host_limit` when given), and a ◀ on the chosen row."""
     table = Table(title=title)
     table.add_column("", width=1)
     table.add_column("candidate")
-    table.add_column("speed", justify="right")
+    table.add_column("mb", justify="right")  # micro-batch per device
+    table.add_column("tok/s", justify="right")
     for term in (*TERMS, "step extra", "setup extra", "device total", "host peak"):
         table.add_column(term, justify="right")
     table.add_column("fits")
@@ -55,7 +57,8 @@ def render_table(
         table.add_row(
             "◀" if is_chosen else "",
             f.candidate.name,
-            f"{f.candidate.speed:.2f}",
+            str(f.micro_batch),
+            f"{f.tokens_per_s:,.0f}" if f.tokens_per_s else f"×{f.candidate.speed:.2f}",
             *(gib(getattr(f, t)) for t in TERMS),
             gib(f.step_buffers),
             gib(f.setup_buffers),

@@ -45,6 +45,7 @@ import gc
 import importlib
 import importlib.util
 import math
+import os
 import runpy
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -124,6 +125,19 @@ AC_SPEED = 0.80
 # always rank
 # below every on-device one (the issue's order: no sharding > ZeRO-2 > ZeRO-3 > offload).
 OFFLOAD_SPEED = 0.22
+
+# Tokens per second, the rank's measure (`throughput`): a step's compute is the FLOPs the probe
+# counted (per sample; a third more with activation checkpointing, which runs the forward again) at
+# DEVICE_FLOPS, slowed by the strategy's factor in SPEED (its communication and bookkeeping beside
+# DDP's); an offloaded optimizer adds the host's step (DeepSpeed's CPU Adam and the copies each way,
+# gradient by gradient): HOST_STEP seconds per parameter, per tensor and per step on 16 cores,
+# fitted to the six families of docs/planning.md on one H200 (0.23-0.36 s a step for 0.20-0.49B
+# parameters in 60-390 tensors, where their compute takes 0.01 s). DEVICE_FLOPS: what the reference
+# GPT of docs/benchmarks.md reaches on an H200 in bf16 (53k tok/s × 8.6 GFLOP/token); fp32 (TF32) a
+# quarter of it.
+DEVICE_FLOPS = {"cuda": 4.5e14, "cpu": 1.0e11}
+HOST_STEP = (0.5e-9, 0.5e-3, 0.01)  # seconds per parameter, per tensor, per step (16 cores)
+RECOMPUTE = 4 / 3
 
 NAMED = {
     "single",
@@ -230,6 +244,8 @@ class Forecast:
     setup_buffers: int = 0  # beside the weights while setup builds (flatten copy, gathered block)
     save_buffers: int = 0  # beside the model states while a save gathers (ZeRO-1's optimizer state)
     host_setup: int = 0  # host bytes while planning and setup run (the CPU copies, see the doc)
+    micro_batch: int = 1  # per device, what the terms are forecast at
+    tokens_per_s: float = 0.0  # the speed model's tokens per second per device (`throughput`)
 
     @property
     def model_states(self) -> int:
@@ -295,7 +311,10 @@ def forecast(
         forecast_candidate(c, facts, devices, precision, micro_batch, pinned, trials)
         for c in candidates
     ]
-    return [replace(f, is_accumulating=accumulate > 1) for f in rows]
+    return [
+        throughput(replace(f, is_accumulating=accumulate > 1), facts, precision, device_type)
+        for f in rows
+    ]
 
 
 def forecast_candidate(
@@ -310,7 +329,9 @@ def forecast_candidate(
     """One candidate's bytes per device, from `facts`, with its setup and host moments
     (`with_transients`). The formulas follow what each backend allocates."""
     steady = _steady(c, facts, devices, precision, micro_batch, pinned)
-    return with_transients(steady, facts, devices, precision, trials)
+    return replace(
+        with_transients(steady, facts, devices, precision, trials), micro_batch=micro_batch
+    )
 
 
 def activations_for(c: Candidate, facts: ModelFacts) -> Activations:
@@ -459,6 +480,23 @@ def offload_host_bytes(
     return kept + extra + facts.states_per_param * 4 * sum(parts)
 
 
+def throughput(f: Forecast, facts: ModelFacts, precision: str, device_type: str) -> Forecast:
+    """`f` with the speed model's tokens per second per device at its micro-batch (see
+    DEVICE_FLOPS). Without a probe the FLOPs are taken as 6 per parameter and token."""
+    c = f.candidate
+    per_sample = activations_for(c, facts).flops_per_sample or 6 * facts.numel
+    rate = DEVICE_FLOPS.get(device_type, DEVICE_FLOPS["cpu"])
+    if device_type == "cuda" and precision not in ("bf16-mixed", "16-mixed", "bf16-true"):
+        rate /= 4
+    compute = f.micro_batch * per_sample * (RECOMPUTE if c.activation_checkpointing else 1)
+    seconds = compute / (rate * SPEED[c.strategy])
+    if c.offload_optimizer:
+        per_param, per_tensor, per_step = HOST_STEP
+        host = facts.numel * per_param + len(facts.shapes) * per_tensor + per_step
+        seconds += host * 16 / (os.cpu_count() or 16)
+    return replace(f, tokens_per_s=f.micro_batch * facts.tokens_per_sample / seconds)
+
+
 def with_transients(
     f: Forecast, facts: ModelFacts, devices: int, precision: str, trials: bool = False
 ) -> Forecast:
@@ -559,12 +597,22 @@ class Choice:
 def speed_order(
     forecasts: list[Forecast], device_bytes: float | None = None, margin: float = MARGIN
 ) -> list[Forecast]:
-    """Fastest first by the speed model (`SPEED`); every offloaded candidate after every on-device
+    """Fastest first: by the speed model's tokens per second (`throughput`: strategy, offload,
+    activation checkpointing and micro-batch together), within 3% counted as equal; forecasts
+    without it (made by hand) by the SPEED table, every offloaded candidate after every on-device
     one. Among candidates of equal speed, given `device_bytes`: those whose forecast leaves at
     least `margin` of it free first, then the one that leaves the most (ties go to headroom)."""
+    timed = all(f.tokens_per_s > 0 for f in forecasts)
 
     def key(f: Forecast) -> tuple:
         short = device_bytes is not None and f.device_total > device_bytes * (1 - margin)
+        if timed:
+            return (
+                -round(math.log(f.tokens_per_s) / math.log(1.03)),
+                short,
+                f.device_total,
+                f.host_peak,
+            )
         speed = round(f.candidate.speed, 9)  # products of the table's factors compare equal
         return (f.candidate.offload_optimizer, -speed, short, f.device_total, f.host_peak)
 
@@ -675,35 +723,61 @@ def auto_choice(
     show: bool = True,
     facts: ModelFacts | None = None,
     trials: bool = False,
+    max_micro_batch: int | None = None,
 ) -> Choice:
-    """The plan for `Trainer(strategy="auto")`: the first named strategy that fits this machine,
-    with the others that fit behind it (`Choice.fallbacks`, tried in turn when the choice runs out
-    of memory at setup: plan/fallback.py).
+    """The plan for `Trainer(strategy="auto")`: the fastest candidate that fits this machine, with
+    the others that fit behind it (`Choice.fallbacks`, tried in turn when the choice runs out of
+    memory at setup or in its first steps: plan/fallback.py).
 
-    Only candidates with a Trainer strategy string are considered, so the name can be handed to
-    spawned ranks; on CPU the offloaded ones are left out (the host is the device). Run it once,
+    Candidates are the strategies with a Trainer string and, where the model has repeated blocks,
+    FSDP's and DeepSpeed's with activation checkpointing of those blocks (`+ac`:
+    `planned_strategy` builds them), so every rank builds the same; on CPU the offloaded ones are
+    left out (the host is the device). With `max_micro_batch` (micro_batch="auto") each candidate
+    is forecast at the largest micro-batch it fits (at most that), so the rank weighs strategy,
+    offload, activation checkpointing and micro-batch together; else at `micro_batch`. Run it once,
     before ranks start. `facts` reuses an earlier `inspect_model` (the probe then runs once). Raises
     ConfigError when nothing fits (see `choose`). `trials`: micro-batch trials will run (their copy
     of the model counts in the host peak)."""
     device_bytes, host_bytes = device_memory(device_type, world_size, memory_budget)
+    precision = _check(world_size, precision, micro_batch)
+    facts = facts or inspect_model(module, batch, precision, device_type)
     candidates = [
         c
         for c in build_candidates(world_size, deepspeed=_has_deepspeed())
-        if c.is_named and not (device_type == "cpu" and c.offload_optimizer)
+        if is_plannable(c, facts) and not (device_type == "cpu" and c.offload_optimizer)
     ]
-    rows = forecast(
-        module,
-        world_size,
-        precision,
-        micro_batch,
-        batch=batch,
-        candidates=candidates,
-        facts=facts,
-        pinned=device_type == "cuda",
-        trials=trials,
-        device_type=device_type,
-    )
+    rows = []
+    for c in candidates:
+        size = micro_batch
+        if max_micro_batch is not None:
+            try:
+                size = largest_micro_batch(
+                    c, facts, world_size, precision, device_bytes, headroom, max_micro_batch
+                )
+            except ConfigError:  # not even 1 fits: shown at 1, marked as not fitting
+                size = 1
+        rows += forecast(
+            module,
+            world_size,
+            precision,
+            size,
+            candidates=[c],
+            facts=facts,
+            pinned=device_type == "cuda",
+            trials=trials,
+            device_type=device_type,
+        )
     return choose(rows, device_bytes, host_bytes, headroom, show=show)
+
+
+def is_plannable(c: Candidate, facts: ModelFacts) -> bool:
+    """A candidate `auto` can run: one with a Trainer strategy string, or FSDP's or DeepSpeed's
+    with activation checkpointing when the model has repeated blocks to checkpoint."""
+    if c.is_named:
+        return True
+    base = replace(c, activation_checkpointing=False)
+    has_ac = c.strategy.startswith(("fsdp", "deepspeed"))
+    return c.activation_checkpointing and base.is_named and has_ac and facts.blocks > 0
 
 
 # --------------------------------------------------------------------------------------------------

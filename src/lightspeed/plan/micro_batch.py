@@ -31,6 +31,7 @@ ConfigError, as in Lightning.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import gc
 import weakref
 from collections.abc import Callable
@@ -46,6 +47,7 @@ from lightspeed.callbacks import Callback
 from lightspeed.config import PlanOptions
 from lightspeed.core.optimizer import parse_optimizers
 from lightspeed.errors import ConfigError
+from lightspeed.perf.kernels import repeated_blocks
 from lightspeed.plan.chart import gib
 from lightspeed.plan.fallback import release_device_memory
 from lightspeed.plan.forecast import (
@@ -74,6 +76,7 @@ __all__ = [
     "Trial",
     "HostBudgetExceeded",
     "plan_fit",
+    "planned_strategy",
     "plan_micro_batch",
     "confirm",
     "search",
@@ -210,8 +213,11 @@ def plan_fit(
             show=show,
             facts=facts,
             trials=options.micro_batch is not None,
+            max_micro_batch=(
+                samples_per_rank(loader, world_size) if options.micro_batch is not None else None
+            ),
         )
-        strategy = build_strategy(choice.name, world_size)
+        strategy = planned_strategy(choice.name, world_size, module)
         fallbacks = tuple(f.candidate.name for f in choice.fallbacks)
     if options.micro_batch is None:
         return strategy, None, fallbacks
@@ -298,6 +304,17 @@ def batch_size_owner(
         "the "
         f"Module or the DataModule, read by its train_dataloader()."
     )
+
+
+def planned_strategy(name: str, world_size: int, module: Any) -> Any:
+    """The strategy object for a candidate's name: a Trainer strategy string, or one with `+ac`
+    (FSDP's or DeepSpeed's with activation checkpointing of `module`'s repeated blocks: the classes
+    of the children of its nn.ModuleLists). Every rank builds the same from the same module."""
+    if not name.endswith("+ac"):
+        return build_strategy(name, world_size)
+    strategy: Any = build_strategy(name.removesuffix("+ac"), world_size)  # a dataclass backend
+    blocks = list(dict.fromkeys(type(b) for b in repeated_blocks(module)))
+    return dataclasses.replace(strategy, activation_checkpointing=blocks)
 
 
 def candidate_of(strategy: Any, world_size: int) -> Candidate:

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+from torch.utils.flop_counter import FlopCounterMode
 
 from lightspeed.core.metrics import MetricStore
 from lightspeed.core.optimizer import parse_optimizers
@@ -61,6 +62,7 @@ class Activations:
     is_probed: bool = False
     working_base: float = 0.0
     working_per_sample: float = 0.0
+    flops_per_sample: float = 0.0  # the step's forward and backward FLOPs per sample (counted)
 
     def at(self, micro_batch: int, checkpointed: bool = False) -> int:
         working = self.working_base + self.working_per_sample * micro_batch
@@ -90,6 +92,8 @@ class ModelFacts:
     built_bytes: int = 0  # the Module's tensors already on the host as given (built in __init__)
     engine_activations: Activations = field(default_factory=Activations)  # run in bf16, no autocast
     probe_bytes: int = 0  # the probe's CPU copy while it runs: weights and their gradients
+    tokens_per_sample: int = 1  # a text sample's token ids (its first integer tensor), else 1
+    blocks: int = 0  # repeated blocks (children of an nn.ModuleList): what checkpointing wraps
 
     @property
     def shapes(self) -> list[tuple[int, ...]]:
@@ -155,7 +159,18 @@ def inspect_model(
         built_bytes=host_bytes(module),
         engine_activations=engine,
         probe_bytes=2 * width * sum(p.numel() for p in params) if probed else 0,
+        tokens_per_sample=tokens_in(batch),
+        blocks=len(units),
     )
+
+
+def tokens_in(batch: Any) -> int:
+    """Tokens per sample of a batch: the elements of one row of its first integer tensor of two or
+    more dimensions (token ids), else 1 (an image, a feature row: one sample)."""
+    for t in tree_leaves(batch):
+        if isinstance(t, torch.Tensor) and t.dim() >= 2 and not t.is_floating_point():
+            return max(1, t[0].numel())
+    return 1
 
 
 def cast_floats(value: Any, dtype: torch.dtype) -> Any:
@@ -296,7 +311,10 @@ def probe_activations(
     # micro-batch (the logits' gradient at backward's start, a fixed weight's gradient later): a
     # line that falls is taken as flat at its larger point, never extrapolated below it.
     working = max(0, two[4] - one[4])
-    return Activations(base[0], slope[0], ac(base), ac(slope), True, one[4] - working, working)
+    flops = max(0, slope[5])
+    return Activations(
+        base[0], slope[0], ac(base), ac(slope), True, one[4] - working, working, flops
+    )
 
 
 def saved_activation_bytes(
@@ -418,9 +436,10 @@ def _key(t: torch.Tensor) -> int:
 
 def _saved_bytes(
     module: torch.nn.Module, batch: Any, precision: str, gpu: bool = False
-) -> tuple[int, int, int, int, int]:
+) -> tuple[int, int, int, int, int, int]:
     """One step's saved tensors: (all bytes, bytes saved inside blocks, bytes of block inputs,
-    largest block, working bytes above the saved ones at the step's peak: `gpu` only). With `gpu`
+    largest block, working bytes above the saved ones at the step's peak: `gpu` only, the step's
+    FLOPs as torch's FlopCounterMode counts them). With `gpu`
     the step runs as the GPU's kernels would (`GpuKernels`), each parameter's gradient freed once
     accumulated (the strategies keep gradients elsewhere: the forecast's `grads`)."""
     params = list(module.parameters())
@@ -463,8 +482,9 @@ def _saved_bytes(
     )
     live = LiveBytes(weights)
     kernels = GpuKernels() if gpu else None
+    flops = FlopCounterMode(display=False)
     try:
-        with live if gpu else nullcontext(), kernels if kernels is not None else nullcontext():
+        with flops, live if gpu else nullcontext(), kernels or nullcontext():
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
                 out = cast("UserModule", module).training_step(*step_args(module, batch))
             loss = out["loss"] if isinstance(out, dict) else out
@@ -475,7 +495,8 @@ def _saved_bytes(
         for h in handles:
             h.remove()
     working = max(0, live.peak - state["total"]) if gpu else 0
-    return state["total"], sum(inside), state["inputs"], max(inside, default=0), working
+    inputs, largest = state["inputs"], max(inside, default=0)
+    return state["total"], sum(inside), inputs, largest, working, flops.get_total_flops()
 
 
 def plain_cuda_step(module: torch.nn.Module, batch: Any, n: int, precision: str) -> None:
