@@ -232,21 +232,22 @@ def child(family: str, cpu: bool, spec: dict) -> dict:
         torch.cuda.set_per_process_memory_fraction(spec["cap"] * GIB / whole)
         load_libraries()
     base = rss_now()  # before the model: the libraries, CUDA's context
-    model = Family(family, cpu, spec["seq"], spec["samples"])
+    model = Family(family, cpu, spec["seq"], spec["samples"], spec.get("batch_size", 1))
     sample = next(iter(DataLoader(model.data, batch_size=1)))
     facts = inspect_model(model, sample, precision, "cpu" if cpu else "cuda")
     # The run probes once: its own inspect_model gets these facts (the same probe, the same sample).
     micro_batch.inspect_model = lambda *a, **k: facts
     plain = forecast_candidate(build_candidates(devices)[0], facts, devices, precision, 1)
     timing = Timing()
+    name = spec.get("strategy", "auto")  # a plan tried by hand: planner_speed.py
     trainer = ls.Trainer(
         accelerator="cpu" if cpu else "gpu",
         devices=devices,
         precision=precision,
-        strategy="auto",
+        strategy=name if name == "auto" else micro_batch.planned_strategy(name, devices, model),
         micro_batch=spec["micro_batch"],
         micro_batch_trials=4,
-        max_steps=3,
+        max_steps=spec.get("steps", 3),
         memory_budget=spec["cap"] * GIB if cpu else None,
         logger=False,
         enable_checkpointing=False,
@@ -278,7 +279,9 @@ def child(family: str, cpu: bool, spec: dict) -> dict:
         "forecast_host": f.host_peak,
         "measured_host": rss_peak() - base,
         "s_per_step": sorted(steps)[len(steps) // 2] if steps else None,
-        "trained": len(timing.losses) == 3 and all(map(lambda x: x == x, timing.losses)),
+        "trained": len(timing.losses) == spec.get("steps", 3)
+        and all(map(lambda x: x == x, timing.losses)),
+        "tokens_per_sample": facts.tokens_per_sample,
         "losses": timing.losses,
         "seconds": time.perf_counter() - start,
         "rank0": trainer.is_global_zero,
