@@ -241,6 +241,8 @@ class Forecast:
     host: int = 0
     step_buffers: int = 0  # transient bytes of the optimizer step (activations are freed by then)
     is_accumulating: bool = False  # gradient accumulation: gradients live through the next forward
+    working: int = 0  # the part of `activations` that is backward's working memory at its start
+    late_buffers: bool = False  # `buffers` come with the first reduced gradient (DeepSpeed 1/2)
     setup_buffers: int = 0  # beside the weights while setup builds (flatten copy, gathered block)
     save_buffers: int = 0  # beside the model states while a save gathers (ZeRO-1's optimizer state)
     host_setup: int = 0  # host bytes while planning and setup run (the CPU copies, see the doc)
@@ -261,13 +263,19 @@ class Forecast:
         """The forecast peak: the larger of the forward/backward peak and the optimizer step's. The
         step frees gradients (zero_grad(set_to_none=True)), so a forward's activations and the
         gradients grow and shrink in turn: the larger of the two counts, unless accumulation keeps
-        the gradients through the next forward."""
+        the gradients through the next forward. Buffers that come only with the first gradient
+        reduced (`late_buffers`: DeepSpeed ZeRO-1/2's bucket) meet the activations after backward's
+        first working memory (the loss's logits and their gradient) is gone."""
         transient = (
             self.grads + self.activations
             if self.is_accumulating
             else max(self.grads, self.activations)
         )
-        backward = self.params + self.optim + self.master + self.buffers + transient
+        states = self.params + self.optim + self.master
+        if self.late_buffers:
+            backward = states + max(transient, transient - self.working + self.buffers)
+        else:
+            backward = states + self.buffers + transient
         return max(
             backward,
             self.model_states + self.step_buffers,  # the step; its first call allocates the states
@@ -350,9 +358,11 @@ def _steady(
         4 if facts.step_counters else 0,
     )  # a step counter is an fp32 scalar
     total, count, half = facts.numel, len(facts.shapes), precision in ("bf16-mixed", "16-mixed")
-    act = activations_for(c, facts).at(micro_batch, c.activation_checkpointing)
+    line = activations_for(c, facts)
+    act = line.at(micro_batch, c.activation_checkpointing)
+    working = min(act, round(line.working_base + line.working_per_sample * micro_batch))
     if c.is_deepspeed:
-        return _deepspeed(c, facts, devices, precision, act, pinned)
+        return replace(_deepspeed(c, facts, devices, precision, act, pinned), working=working)
     w = (
         2 if precision == "bf16-true" else 4
     )  # torch strategies keep weights, grads and states in one dtype
@@ -425,13 +435,27 @@ def _deepspeed(
         setup = max(sum(math.prod(s) for s in g) for g in facts.groups) * wd
     else:
         setup = (0 if c.offload_params else min(part, 10**9) * wd) + 2 * facts.unit_numel * wd
+    late = stage < 3  # the bucket (and stage 1's gradients) fill from the first gradient on
     if not c.offload_optimizer:
         # Under bf16/fp16 the step first copies the half-precision gradient partition to fp32 for
         # the optimizer.
         step = part * 4 if wd == 2 else 0
         return Forecast(
-            c, params, grads, optim, master, act, buffers, step_buffers=step, setup_buffers=setup
+            c,
+            params,
+            grads,
+            optim,
+            master,
+            act,
+            buffers,
+            step_buffers=step,
+            setup_buffers=setup,
+            late_buffers=late,
         )
+    if stage < 3:
+        # Offloading gradient by gradient: a device buffer of the largest parameter's size, and
+        # the fp32 copy of one gradient made on the device before it goes to the host.
+        buffers += max(math.prod(s) for s in facts.shapes) * (wd + 4)
     host = offload_host_bytes(stage, facts, devices, pinned, c.offload_params, wd)
     # Stage 1 reduces and copies gradients to the host only at the boundary: until then this rank's
     # half-precision gradients stay on the device (the rest is in `buffers`); stages 2 and 3 move
@@ -446,6 +470,7 @@ def _deepspeed(
         buffers,
         host,
         setup_buffers=setup,
+        late_buffers=late,
     )
 
 
@@ -851,31 +876,31 @@ def largest_micro_batch(
     max_micro_batch: int = 4096,
 ) -> int:
     """The forecast's largest micro-batch for `candidate` within `device_bytes` less `headroom`:
-    model states and buffers are fixed, activations grow by the probe's measured bytes per sample
-    (capped at `max_micro_batch`).
+    the largest whose forecast peak (`device_total`, every moment) fits, found by bisection (the
+    peak grows with the micro-batch: activations by the probe's measured bytes per sample), capped
+    at `max_micro_batch`.
 
     Raises:
         ConfigError: not even micro-batch 1 fits, naming what it needs and what is available.
     """
     limit = device_bytes * (1 - headroom)
-    fixed = forecast_candidate(candidate, facts, devices, precision, 1)
-    act = activations_for(candidate, facts)
-    base, per_sample = act.slope(candidate.activation_checkpointing)
-    # device_total(b) = states without grads + buffers + max(grads, base + per_sample × b): solve
-    # for b.
-    room = limit - (fixed.params + fixed.optim + fixed.master + fixed.buffers)
-    size = (
-        max_micro_batch
-        if per_sample <= 0
-        else min(max_micro_batch, int((room - base) // per_sample))
-    )
-    if room < fixed.grads or fixed.model_states + fixed.step_buffers > limit or size < 1:
+
+    def peak(size: int) -> int:
+        return forecast_candidate(candidate, facts, devices, precision, size).device_total
+
+    if (need := peak(1)) > limit:
         raise ConfigError(
             f"micro_batch: not even 1 fits under {candidate.name}: it needs "
-            f"{gib(fixed.device_total)} per device and {gib(limit)} is available "
+            f"{gib(need)} per device and {gib(limit)} is available "
             f"({headroom:.0%} kept free)."
         )
-    return size
+    fits, over = 1, max_micro_batch + 1
+    if peak(max_micro_batch) <= limit:
+        return max_micro_batch
+    while over - fits > 1:
+        mid = (fits + over) // 2
+        fits, over = (mid, over) if peak(mid) <= limit else (fits, mid)
+    return fits
 
 
 def confirm_micro_batch(step_fn, size: int) -> int:
