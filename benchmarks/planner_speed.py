@@ -29,10 +29,8 @@ from planner_families import GPU, run_child  # noqa: E402
 # checkpointing, which leaves room for larger micro-batches over which the host's step spreads.
 HAND = [
     ("deepspeed_stage_2_offload", 8),
-    ("deepspeed_stage_2_offload", 16),
-    ("deepspeed_stage_2_offload+ac", 32),
-    ("deepspeed_stage_2_offload+ac", 48),
-    ("deepspeed_stage_1_offload+ac", 32),
+    ("deepspeed_stage_2_offload+ac", 24),
+    ("deepspeed_stage_2_offload+ac", 40),
 ]
 STEPS, SAMPLES = 6, 128
 

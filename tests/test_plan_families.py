@@ -309,9 +309,9 @@ def test_auto_ranks_plans_with_their_micro_batch_by_forecast_tokens_per_second(c
         if f.device_total <= limit:
             bigger = forecast_candidate(f.candidate, facts, 2, "32-true", f.micro_batch + 1)
             assert bigger.device_total > limit or f.micro_batch == 4096
-    # fastest first: tokens/s never rises down the table (equal within its 3% steps)
+    # fastest first: tokens/s never rises down the table (equal within its 1% steps)
     speeds = [f.tokens_per_s for f in choice.ordered]
-    assert all(b <= a * 1.031 for a, b in zip(speeds, speeds[1:]))
+    assert all(b <= a * 1.011 for a, b in zip(speeds, speeds[1:]))
     assert choice.forecast is choice.ordered[0] or choice.ordered[0].device_total > budget * 0.9
     printed = capsys.readouterr().out
     assert "tok/s" in printed and " mb " in printed

@@ -138,6 +138,8 @@ OFFLOAD_SPEED = 0.22
 DEVICE_FLOPS = {"cuda": 4.5e14, "cpu": 1.0e11}
 HOST_STEP = (0.5e-9, 0.5e-3, 0.01)  # seconds per parameter, per tensor, per step (16 cores)
 RECOMPUTE = 4 / 3
+REFERENCE_TOKENS = 8192  # the SPEED table's step: micro-batch 8 of 1024 tokens
+HOST_LINK = 20e9  # bytes/s between host and device (PCIe 5, pinned, as achieved)
 
 NAMED = {
     "single",
@@ -513,8 +515,15 @@ def throughput(f: Forecast, facts: ModelFacts, precision: str, device_type: str)
     rate = DEVICE_FLOPS.get(device_type, DEVICE_FLOPS["cpu"])
     if device_type == "cuda" and precision not in ("bf16-mixed", "16-mixed", "bf16-true"):
         rate /= 4
-    compute = f.micro_batch * per_sample * (RECOMPUTE if c.activation_checkpointing else 1)
-    seconds = compute / (rate * SPEED[c.strategy])
+    flops = f.micro_batch * per_sample * (RECOMPUTE if c.activation_checkpointing else 1)
+    compute = flops / rate
+    # The strategy's own work (communication, hooks, gathers) as SPEED measured it beside DDP's
+    # compute, never less than at the reference step's size (REFERENCE_TOKENS per step): it grows
+    # with the parameters, not only with the micro-batch.
+    floor = facts.numel * 6 * REFERENCE_TOKENS / rate
+    seconds = compute + (1 / SPEED[c.strategy] - 1) * max(compute, floor)
+    if c.offload_params:  # the weights come from the host for the forward and the backward
+        seconds += 2 * facts.numel * 2 / HOST_LINK
     if c.offload_optimizer:
         per_param, per_tensor, per_step = HOST_STEP
         host = facts.numel * per_param + len(facts.shapes) * per_tensor + per_step
@@ -623,7 +632,7 @@ def speed_order(
     forecasts: list[Forecast], device_bytes: float | None = None, margin: float = MARGIN
 ) -> list[Forecast]:
     """Fastest first: by the speed model's tokens per second (`throughput`: strategy, offload,
-    activation checkpointing and micro-batch together), within 3% counted as equal; forecasts
+    activation checkpointing and micro-batch together), within 1% counted as equal; forecasts
     without it (made by hand) by the SPEED table, every offloaded candidate after every on-device
     one. Among candidates of equal speed, given `device_bytes`: those whose forecast leaves at
     least `margin` of it free first, then the one that leaves the most (ties go to headroom)."""
@@ -633,9 +642,10 @@ def speed_order(
         short = device_bytes is not None and f.device_total > device_bytes * (1 - margin)
         if timed:
             return (
-                -round(math.log(f.tokens_per_s) / math.log(1.03)),
+                -round(math.log(f.tokens_per_s) / math.log(1.01)),
                 short,
                 f.device_total,
+                f.model_states,  # an equal peak: the plan that keeps less between steps
                 f.host_peak,
             )
         speed = round(f.candidate.speed, 9)  # products of the table's factors compare equal
