@@ -322,3 +322,120 @@ def test_loop_paths_names():
         Closure.warning_cache.warn("once")
         Closure.warning_cache.warn("once")
     assert len(caught) == 1
+
+
+# ------------------------------------------------------------------ the Trainer's flags
+def test_limits_of_exactly_one_are_said_and_env_vars_give_defaults(tmp_path, caplog, monkeypatch):
+    import logging
+
+    with caplog.at_level(logging.INFO):
+        make_trainer(tmp_path, limit_val_batches=1, val_check_interval=1.0)
+    assert "`Trainer(limit_val_batches=1)` was configured so 1 batch per epoch" in caplog.text
+    assert "`Trainer(val_check_interval=1.0)` was configured so validation will run" in caplog.text
+
+    monkeypatch.setenv("PL_TRAINER_MAX_STEPS", "3")
+    monkeypatch.setenv("PL_TRAINER_LOGGER", "False")
+    trainer = ls.Trainer(accelerator="cpu", enable_progress_bar=False)
+    assert trainer.max_steps == 3 and trainer.logger is None
+    assert ls.Trainer(accelerator="cpu", max_steps=5).max_steps == 5  # the call wins
+    monkeypatch.delenv("PL_TRAINER_MAX_STEPS")
+    monkeypatch.delenv("PL_TRAINER_LOGGER")
+
+    trainer = make_trainer(tmp_path, max_steps=2)
+    assert trainer.max_epochs is None and trainer.val_check_interval == 1.0  # as Lightning's
+    trainer.fit(Regress(), regression_data())
+    assert trainer.max_epochs == -1  # resolved when the fit started
+
+
+def test_validation_interval_rules(tmp_path):
+    with pytest.raises(ls.ConfigError, match="must be less than or equal to the number of"):
+        make_trainer(tmp_path, val_check_interval=100).fit(
+            Regress(), regression_data(), regression_data()
+        )
+    with pytest.raises(ls.ConfigError, match="check_val_every_n_epoch=None"):
+        make_trainer(tmp_path, val_check_interval=0.5, check_val_every_n_epoch=None)
+
+
+def test_none_batches_none_optimizer_and_overfit_shuffling(tmp_path):
+    ends = []
+
+    class NoneBatches(Regress):
+        def on_train_batch_end(self, outputs, batch, batch_idx):
+            ends.append(outputs is None)
+
+    data = regression_data(16)
+    loader = DataLoader(
+        data.dataset,
+        batch_size=4,
+        collate_fn=lambda items: (
+            None if items[0][1] > 0 else torch.utils.data.default_collate(items)
+        ),
+    )
+    trainer = make_trainer(tmp_path, max_epochs=1)
+    with pytest.warns(UserWarning, match="train_dataloader yielded None"):
+        trainer.fit(NoneBatches(), loader)
+    skipped = sum(ends)
+    assert 0 < skipped < 4 and trainer.global_step == 4 - skipped  # no step for a None batch
+
+    model = Regress()
+    model.configure_optimizers = lambda: None
+    with pytest.warns(UserWarning, match="will run with no optimizer"):
+        make_trainer(tmp_path, max_steps=2).fit(model, regression_data())
+    assert model.calls.count("training_step") == 2
+
+    with pytest.warns(UserWarning, match="requested to overfit but enabled train dataloader"):
+        trainer = make_trainer(tmp_path, max_steps=1, overfit_batches=2)
+        trainer.fit(Regress(), regression_data(shuffle=True))
+    assert isinstance(trainer.train_dataloader.sampler, torch.utils.data.SequentialSampler)
+
+
+def test_schedulers_step_where_lightning_steps_them(tmp_path):
+    seen = {}
+
+    class Scheduled(Regress):
+        def configure_optimizers(self):
+            opt = torch.optim.SGD(self.parameters(), lr=1.0)
+            every_epoch = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+            plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt)
+            return [opt], [
+                every_epoch,
+                {"scheduler": plateau, "monitor": "val_loss", "interval": "step", "strict": False},
+            ]
+
+        def on_train_batch_end(self, outputs, batch, batch_idx):
+            if batch_idx == 1:  # the epoch's last batch: the epoch scheduler has stepped already
+                seen["epoch_steps"] = self.lr_schedulers()[0].last_epoch
+                seen["plateau_steps"] = self.lr_schedulers()[1].last_epoch
+
+    trainer = make_trainer(tmp_path, max_epochs=1, limit_train_batches=2, num_sanity_val_steps=0)
+    with pytest.warns(RuntimeWarning, match="val_loss which is not available but strict"):
+        trainer.fit(Scheduled(), regression_data(), regression_data(8))  # batch 0: no val_loss
+    # the plateau one steps once validation has logged val_loss: after the last batch's end hooks
+    assert seen == {"epoch_steps": 1, "plateau_steps": 0}
+    assert trainer.lr_scheduler_configs[1].scheduler.last_epoch == 1
+
+
+def test_sanity_check_runs_validation_hooks_but_early_stopping_waits(tmp_path):
+    stages = []
+
+    class Watch(Callback):
+        def on_validation_epoch_start(self, trainer, module):
+            stages.append(trainer.sanity_checking)
+
+    early = ls.callbacks.EarlyStopping(monitor="val_loss", patience=0)
+    trainer = make_trainer(tmp_path, max_epochs=1, callbacks=[Watch(), early])
+    trainer.fit(Regress(), regression_data(), regression_data(8))
+    assert stages == [True, False] and not trainer.should_stop
+
+
+def test_lightning_optimizer_passes_the_closure_by_keyword():
+    calls = []
+
+    class Records(torch.optim.SGD):
+        def step(self, *args, **kwargs):  # Lightning passes closure=..., never positionally
+            calls.append((args, sorted(kwargs)))
+
+    opt = LightningOptimizer(Records([torch.nn.Parameter(torch.zeros(1))], lr=0.1))
+    opt.step(lambda: None, extra=1)
+    opt.step()
+    assert calls == [((), ["closure", "extra"]), ((), [])]

@@ -178,9 +178,9 @@ def test_max_time_stops_fit_and_its_time_travels_in_the_checkpoint(tmp_path, cap
     trainer = make_trainer(
         tmp_path, max_time={"seconds": 0.4}, enable_checkpointing=True, accelerator=accelerator
     )
-    assert trainer.max_epochs == -1 and trainer.estimated_stepping_batches == float(
+    assert trainer.max_epochs is None and trainer.estimated_stepping_batches == float(
         "inf"
-    )  # time is the limit
+    )  # time is the limit (max_epochs: None until fit resolves it to -1, as Lightning's)
     trainer.fit(
         Slow(), regression_data(n=4000)
     )  # 1000 steps an epoch: only the time limit can stop it
@@ -371,10 +371,19 @@ def test_evaluation_and_sanity_hooks_run_in_lightnings_order(tmp_path):
     )
     trainer.fit(model, regression_data(), regression_data(n=4))
     run = [c for c in calls if "train" not in c and "fit" not in c]
-    # the sanity check (callbacks only), then the epoch's validation: start, epoch start, epoch end,
-    # end, in eval
+    # the sanity check runs validation's hooks (as Lightning's), then the epoch's validation:
+    # start, epoch start, epoch end, end, in eval
+    validation = [
+        "on_validation_start",
+        "cb.on_validation_start(eval)",
+        "cb.on_validation_epoch_start(eval)",
+        "cb.on_validation_epoch_end(eval)",
+        "on_validation_end",
+        "cb.on_validation_end(eval)",
+    ]
     assert run == [
         "cb.on_sanity_check_start",
+        *validation,
         "cb.on_sanity_check_end",
         "on_validation_start",
         "cb.on_validation_start(eval)",

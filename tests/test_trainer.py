@@ -208,12 +208,14 @@ def test_hook_order_and_loop_counts(tmp_path):
         "on_validation_epoch_end",
         "on_train_epoch_end",
     ]
-    # The sanity check (num_sanity_val_steps=2, as in Lightning): two validation steps, no epoch
-    # hooks.
+    # The sanity check (num_sanity_val_steps=2, as in Lightning): two validation steps inside
+    # validation's hooks.
     assert model.calls == [
         "on_fit_start",
+        "on_validation_epoch_start",
         "validation_step",
         "validation_step",
+        "on_validation_epoch_end",
         *epoch,
         *epoch,
         "on_fit_end",
@@ -310,7 +312,7 @@ def test_validate_test_predict_return_values(tmp_path):
 def test_val_check_interval_and_limits(tmp_path):
     def val_runs(**kw) -> int:
         model = Regress()
-        make_trainer(tmp_path, **{"limit_val_batches": 1, **kw}).fit(
+        make_trainer(tmp_path, **{"limit_val_batches": 1, "num_sanity_val_steps": 0, **kw}).fit(
             model, regression_data(), regression_data()
         )
         return model.calls.count("on_validation_epoch_start")
@@ -318,7 +320,9 @@ def test_val_check_interval_and_limits(tmp_path):
     assert (
         val_runs(max_epochs=1, val_check_interval=0.25) == 4
     )  # 8 batches: after 2, 4, 6 and at the end
-    assert val_runs(max_epochs=1, val_check_interval=3) == 3  # after batches 3, 6 and at the end
+    # after batches 3 and 6; as in Lightning, the end of the epoch (8) is not on the interval
+    assert val_runs(max_epochs=1, val_check_interval=3) == 2
+    assert val_runs(max_epochs=1, val_check_interval=0.4) == 2  # int(8 * 0.4): after 3 and 6
     assert val_runs(max_epochs=4, limit_train_batches=2, check_val_every_n_epoch=2) == 2
     assert val_runs(max_epochs=2, limit_train_batches=0.5, limit_val_batches=0) == 0
     model = Regress()

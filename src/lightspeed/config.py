@@ -406,6 +406,12 @@ def _check_limits(f: TrainerFlags) -> None:
     if f.val_check_interval is not None:
         _limit("val_check_interval", f.val_check_interval)
     _positive_int("check_val_every_n_epoch", f.check_val_every_n_epoch, allow_none=True)
+    if f.check_val_every_n_epoch is None and isinstance(f.val_check_interval, float):
+        raise ConfigError(  # with no epochs to validate in, a fraction of one means nothing
+            f"val_check_interval={f.val_check_interval} is a fraction of an epoch, but "
+            "check_val_every_n_epoch=None counts training batches across epochs: give "
+            "`val_check_interval` as an integer (a number of batches)."
+        )
     for stage in ("train", "val", "test", "predict"):
         _limit(f"limit_{stage}_batches", getattr(f, f"limit_{stage}_batches"))
     _positive_int("log_every_n_steps", f.log_every_n_steps)

@@ -23,6 +23,7 @@ from lightspeed.data.loaders import combined
 from lightspeed.errors import ConfigError
 from lightspeed.hooks import is_overridden
 from lightspeed.specs import Stage
+from lightspeed.utilities.rank_zero import rank_zero_warn
 
 
 def as_list(loaders: Any) -> list:
@@ -45,6 +46,11 @@ def without_shuffle(loader: Any) -> Any:
         or (loader.batch_sampler is None or type(loader.batch_sampler).__name__ != "BatchSampler")
     ):
         return loader
+    rank_zero_warn(
+        "You requested to overfit but enabled train dataloader shuffling: overfit_batches takes "
+        "the same first batches every epoch, so the loader is iterated in order (a "
+        "SequentialSampler) instead."
+    )
     return DataLoader(
         loader.dataset,
         batch_size=loader.batch_size,

@@ -83,7 +83,10 @@ from lightspeed.runtime.launch import (
 )
 from lightspeed.runtime.rng import rng_state, set_rng_state
 from lightspeed.specs import LoopState, RunSpec
+from lightspeed.utilities.rank_zero import WarningCache, rank_zero_warn
 from lightspeed.utilities.signature import accepts, requires
+
+_SKIPPED = WarningCache()  # "train_dataloader yielded None", once per process
 
 
 def call(
@@ -106,6 +109,7 @@ def begin(run: Run, fn: Fn, module: Module, datamodule: Any) -> None:
     """`fn` starts with `module`: fit takes the datamodule given (None too), evaluation keeps the
     last one when given none."""
     run.fn, run.status, run.module = fn, "running", module
+    run.fit_started = run.fit_started or fn is Fn.FIT
     if fn is Fn.FIT or datamodule is not None:
         run.datamodule = datamodule
 
@@ -343,9 +347,14 @@ def set_up(
     factory = (lambda: build_optimizers(run, config, module)) if phase == "fit" else None
     strategy.setup(module, factory, micro_batch if phase == "fit" else None)
     if phase == "fit" and automatic and not strategy.optimizers:
-        raise ConfigError(
-            "configure_optimizers returned no optimizer: return one of the forms in "
-            "lightspeed.core.optimizer (an optimizer, a list, a dict with 'optimizer', ...)."
+        if strategy.name.startswith("deepspeed"):  # its engine is built around an optimizer
+            raise ConfigError(
+                "configure_optimizers returned no optimizer: return one of the forms in "
+                "lightspeed.core.optimizer (an optimizer, a list, a dict with 'optimizer', ...)."
+            )
+        rank_zero_warn(  # as Lightning: forward and backward only
+            "`configure_optimizers` returned no optimizer: this fit will run with no optimizer "
+            "(forward and backward, no step)."
         )
     run.phase = phase
 
@@ -446,6 +455,14 @@ def load_fit_data(
     run.train_counts_known = check_batch_counts(
         n, has_exact_length(train), limits.limit_train_batches, limits.val_check_interval
     )
+    every = limits.val_check_interval
+    if isinstance(every, int) and limits.check_val_every_n_epoch is not None and every > n:
+        raise ConfigError(
+            f"`val_check_interval` ({every}) must be less than or equal to the number of the "
+            f"training batches ({n}): validation would never run. Lower it, turn validation off "
+            "with limit_val_batches=0, or count batches across epochs with "
+            "check_val_every_n_epoch=None."
+        )
     return run.loaders[Stage.TRAIN], run.loaders[Stage.VALIDATE]
 
 
@@ -549,12 +566,16 @@ def train_epoch(
         if not ran:  # on_train_batch_start returned -1 before this window's first micro-batch
             break
         run.loop.batches_done, ended = window[-1][0] + 1, is_last
+        if is_last:  # as Lightning: epoch schedulers step before the last batch's end hooks save
+            step_epoch_schedulers(run, module, plateau=False)
         after_step(run, config, module, out, batch=window[-1][1], batch_idx=window[-1][0])
         if signum := run.preemption.requested():  # collective: every rank stops after this step
             run.preemption.stop(signum, run.trainer)
         at_interval = val_every and any((i + 1) % val_every == 0 for i, _ in window)
         if val and at_interval and not is_last:  # the epoch's end validates after the last
             validate_during_fit(run, limits, module, val)
+        if not is_last:  # ReduceLROnPlateau per step, on what validation logged
+            step_plateau_per_step(run, module)
         if stops(run, limits) or run.skip_rest:
             break
     if windows.uneven and not run.said_uneven:  # once per fit, on every rank alike
@@ -562,7 +583,10 @@ def train_epoch(
         run.print0(windows.shortfall(run.loop.epoch))
     # a stream that gave no batch this epoch ends it too (a generator spent in the first epoch)
     ended = ended or windows.ended or run.loop.batches_done >= n or run.skip_rest
-    end_train_epoch(run, limits, module, val, epoch_done=ended)
+    # As Lightning: the epoch's end validates when it falls on the interval (1.0: every epoch); a
+    # fraction or a count that does not divide the epoch has validated within it already
+    at_end = not val_every or n == math.inf or n % val_every == 0
+    end_train_epoch(run, limits, module, val if at_end else [], epoch_done=ended)
 
 
 def train_window(run: Run, window: list[tuple[int, Any]], accumulate: int) -> tuple[bool, Any]:
@@ -577,7 +601,15 @@ def train_window(run: Run, window: list[tuple[int, Any]], accumulate: int) -> tu
     run.metrics.in_batch = True  # until after_step: `self.log` defaults to on_step (Lightning's)
     # DeepSpeed counts micro-steps in its backward: a step without one cannot be skipped there
     skippable = not strategy.name.startswith("deepspeed")
+    ran = False  # a micro-batch ran (the loader may give None: skipped, as Lightning does)
     for i, (batch_idx, batch) in enumerate(window):
+        if batch is None:
+            _SKIPPED.warn(
+                "train_dataloader yielded None: that batch is skipped (no step of its own). If "
+                "that is not on purpose, check the loader's collate_fn."
+            )
+            continue
+        ran = True
         batch = batch_to_device(run, module, batch)  # the three transfer hooks around `move`
         run.metrics.batch_size = infer_batch_size(batch)
         if on_train_batch_start(run, module, batch, batch_idx) and i == 0:
@@ -592,6 +624,8 @@ def train_window(run: Run, window: list[tuple[int, Any]], accumulate: int) -> tu
             call(run, module.on_before_backward, lambda cb: cb.on_before_backward, loss)
             strategy.backward(loss)
             call(run, module.on_after_backward, lambda cb: cb.on_after_backward)
+    if not ran:  # every batch of the window was None: nothing to step
+        return True, None
     if module.automatic_optimization:  # under manual optimization training_step stepped
         for opt in strategy.optimizers:
             call(run, module.on_before_optimizer_step, lambda cb: cb.on_before_optimizer_step, opt)
@@ -600,8 +634,8 @@ def train_window(run: Run, window: list[tuple[int, Any]], accumulate: int) -> tu
         run.step_stats = strategy.step(run.guard)  # the guard decides before any step
     run.loop.global_step += 1
     if module.automatic_optimization:
-        step_schedulers(
-            strategy.schedulers, "step", run.loop.global_step, run.metrics.latest, module
+        step_schedulers(  # a ReduceLROnPlateau waits for validation (train_epoch)
+            strategy.schedulers, "step", run.loop.global_step, run.metrics.latest, module, False
         )
     return True, batch_end_outputs(out, loss, module.automatic_optimization)
 
@@ -700,12 +734,14 @@ def end_train_epoch(run: Run, limits: Limits, module: Module, val: list, epoch_d
     epoch, every = run.loop.epoch, limits.check_val_every_n_epoch
     if val and every and (epoch + 1) % every == 0 and epoch_done:
         validate_during_fit(run, limits, module, val)
+    if run.is_last_batch:  # the last batch's ReduceLROnPlateau per step, after that validation
+        step_plateau_per_step(run, module)
     module.on_train_epoch_end()
     epoch_metrics = run.metrics.pop_epoch()
     if epoch_metrics:
         log_metrics(run, {"epoch": epoch, **{k: float(v) for k, v in epoch_metrics.items()}})
-    if epoch_done and module.automatic_optimization:  # under manual optimization the user steps
-        step_schedulers(run.strategy.schedulers, "epoch", epoch + 1, run.metrics.latest, module)
+    if epoch_done:  # ReduceLROnPlateau per epoch (the others stepped at the last batch)
+        step_epoch_schedulers(run, module, plateau=True)
     run.loop.epoch_done = epoch_done
     for cb in run.callbacks:
         cb.on_train_epoch_end(run.trainer, module)
@@ -713,6 +749,21 @@ def end_train_epoch(run: Run, limits: Limits, module: Module, val: list, epoch_d
         log_metrics(run, {"epoch": epoch, **{k: float(v) for k, v in late.items()}})
     if epoch_done:
         run.loop.epoch += 1
+
+
+def step_epoch_schedulers(run: Run, module: Module, plateau: bool) -> None:
+    """The epoch-interval schedulers at the end of epoch `run.loop.epoch`: the ReduceLROnPlateau
+    ones (`plateau`) or the others; under manual optimization the user steps them."""
+    if module.automatic_optimization:
+        epochs, metrics = run.loop.epoch + 1, run.metrics.latest
+        step_schedulers(run.strategy.schedulers, "epoch", epochs, metrics, module, plateau)
+
+
+def step_plateau_per_step(run: Run, module: Module) -> None:
+    """The step-interval ReduceLROnPlateau schedulers, once the step's validation logged."""
+    if module.automatic_optimization:
+        step, metrics = run.loop.global_step, run.metrics.latest
+        step_schedulers(run.strategy.schedulers, "step", step, metrics, module, True)
 
 
 def validate_during_fit(run: Run, limits: Limits, module: Module, loaders: list) -> None:
@@ -825,14 +876,15 @@ def prepare_evaluation(
 
 
 def evaluation_epoch(
-    run: Run, limits: Limits, module: Module, loaders: list, stage: Stage
+    run: Run, limits: Limits, module: Module, loaders: list, stage: Stage, cap: int | None = None
 ) -> dict[str, float]:
     """A validation or test epoch in Lightning's order: on_<x>_model_eval (eval mode), on_<x>_start,
     on_<x>_epoch_start, the batches, on_<x>_epoch_end (the Module's before the epoch's results are
     logged, the callbacks' after), on_<x>_end, then on_<x>_model_train (train mode again, unless
-    overridden). Returns the results logged."""
+    overridden). Returns the results logged. The sanity check (stage SANITY_CHECK) runs validation's
+    hooks on at most `cap` batches per loader and logs nothing."""
     with evaluation_context(run):
-        return _evaluation_epoch(run, limits, module, loaders, stage)
+        return _evaluation_epoch(run, limits, module, loaders, stage, cap)
 
 
 def evaluation_context(run: Run) -> Any:
@@ -848,10 +900,13 @@ def evaluation_context(run: Run) -> Any:
 
 
 def _evaluation_epoch(
-    run: Run, limits: Limits, module: Module, loaders: list, stage: Stage
+    run: Run, limits: Limits, module: Module, loaders: list, stage: Stage, cap: int | None
 ) -> dict[str, float]:
     run.enter(stage)
-    if stage is Stage.VALIDATE:
+    sanity = stage is Stage.SANITY_CHECK
+    # the sanity check computes its epoch values (the bar shows them) and logs nothing
+    results = epoch_results if not sanity else lambda run: run.metrics.pop_epoch(to_loggers=False)
+    if stage is not Stage.TEST:
         module.on_validation_model_eval()
         call(run, module.on_validation_start, lambda cb: cb.on_validation_start)
         call(run, module.on_validation_epoch_start, lambda cb: cb.on_validation_epoch_start)
@@ -859,24 +914,24 @@ def _evaluation_epoch(
         module.on_test_model_eval()
         call(run, module.on_test_start, lambda cb: cb.on_test_start)
         call(run, module.on_test_epoch_start, lambda cb: cb.on_test_epoch_start)
-    eval_batches(run, module, loaders, limits.batches(stage), stage)
-    if stage is Stage.VALIDATE:
+    eval_batches(run, module, loaders, limits.batches(stage), stage, cap=cap)
+    if stage is not Stage.TEST:
         module.on_validation_epoch_end()
-        results = epoch_results(run)
+        logged = results(run)
         for cb in run.callbacks:
             cb.on_validation_epoch_end(run.trainer, module)
-        results |= epoch_results(run)  # what the callbacks logged there
+        logged |= results(run)  # what the callbacks logged there
         call(run, module.on_validation_end, lambda cb: cb.on_validation_end)
         module.on_validation_model_train()
     else:
         module.on_test_epoch_end()
-        results = epoch_results(run)
+        logged = results(run)
         for cb in run.callbacks:
             cb.on_test_epoch_end(run.trainer, module)
-        results |= epoch_results(run)  # what the callbacks logged there
+        logged |= results(run)  # what the callbacks logged there
         call(run, module.on_test_end, lambda cb: cb.on_test_end)
         module.on_test_model_train()
-    return results
+    return logged
 
 
 def epoch_results(run: Run) -> dict[str, float]:
@@ -936,8 +991,8 @@ def eval_batches(
 
 def sanity_check(run: Run, limits: Limits, module: Module, val: list) -> None:
     """Lightning's sanity check: `num_sanity_val_steps` validation batches per loader (-1: all)
-    before training, in the SANITY_CHECK stage, nothing logged, no epoch hooks, and the training
-    RNG untouched."""
+    before training, in the SANITY_CHECK stage, with validation's hooks (code that must not act
+    then reads `trainer.sanity_checking`), nothing logged, and the training RNG untouched."""
     steps = limits.num_sanity_val_steps
     if not val or steps == 0:
         return
@@ -945,12 +1000,9 @@ def sanity_check(run: Run, limits: Limits, module: Module, val: list) -> None:
     run.enter(Stage.SANITY_CHECK)
     for cb in run.callbacks:
         cb.on_sanity_check_start(run.trainer, module)
-    module.on_validation_model_eval()
     cap = None if steps == -1 else steps
-    with evaluation_context(run):
-        eval_batches(run, module, val, limits.limit_val_batches, Stage.SANITY_CHECK, cap=cap)
+    evaluation_epoch(run, limits, module, val, Stage.SANITY_CHECK, cap)
     run.metrics.discard(Stage.SANITY_CHECK.logs_as, latest)
-    module.on_validation_model_train()
     for cb in run.callbacks:  # still sanity checking, as in Lightning
         cb.on_sanity_check_end(run.trainer, module)
     set_rng_state(rng)

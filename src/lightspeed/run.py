@@ -110,6 +110,7 @@ class Run:
     # the accumulation the loop reads each epoch (a GradientAccumulationScheduler sets it)
     accumulate_grad_batches: int = 1
     inference_mode: bool = True  # evaluation under torch.inference_mode (loop.evaluation_context)
+    fit_started: bool = False  # a fit has begun: trainer.max_epochs reads its resolved limit
 
     def enter(self, stage: Stage) -> None:
         """The stage changes here only; `self.log` records under it from now on."""

@@ -69,7 +69,8 @@ class EarlyStopping(Callback):
         return f"EarlyStopping{{monitor={self.monitor},mode={self.mode}}}"
 
     def on_validation_end(self, trainer, module) -> None:
-        if not self._at_epoch_end and trainer.fitting:  # not for a standalone trainer.validate()
+        # not for a standalone trainer.validate(), nor the sanity check's validation
+        if not self._at_epoch_end and trainer.fitting and not trainer.sanity_checking:
             self._check(trainer)
 
     def on_train_epoch_end(self, trainer, module) -> None:

@@ -190,10 +190,10 @@ class MetricStore:
         self.logged.update(out)
         return out
 
-    def pop_epoch(self) -> dict[str, torch.Tensor]:
+    def pop_epoch(self, to_loggers: bool = True) -> dict[str, torch.Tensor]:
         """This stage's epoch aggregates (for loggers and callbacks); clears their accumulators.
         Another stage's stay: a validation run in the middle of a training epoch must not cut the
-        training averages short."""
+        training averages short. `to_loggers=False` (the sanity check): not `logged`."""
         mine = {name: acc for name, acc in self.epoch_metrics.items() if acc.stage == self.stage}
         for metric in self.to_reset.pop(self.stage, {}).values():
             metric.reset()
@@ -205,7 +205,8 @@ class MetricStore:
         self.latest.update(out)
         self.latest.update({mine[name].plain_name: value for name, value in out.items()})
         out = {k: v for k, v in out.items() if k not in self.hidden_from_logger}
-        self.logged.update(out)
+        if to_loggers:
+            self.logged.update(out)
         return out
 
     def per_loader(self, results: dict[str, float], loaders: int) -> list[dict[str, float]]:

@@ -264,14 +264,21 @@ def _init_optimizers_and_lr_schedulers(model: Any) -> tuple[list, list[Scheduler
 
 
 def step_schedulers(
-    schedulers: list, interval: str, count: int, metrics: dict, module: Any = None
+    schedulers: list,
+    interval: str,
+    count: int,
+    metrics: dict,
+    module: Any = None,
+    plateau: bool | None = None,
 ) -> None:
     """Steps each scheduler whose `interval` ("step" or "epoch") matches and whose `frequency`
     divides `count` (the global step, or the number of epochs done); a `reduce_on_plateau` one on
-    its `monitor` metric's latest value. The Module's `lr_scheduler_step(scheduler, metric)` does
-    the stepping when given (Lightning's hook, overridden for schedulers such as timm's). A
-    monitored metric that was not logged is a ConfigError, or with `strict=False` a warning and no
-    step."""
+    its `monitor` metric's latest value. `plateau`: only those (True), only the others (False), or
+    both (None): Lightning steps the others as soon as the step (or the epoch's last batch) is done
+    and the plateau ones once validation has logged. The Module's `lr_scheduler_step(scheduler,
+    metric)` does the stepping when given (Lightning's hook, overridden for schedulers such as
+    timm's). A monitored metric that was not logged is a ConfigError, or with `strict=False` a
+    warning and no step."""
     step = (
         module.lr_scheduler_step
         if module is not None
@@ -280,9 +287,12 @@ def step_schedulers(
         )
     )
     for cfg in schedulers:
-        if cfg.interval != interval or count % cfg.frequency:
+        on_plateau = cfg.reduce_on_plateau or (
+            cfg.monitor is not None and _is_plateau(cfg.scheduler)
+        )
+        if cfg.interval != interval or count % cfg.frequency or plateau not in (None, on_plateau):
             continue
-        if cfg.reduce_on_plateau or (cfg.monitor is not None and _is_plateau(cfg.scheduler)):
+        if on_plateau:
             if cfg.monitor not in metrics:
                 if cfg.strict:
                     raise ConfigError(
@@ -337,9 +347,9 @@ class LightningOptimizer:
             raise ConfigError(
                 "When `optimizer.step(closure)` is called, the closure should be callable"
             )
-        return (
-            self._optimizer.step(closure, **kwargs) if closure else self._optimizer.step(**kwargs)
-        )
+        if closure is None:
+            return self._optimizer.step(**kwargs)
+        return self._optimizer.step(closure=closure, **kwargs)  # by keyword, as Lightning passes it
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self._optimizer.zero_grad(set_to_none=set_to_none)

@@ -14,7 +14,9 @@ lives behind the Strategy protocol (strategies/base.py), checkpoint files behind
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import os
 import signal
 from collections.abc import Iterator
 from functools import partial
@@ -44,6 +46,7 @@ from lightspeed.runtime.rng import seed_everything
 from lightspeed.strategies import build_strategy
 from lightspeed.trainer.configuration_validator import verify_loop_configuration
 from lightspeed.trainer.states import RunningStage, TrainerFn, TrainerState, TrainerStatus
+from lightspeed.utilities.rank_zero import rank_zero_info
 
 __all__ = ["Trainer", "TrainerState", "seed_everything"]
 
@@ -63,7 +66,13 @@ class Trainer:
         logger: bool | Logger | list[Logger] = True,
         **flags: Any,
     ):
-        self.config = config = parse_flags(flags, ("strategy", "callbacks", "logger"))
+        # Lightning's `PL_TRAINER_<FLAG>` variables: defaults for what the call leaves out
+        env = _flags_from_env()
+        flags = {**{k: v for k, v in env.items() if k not in _NAMED}, **flags}
+        strategy = env.get("strategy", strategy) if strategy == "auto" else strategy
+        logger = env.get("logger", logger) if logger is True else logger
+        self.config = config = parse_flags(flags, _NAMED)
+        _say_limits(flags)
         env = read_dist_info()  # the launch environment, read once
         launch = config.launch
         if env.launcher == "none":
@@ -477,11 +486,22 @@ class Trainer:
     gradient_clip_algorithm = property(lambda self: self.config.step.gradient_clip_algorithm)
     num_nodes = property(lambda self: self.config.launch.num_nodes)
     num_devices = property(lambda self: self.config.launch.local_devices())  # per node
-    max_epochs = property(lambda self: self.config.limits.lightning_max_epochs)
+
+    @property
+    def max_epochs(self) -> int | None:
+        """As given; not given, None until a fit starts, then as Lightning resolves it (1000 with
+        no limit set, -1 with max_steps or max_time only)."""
+        limits = self.config.limits
+        if limits.max_epochs is not None or self._run.fit_started:
+            return limits.lightning_max_epochs
+        return None
+
     max_steps = property(lambda self: self.config.limits.max_steps)
     min_epochs = property(lambda self: self.config.limits.min_epochs)
     min_steps = property(lambda self: self.config.limits.min_steps)
-    val_check_interval = property(lambda self: self.config.limits.val_check_interval)
+    val_check_interval = property(  # None (the epoch's end) reads back as Lightning's 1.0
+        lambda self: v if (v := self.config.limits.val_check_interval) is not None else 1.0
+    )
     check_val_every_n_epoch = property(lambda self: self.config.limits.check_val_every_n_epoch)
     limit_train_batches = property(lambda self: self.config.limits.limit_train_batches)
     limit_val_batches = property(lambda self: self.config.limits.limit_val_batches)
@@ -495,6 +515,44 @@ class Trainer:
     )
     log_every_n_steps = property(lambda self: self.config.output.log_every_n_steps)
     default_root_dir = property(lambda self: self.config.output.default_root_dir)
+
+
+_NAMED = ("strategy", "callbacks", "logger")  # the Trainer's named parameters; the rest: flags
+
+
+def _flags_from_env() -> dict[str, Any]:
+    """The Trainer's arguments set as `PL_TRAINER_<NAME>` environment variables, as Lightning reads
+    them (a Python literal, else the string): `PL_TRAINER_MAX_STEPS=7` gives max_steps=7. Read
+    once, when a Trainer is built."""
+    found = {}
+    for key, text in os.environ.items():
+        if key.startswith("PL_TRAINER_") and len(key) > len("PL_TRAINER_"):
+            try:
+                value = ast.literal_eval(text)
+            except (ValueError, SyntaxError):
+                value = text
+            found[key.removeprefix("PL_TRAINER_").lower()] = value
+    return found
+
+
+def _say_limits(flags: dict[str, Any]) -> None:
+    """Lightning's info line for a batch limit or validation interval given as exactly 1 or 1.0
+    (easily meant the other way: one batch, or the whole epoch)."""
+    limits = [f"limit_{stage}_batches" for stage in ("train", "val", "test", "predict")]
+    for name in [*limits, "overfit_batches", "val_check_interval"]:
+        value = flags.get(name)
+        if value != 1 or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if name == "val_check_interval":
+            when = "after every batch" if isinstance(value, int) else "at the end of each epoch"
+            rank_zero_info(
+                f"`Trainer({name}={value})` was configured so validation will run {when}."
+            )
+        else:
+            share = "1 batch" if isinstance(value, int) else "100% of the batches"
+            rank_zero_info(
+                f"`Trainer({name}={value})` was configured so {share} per epoch will be used."
+            )
 
 
 def _one_or_list(loaders: Any) -> Any:
