@@ -39,7 +39,12 @@ from lightspeed.core.datamodule import LightningDataModule, prepare_data_once
 from lightspeed.core.metrics import infer_batch_size
 from lightspeed.core.module import Module
 from lightspeed.core.optimizer import parse_optimizers, step_schedulers
-from lightspeed.core.saving import DATAMODULE_HPARAMS_KEY, HPARAMS_KEY, HPARAMS_NAME
+from lightspeed.core.saving import (
+    DATAMODULE_HPARAMS_KEY,
+    DATAMODULE_HPARAMS_NAME,
+    HPARAMS_KEY,
+    HPARAMS_NAME,
+)
 from lightspeed.data.epoch_windows import EpochWindows, check_batch_counts, has_exact_length
 from lightspeed.data.loaders import (
     BatchMover,
@@ -53,10 +58,11 @@ from lightspeed.data.loaders import (
     with_distributed_sampler,
 )
 from lightspeed.errors import ConfigError
-from lightspeed.eval_loaders import eval_loaders, fit_loaders
+from lightspeed.eval_loaders import check_dataloader_idx, eval_loaders, fit_loaders
 from lightspeed.hooks import is_overridden, log_hparams, warn_unknown_hooks, with_module_callbacks
 from lightspeed.loggers.build import agree_log_dirs
 from lightspeed.loops.optimization.automatic import Closure
+from lightspeed.overrides.distributed import index_batches
 from lightspeed.perf.kernels import compile_step, compiled_frames, compiled_ran
 from lightspeed.plan.fallback import (
     StepsOutOfMemory,
@@ -84,7 +90,7 @@ from lightspeed.runtime.launch import (
 from lightspeed.runtime.rng import rng_state, set_rng_state
 from lightspeed.specs import LoopState, RunSpec
 from lightspeed.utilities.rank_zero import WarningCache, rank_zero_warn
-from lightspeed.utilities.signature import accepts, requires
+from lightspeed.utilities.signature import accepts
 
 _SKIPPED = WarningCache()  # "train_dataloader yielded None", once per process
 
@@ -471,8 +477,10 @@ def restore(run: Run, module: Module, path: Path) -> tuple[int, dict | None]:
     state to restore where the save happened)."""
     saved, state, rng = run.process.checkpointer.load(path, with_optimizer=True)
     run.loop.global_step, run.loop.epoch = saved.global_step, saved.resume_epoch
-    if run.datamodule is not None and state.get("datamodule"):
-        run.datamodule.load_state_dict(state["datamodule"])
+    if run.datamodule is not None:  # ours, else under Lightning's key (the class name)
+        dm_state = state.get("datamodule") or state.get(type(run.datamodule).__qualname__)
+        if dm_state:
+            run.datamodule.load_state_dict(dm_state)
     run.loader_restored = restore_loader(run, state, saved.batches_to_skip)
     call(run, module.on_load_checkpoint, lambda cb: cb.on_load_checkpoint, state)
     run.print0(
@@ -872,6 +880,8 @@ def prepare_evaluation(
         run.process.checkpointer.load_strategy(path)
     run.enter(fn.stage)
     run.loaders[fn.stage] = distribute(run, config.data, config.launch.seed, loaders)
+    if fn is Fn.PREDICT:  # a BasePredictionWriter reads which samples each batch held
+        run.loaders[fn.stage] = [index_batches(loader) for loader in run.loaders[fn.stage]]
     return run.loaders[fn.stage]
 
 
@@ -954,18 +964,14 @@ def eval_batches(
     loader (at most `cap` per loader), with its batch hooks; the outputs per loader if `keep`. The
     step gets `batch_idx` when its signature takes it and, as in Lightning, `dataloader_idx` with
     several loaders only (with one, a `*args` step gets two arguments and `dataloader_idx=None`
-    keeps its default; a required `dataloader_idx` gets 0); the hooks get `dataloader_idx` with
-    several loaders. The caller has put the module in eval mode."""
+    keeps its default), as the hooks do (`check_dataloader_idx` refuses a signature that does not
+    fit). The caller has put the module in eval mode."""
     hooks = eval_stage(stage, module)
-    takes_idx, takes_batch_idx = (
-        accepts(hooks.step, 3, "dataloader_idx"),
-        accepts(hooks.step, 2, "batch_idx"),
-    )
+    check_dataloader_idx(module, stage, several=len(loaders) > 1)
+    takes_batch_idx = accepts(hooks.step, 2, "batch_idx")
     outputs: list[list] = []
     for dl_idx, loader in enumerate(loaders):
         several = (dl_idx,) if len(loaders) > 1 else ()
-        if not several:
-            takes_idx = requires(hooks.step, "dataloader_idx")
         run.metrics.dataloader_idx = dl_idx if several else None
         n = min(num_batches(loader, limit), cap if cap is not None else float("inf"))
         outputs.append([])
@@ -975,9 +981,7 @@ def eval_batches(
             batch = batch_to_device(run, module, batch, dl_idx)
             run.metrics.batch_size = infer_batch_size(batch)
             call(run, hooks.batch_start, hooks.callback_batch_start, batch, batch_idx, *several)
-            args = (batch, batch_idx)[: 2 if takes_batch_idx else 1] + (
-                (dl_idx,) if takes_idx else ()
-            )
+            args = (batch, batch_idx)[: 2 if takes_batch_idx else 1] + several
             out = run.strategy.forward(hooks.step, *args)
             call(run, hooks.batch_end, hooks.callback_batch_end, out, batch, batch_idx, *several)
             if stage in (Stage.VALIDATE, Stage.TEST):  # step values at the loader's batch count
@@ -1117,10 +1121,14 @@ def save_checkpoint(run: Run, path: Path) -> Path:
         state[HPARAMS_KEY] = dict(module.hparams)  # load_from_checkpoint rebuilds from these
         state[HPARAMS_NAME] = module.__dict__.get("_hparams_name")
         state["datamodule"] = run.datamodule.state_dict() if run.datamodule is not None else {}
+        if state["datamodule"]:  # also under Lightning's key, the DataModule's class name
+            state[type(run.datamodule).__qualname__] = state["datamodule"]
         if run.fitting and run.train_windows is not None:  # every rank's stream position
             positions = gather_objects(run.train_windows.loader_state())
             state[LOADER_STATES] = positions if any(p is not None for p in positions) else None
         state[DATAMODULE_HPARAMS_KEY] = dict(getattr(run.datamodule, "hparams", {}) or {})
+        dm_name = vars(run.datamodule).get("_hparams_name") if run.datamodule is not None else None
+        state[DATAMODULE_HPARAMS_NAME] = dm_name
         module.on_save_checkpoint(state)
         for cb in run.callbacks:
             cb.on_save_checkpoint(run.trainer, module, state)

@@ -32,6 +32,11 @@ LAST = "last.ckpt"  # Lightning's name; the newest complete checkpoint
 OLD_LAST = "last"  # its name before lightspeed wrote Lightning's files: still found
 
 
+class MissingCheckpoint(ConfigError, FileNotFoundError):
+    """A checkpoint path that does not exist: a ConfigError, and the FileNotFoundError Lightning
+    raises for it."""
+
+
 def unused_name(path: Path) -> Path:
     """`path`, or `path` with `-vN` before its `.ckpt` (Lightning's `epoch=0-step=5-v1.ckpt`) with
     the first N that is free: a run never overwrites an earlier run's checkpoint."""
@@ -86,8 +91,9 @@ def resolve(
         if path.is_dir() and not (path / META).exists() and last_in(path).exists():
             path = last_in(path)  # a checkpoint folder given: take its newest
         if not path.exists():
-            raise ConfigError(
-                f"ckpt_path={str(ckpt_path)!r} is not valid: the path does not exist."
+            raise MissingCheckpoint(
+                f"ckpt_path={str(ckpt_path)!r} is not valid: the path does not exist "
+                "(Checkpoint file not found)."
             )
         path = path.resolve()
     if path.is_file():

@@ -45,8 +45,8 @@ class LightningDataModule(HyperparametersMixin):
     `prepare_data` once in all (global rank 0) rather than once per node."""
 
     prepare_data_per_node = True
-    CHECKPOINT_HYPER_PARAMS_KEY = _hparams.HPARAMS_KEY
-    CHECKPOINT_HYPER_PARAMS_NAME = _hparams.HPARAMS_NAME
+    CHECKPOINT_HYPER_PARAMS_KEY = _hparams.DATAMODULE_HPARAMS_KEY  # Lightning's key
+    CHECKPOINT_HYPER_PARAMS_NAME = _hparams.DATAMODULE_HPARAMS_NAME
     CHECKPOINT_HYPER_PARAMS_TYPE = "hparams_type"
 
     @classmethod

@@ -22,6 +22,7 @@ import ast
 import csv
 import inspect
 import os
+import urllib.parse
 from argparse import Namespace
 from enum import Enum
 from pathlib import Path
@@ -39,12 +40,13 @@ HPARAMS_KEY = "hyper_parameters"
 DATAMODULE_HPARAMS_KEY = "datamodule_hyper_parameters"  # the DataModule's, beside the Module's
 # set when __init__ took one dict/Namespace of hyper-parameters: its parameter name
 HPARAMS_NAME = "hparams_name"
+DATAMODULE_HPARAMS_NAME = "datamodule_hparams_name"  # Lightning's key for the DataModule's
 
 
 def checkpoint_dir(path: str | os.PathLike) -> Path:
     """The checkpoint `path` names (a checkpoint file or directory, or a folder holding
     `last.ckpt`); a ConfigError naming what is missing when it is not a complete checkpoint."""
-    path = Path(path)
+    path = _local(path)
     if not path.exists():
         raise ConfigError(f"load_from_checkpoint({str(path)!r}): the path does not exist.")
     if path.is_dir() and not (path / META).exists() and last_in(path).exists():
@@ -60,6 +62,20 @@ def checkpoint_dir(path: str | os.PathLike) -> Path:
     return path.resolve()
 
 
+def _local(path: str | os.PathLike) -> Path:
+    """`path`, or for an http(s) URL (a .ckpt file, as Lightning loads one) the copy downloaded
+    into torch.hub's cache (`<hub dir>/checkpoints/<name>`, fetched once)."""
+    text = str(path)
+    if not text.startswith(("http://", "https://")):
+        return Path(path)
+    folder = Path(torch.hub.get_dir()) / "checkpoints"
+    folder.mkdir(parents=True, exist_ok=True)
+    file = folder / os.path.basename(urllib.parse.urlparse(text).path)
+    if not file.exists():
+        torch.hub.download_url_to_file(text, str(file), progress=False)
+    return file
+
+
 def checkpoint_state(path: str | os.PathLike) -> dict:
     """The trainer's state a checkpoint holds (hyper-parameters, callbacks, loop position, the
     hooks' extras): a .ckpt file's whole dict, or a directory's trainer.pt."""
@@ -73,24 +89,37 @@ def load_from_checkpoint(
     cls: type,
     path: str | os.PathLike,
     map_location: Any = None,
-    strict: bool = True,
+    strict: bool | None = True,
     **overrides: Any,
 ) -> Any:
     """Builds `cls(**hparams, **overrides)` (overrides win), runs its `configure_model`, loads the
     full weights from the checkpoint at `path` (any strategy's layout) and its `on_load_checkpoint`
-    hook; returns the module in eval mode, on `map_location` when given (a device or string; default
-    CPU)."""
+    hook; returns the module in eval mode.
+
+    `map_location` is torch.load's (a device, string, dict or function) for a .ckpt file, whose
+    module then sits where its tensors were mapped (CPU by default), as Lightning's does; for a
+    directory, a device or string to move the module to. `strict=None` takes the module's
+    `strict_loading` (default True). Raises ConfigError (a ValueError) when `strict` contradicts
+    the module's `strict_loading`, or when the checkpoint is not one. Lightning's keywords
+    `hparams_file` (a .yaml or .csv whose hyper-parameters replace the checkpoint's) and
+    `weights_only` (torch.load's, for a file) are taken too."""
     from lightspeed.strategies.conversion import full_state_dict
 
+    hparams_file = overrides.pop("hparams_file", None)
+    weights_only = overrides.pop("weights_only", None)
     path = checkpoint_dir(path)
     state = checkpoint_state(path)
-    module = cls(
-        **_init_kwargs(cls, {**state.get(HPARAMS_KEY, {}), **overrides}, state.get(HPARAMS_NAME))
-    )
+    if path.is_file() and (map_location is not None or weights_only):
+        state = torch.load(path, map_location=map_location, weights_only=bool(weights_only))
+    saved = _saved_hparams(state, hparams_file)
+    module = cls(**_init_kwargs(cls, {**saved, **overrides}, state.get(HPARAMS_NAME)))
     module.configure_model()
+    strict = _strict(module, strict)
     if path.is_file():  # Lightning's order: the hook may edit the state_dict before it is loaded
         module.on_load_checkpoint(state)
         weights = state["state_dict"]
+        if not weights:
+            rank_zero_warn(f"The state dict in {str(path)!r} contains no parameters.")
     else:
         weights = full_state_dict(path)
     current = module.state_dict()
@@ -102,9 +131,46 @@ def load_from_checkpoint(
     module.load_state_dict(weights, strict=strict)
     if not path.is_file():
         module.on_load_checkpoint(state)
-    if map_location is not None:
-        module.to(torch.device(map_location) if isinstance(map_location, str) else map_location)
+        if map_location is not None:
+            module.to(torch.device(map_location) if isinstance(map_location, str) else map_location)
+    else:
+        where = next((t.device for t in weights.values() if isinstance(t, torch.Tensor)), None)
+        module.to(where or torch.device("cpu"))
     return module.eval()
+
+
+# Where Lightning checkpoints before 1.0 kept the hyper-parameters (still read, as Lightning does)
+PAST_HPARAMS_KEYS = ("hparams", "module_arguments")
+
+
+def _saved_hparams(state: dict, hparams_file: str | os.PathLike | None) -> dict:
+    """The hyper-parameters to rebuild from: `hparams_file`'s (YAML or CSV) where given, else the
+    checkpoint's, under its current key or a past one."""
+    if hparams_file is not None:
+        read = load_hparams_from_tags_csv if str(hparams_file).endswith(".csv") else _yaml
+        return dict(read(hparams_file) or {})
+    saved: dict = {}
+    for key in (*PAST_HPARAMS_KEYS, HPARAMS_KEY):
+        saved.update(state.get(key) or {})
+    return saved
+
+
+def _yaml(path: str | os.PathLike) -> Any:
+    return load_hparams_from_yaml(path, use_omegaconf=False)
+
+
+def _strict(module: Any, strict: bool | None) -> bool:
+    """`strict`, or the module's `strict_loading` (Lightning's attribute) where `strict` is None;
+    ConfigError when both are given and differ."""
+    declared = module.__dict__.get("_strict_loading", module.__dict__.get("strict_loading"))
+    if declared is not None and strict is not None and strict != declared:
+        raise ConfigError(
+            f"load_from_checkpoint(strict={strict!r}) is in conflict with "
+            f"{type(module).__name__}.strict_loading={declared!r}: set the same value for both."
+        )
+    if strict is None:
+        return True if declared is None else bool(declared)
+    return strict
 
 
 def load_datamodule_from_checkpoint(cls: type, path: str | os.PathLike, **overrides: Any) -> Any:
@@ -113,7 +179,8 @@ def load_datamodule_from_checkpoint(cls: type, path: str | os.PathLike, **overri
     Hyper-parameters that `__init__` does not take are left out."""
     state = checkpoint_state(path)
     saved = state.get(DATAMODULE_HPARAMS_KEY) or {}
-    datamodule = cls(**_init_kwargs(cls, {**saved, **overrides}, None))
+    name = state.get(DATAMODULE_HPARAMS_NAME)
+    datamodule = cls(**_init_kwargs(cls, {**saved, **overrides}, name))
     if state.get("datamodule"):
         datamodule.load_state_dict(state["datamodule"])
     return datamodule
