@@ -29,9 +29,10 @@ LAYERS: dict[int, set[str]] = {
     2: {"data"},  # loaders, samplers, combined loaders, accumulation windows, batch transfer
     3: {
         "utilities",
+        "overrides",
         "config",
         "profilers",
-    },  # Lightning's utility names; the Trainer's flags, checked and frozen; profilers (timing)
+    },  # Lightning's utility names and `overrides`; the Trainer's flags, checked and frozen; profilers
     4: {"perf"},  # fused optimizers, compile, mixed precision and the shared clip-then-step
     5: {"checkpoint"},  # the Checkpointer, file formats, one reader per on-disk layout
     6: {"loggers"},

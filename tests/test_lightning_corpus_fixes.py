@@ -439,3 +439,63 @@ def test_lightning_optimizer_passes_the_closure_by_keyword():
     opt.step(lambda: None, extra=1)
     opt.step()
     assert calls == [((), ["closure", "extra"]), ((), [])]
+
+
+# ------------------------------------------------------------------ dataloader_idx and predict's indices
+def test_dataloader_idx_signatures_are_checked_as_lightning_does(tmp_path):
+    class Required(Regress):
+        def test_step(self, batch, batch_idx, dataloader_idx):
+            pass
+
+    trainer = make_trainer(tmp_path)
+    with pytest.raises(RuntimeError, match="only a single `test_dataloader`.*Required.test_step"):
+        trainer.test(Required(), regression_data(), verbose=False)
+
+    class NoIdxHook(Regress):
+        def predict_step(self, batch, batch_idx, dataloader_idx=0):
+            return batch[0]
+
+        def on_predict_batch_end(self, outputs, batch, batch_idx):
+            pass
+
+    with pytest.raises(RuntimeError, match="no `dataloader_idx` argument in `NoIdxHook.on_predict"):
+        trainer.predict(NoIdxHook(), [regression_data(), regression_data()])
+    # the default predict_step takes any loader's batches
+    plain = ls.LightningModule()
+    plain.forward = lambda x: x[0].sum()
+    assert len(trainer.predict(plain, [regression_data(8), regression_data(4)])) == 2
+
+
+def test_predict_records_each_batchs_dataset_indices_random_order_too(tmp_path):
+    from lightspeed.callbacks import BasePredictionWriter
+    from lightspeed.overrides.distributed import _IndexBatchSamplerWrapper
+
+    written = []
+
+    class Writer(BasePredictionWriter):
+        def write_on_batch_end(self, trainer, module, prediction, indices, batch, batch_idx, idx):
+            written.append((indices, batch[0][:, 0].tolist()))
+
+    data = regression_data(8)
+    shuffled = DataLoader(data.dataset, batch_size=4, shuffle=True)
+    trainer = make_trainer(tmp_path, callbacks=[Writer("batch")])
+    trainer.predict(Regress(), shuffled, return_predictions=False)
+    assert isinstance(trainer.predict_dataloaders.batch_sampler, _IndexBatchSamplerWrapper)
+    firsts = data.dataset.tensors[0][:, 0]
+    for indices, values in written:  # each batch's indices name the samples it held
+        assert firsts[indices].tolist() == values
+    assert sorted(i for indices, _ in written for i in indices) == list(range(8))
+
+
+def test_tensorboard_log_graph_of_a_module_outside_a_run(tmp_path):
+    from lightspeed.loggers import TensorBoardLogger
+
+    class Forward(Regress):
+        def forward(self, x):
+            return self.layer(x)
+
+    logger = TensorBoardLogger(tmp_path, log_graph=True)
+    model = Forward()
+    logger.log_graph(model, torch.zeros(2, 4))  # torch.jit reads model.trainer: None, no error
+    with pytest.raises(RuntimeError, match="not attached to a Trainer"):
+        model.trainer  # noqa: B018

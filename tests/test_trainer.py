@@ -116,7 +116,7 @@ class Regress(ls.Module):
         x, y = batch
         self.log("val_loss", torch.nn.functional.mse_loss(self.layer(x), y))
 
-    def test_step(self, batch, batch_idx):
+    def test_step(self, batch, batch_idx, dataloader_idx=0):  # several test loaders: Lightning's
         x, y = batch
         self.log_dict(
             {"test_loss": torch.nn.functional.mse_loss(self.layer(x), y), "test_const": 7.0}

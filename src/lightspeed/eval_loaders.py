@@ -24,6 +24,7 @@ from lightspeed.errors import ConfigError
 from lightspeed.hooks import is_overridden
 from lightspeed.specs import Stage
 from lightspeed.utilities.rank_zero import rank_zero_warn
+from lightspeed.utilities.signature import accepts, requires
 
 
 def as_list(loaders: Any) -> list:
@@ -109,3 +110,35 @@ def eval_loaders(stage: Stage, module: Module, datamodule: Any, given: Any) -> l
             f"on {type(source).__name__}."
         )
     return loaders
+
+
+_HOOKS = {
+    Stage.VALIDATE: ("validation", "val"),
+    Stage.SANITY_CHECK: ("validation", "val"),
+    Stage.TEST: ("test", "test"),
+    Stage.PREDICT: ("predict", "predict"),
+}
+
+
+def check_dataloader_idx(module: Module, stage: Stage, several: bool) -> None:
+    """Lightning's rule for `dataloader_idx` in the Module's step and batch hooks of `stage`: with
+    several loaders each must take it (a parameter of that name, a positional one after the
+    others, or `*args`); with one, none may require it (give it a default). Raises RuntimeError
+    naming the hook."""
+    prefix, loader = _HOOKS[stage]
+    for name in (f"{prefix}_step", f"on_{prefix}_batch_start", f"on_{prefix}_batch_end"):
+        if not is_overridden(module, name):
+            continue
+        hook = getattr(module, name)
+        where = f"`{type(module).__name__}.{name}()`"
+        position = 4 if name.endswith("_end") else 3  # after (outputs,) batch, batch_idx
+        if several and not accepts(hook, position, "dataloader_idx"):
+            raise RuntimeError(
+                f"You provided multiple `{loader}_dataloader`, but no `dataloader_idx` argument in "
+                f"{where}: add `dataloader_idx=0` to its signature."
+            )
+        if not several and requires(hook, "dataloader_idx"):
+            raise RuntimeError(
+                f"You provided only a single `{loader}_dataloader`, but have included "
+                f"`dataloader_idx` in {where}: remove it or give it a default value."
+            )

@@ -8,16 +8,15 @@ or both, instead of holding them all in memory.
 
     trainer.predict(model, loader, return_predictions=False)   # with callbacks=[Writer("batch")]
 
-`batch_indices` are the dataset indices of the batch's samples, read from the loader's batch
-sampler (its share of the data under a distributed sampler); they are [] where the sampler draws
-at random, as the order cannot be known ahead of the loader.
+`batch_indices` are the dataset indices of the batch's samples (this rank's share under a
+distributed sampler), as the batch sampler drew them, random order too: `predict` iterates its
+loaders through `overrides.distributed._IndexBatchSamplerWrapper`. A loader without a batch sampler
+(an iterable dataset) gives [].
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
-
-from torch.utils.data import RandomSampler
 
 from lightspeed.callbacks.callback import Callback
 from lightspeed.errors import ConfigError
@@ -34,6 +33,7 @@ class BasePredictionWriter(Callback):
             raise ConfigError(f"`write_interval` should be one of {list(INTERVALS)}.")
         self.interval = write_interval
         self._indices: list[list[list[int]]] = []  # per loader, per batch
+        self._loaders: list[Any] = []
         self._predictions: list[list[Any]] = []
 
     def write_on_batch_end(
@@ -55,9 +55,9 @@ class BasePredictionWriter(Callback):
 
     def on_predict_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         loaders = trainer.predict_dataloaders
-        loaders = loaders if isinstance(loaders, (list, tuple)) else [loaders]
-        self._indices = [_batch_indices(loader) for loader in loaders]
-        self._predictions = [[] for _ in loaders]
+        self._loaders = list(loaders) if isinstance(loaders, (list, tuple)) else [loaders]
+        self._indices = [[] for _ in self._loaders]
+        self._predictions = [[] for _ in self._loaders]
 
     def on_predict_batch_end(
         self,
@@ -68,8 +68,12 @@ class BasePredictionWriter(Callback):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        known = self._indices[dataloader_idx] if dataloader_idx < len(self._indices) else []
-        indices = known[batch_idx] if batch_idx < len(known) else []
+        # predict iterates its loaders through _IndexBatchSamplerWrapper: the batch's samples
+        loader = self._loaders[dataloader_idx] if dataloader_idx < len(self._loaders) else None
+        seen = getattr(getattr(loader, "batch_sampler", None), "seen_batch_indices", [])
+        indices = list(seen[batch_idx]) if batch_idx < len(seen) else []
+        if dataloader_idx < len(self._indices):
+            self._indices[dataloader_idx].append(indices)
         if self.interval in ("epoch", "batch_and_epoch"):
             self._predictions[dataloader_idx].append(outputs)
         if self.interval in ("batch", "batch_and_epoch"):
@@ -85,16 +89,3 @@ class BasePredictionWriter(Callback):
         predictions = self._predictions[0] if len(self._predictions) == 1 else self._predictions
         self.write_on_epoch_end(trainer, pl_module, predictions, indices)
         self._predictions = []
-
-
-def _batch_indices(loader: Any) -> list[list[int]]:
-    """The dataset indices of each batch `loader` will yield, from its batch sampler; [] when
-    they cannot be known ahead (a random sampler, an iterable dataset)."""
-    batch_sampler = getattr(loader, "batch_sampler", None)
-    sampler = getattr(batch_sampler, "sampler", None)
-    if batch_sampler is None or isinstance(sampler, RandomSampler):
-        return []
-    try:
-        return [list(batch) for batch in batch_sampler]
-    except TypeError:
-        return []

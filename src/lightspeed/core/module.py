@@ -5,7 +5,9 @@ Porting from Lightning is one import: `from lightspeed import LightningModule`.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
+from collections.abc import Iterator
 from typing import Any, cast
 
 import torch
@@ -48,7 +50,8 @@ class Module(HyperparametersMixin, torch.nn.Module):
     def test_step(self, batch: Any, batch_idx: int) -> Any:
         raise NotImplementedError("test_step must be implemented to call Trainer.test")
 
-    def predict_step(self, batch: Any, batch_idx: int) -> Any:
+    def predict_step(self, batch: Any, batch_idx: int = 0, dataloader_idx: int = 0) -> Any:
+        """By default `self(batch)`, whichever loader the batch comes from."""
         return self(batch)
 
     def configure_optimizers(self) -> Any:
@@ -215,8 +218,20 @@ class Module(HyperparametersMixin, torch.nn.Module):
     @property
     def trainer(self) -> TrainerView:
         if self._trainer is None:
+            if self.__dict__.get("_tracing"):  # torch.jit reads every attribute (see _traced)
+                return cast(TrainerView, None)
             raise RuntimeError(f"{type(self).__name__} is not attached to a Trainer")
         return self._trainer
+
+    @contextlib.contextmanager
+    def _traced(self) -> Iterator[None]:
+        """While torch.jit traces the module outside a run (TensorBoard's `add_graph`), `trainer`
+        reads None instead of raising: the tracer reads every attribute of the module."""
+        object.__setattr__(self, "_tracing", True)
+        try:
+            yield
+        finally:
+            object.__setattr__(self, "_tracing", False)
 
     @trainer.setter
     def trainer(self, trainer: TrainerView | None) -> None:

@@ -9,6 +9,7 @@ artifacts to `<log_dir>/artifacts/`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -168,7 +169,11 @@ class TensorBoardLogger:
                 "`forward()` implementation."
             )
         else:
-            self.experiment.add_graph(model, input_array)
+            # a lightspeed Module outside a run: its `trainer` reads None while the tracer looks
+            traced = getattr(model, "_traced", None)
+            quiet: Any = traced() if callable(traced) else contextlib.nullcontext()
+            with quiet:
+                self.experiment.add_graph(model, input_array)
 
     def save(self) -> None:
         """Writes `hparams.yaml` into the run's folder (once the folder exists and has none)."""
