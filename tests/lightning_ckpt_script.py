@@ -6,7 +6,8 @@ checkpoint files travel between the two.
 
 Imported (the test's own process), it is the lightspeed side: `run(jobs)` returns the results.
 
-JOBS.json is a list of jobs run in order, each a dict: "fit" (a Trainer.fit: "devices", "epochs",
+JOBS.json is a list of jobs run in order, each a dict: "fit" (a Trainer.fit: "devices", "strategy"
+(default: ddp on 2 devices), "epochs",
 "resume" (a checkpoint or None), "save" (a folder: a checkpoint at each epoch's end and one every
 "mid" steps, under `epochs/` and `mid/`)), or "load" (`Model.load_from_checkpoint(path)`: its
 weights and hyper-parameters). Rank 0 writes each job's result (a fit's per-step losses, rank 0's
@@ -77,7 +78,7 @@ def fit(job: dict) -> dict:
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=job.get("devices", 1),
-        strategy="ddp" if job.get("devices", 1) > 1 else "auto",
+        strategy=job.get("strategy") or ("ddp" if job.get("devices", 1) > 1 else "auto"),
         max_epochs=job["epochs"],
         logger=False,
         enable_progress_bar=False,
