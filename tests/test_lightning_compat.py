@@ -123,6 +123,10 @@ PATHS = {
     "lightspeed.core.saving": ["load_hparams_from_yaml", "save_hparams_to_yaml"],
     "lightspeed.utilities": ["AttributeDict", "is_picklable"],
     "lightspeed.utilities.parsing": ["AttributeDict", "is_picklable", "clean_namespace"],
+    "lightspeed.utilities.combined_loader": ["CombinedLoader"],
+    "lightspeed.overrides.distributed": ["_IndexBatchSamplerWrapper"],
+    "lightspeed.trainer.configuration_validator": ["verify_loop_configuration"],
+    "lightspeed.loops": ["_EvaluationLoop", "_Loop"],
 }
 
 

@@ -499,3 +499,19 @@ def test_tensorboard_log_graph_of_a_module_outside_a_run(tmp_path):
     logger.log_graph(model, torch.zeros(2, 4))  # torch.jit reads model.trainer: None, no error
     with pytest.raises(RuntimeError, match="not attached to a Trainer"):
         model.trainer  # noqa: B018
+
+
+def test_trainer_profiler_times_the_hooks(tmp_path, capsys):
+    from lightspeed.profilers import PassThroughProfiler, SimpleProfiler
+
+    assert isinstance(make_trainer(tmp_path).profiler, PassThroughProfiler)
+    trainer = make_trainer(tmp_path, max_steps=2, profiler="simple")
+    trainer.fit(Regress(), datamodule=Data())
+    recorded = trainer.profiler.recorded_durations
+    assert isinstance(trainer.profiler, SimpleProfiler)
+    for action in ("[LightningDataModule]Data.setup", "[LightningModule]Regress.on_fit_start"):
+        assert len(recorded[action]) == 1
+    assert len(recorded["[Strategy]SingleDevice.training_step"]) == 2
+    assert "[LightningModule]Regress.on_fit_start" in capsys.readouterr().out  # the summary
+    with pytest.raises(ls.ConfigError, match="profiler='fast' is not valid"):
+        make_trainer(tmp_path, profiler="fast")

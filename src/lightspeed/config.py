@@ -611,10 +611,6 @@ def check_sync_batchnorm(launch: Launch, world_size: int) -> None:
 # Lightning Trainer arguments lightspeed does not take: accepted at Lightning's default (configs
 # and argparse namespaces pass them), refused otherwise, saying what to use instead.
 NOT_TAKEN = {
-    "profiler": (
-        None,
-        "profile with torch.profiler around fit (benchmarks/profile_step.py shows how)",
-    ),
     "plugins": (
         None,
         "precision is Trainer(precision=...); the launch environment (torchrun, SLURM, deepspeed) "

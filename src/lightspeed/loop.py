@@ -103,11 +103,22 @@ def call(
 ) -> Any:
     """A hook without a return the loop needs: the Module's (`module_hook(*args)`), then each
     callback's (`callback_hook(cb)`, e.g. `lambda cb: cb.on_fit_start`) with the trainer and the
-    module before `args`. Returns the Module hook's value."""
-    out = module_hook(*args)
+    module before `args`. Returns the Module hook's value. Each is timed by `run.profiler`."""
+    with profiled(run, "LightningModule", module_hook):
+        out = module_hook(*args)
     for cb in run.callbacks:
-        callback_hook(cb)(run.trainer, run.module, *args)
+        hook = callback_hook(cb)
+        with profiled(run, "Callback", hook):
+            hook(run.trainer, run.module, *args)
     return out
+
+
+def profiled(run: Run, kind: str, hook: Callable[..., Any]) -> Any:
+    """`run.profiler` timing `hook` (a bound method) under Lightning's action name,
+    `[LightningModule]Model.on_fit_start`, `[Callback]<state_key>.on_fit_start`, ..."""
+    owner = getattr(hook, "__self__", None)
+    who = owner.state_key if kind == "Callback" and owner is not None else type(owner).__name__
+    return run.profiler.profile(f"[{kind}]{who}.{getattr(hook, '__name__', 'hook')}")
 
 
 # ================================================================== an entry point's frame
@@ -134,6 +145,9 @@ def finish(run: Run, outcome: str) -> None:
         run.progress = None
     for lg in run.loggers if run.global_rank == 0 else []:
         lg.finalize(outcome)
+    if run.global_rank == 0 or run.profiler.filename:  # a file per rank; the screen on rank 0
+        run.profiler.describe()
+    run.profiler.teardown(run.fn.value if run.fn else None)
     if outcome != "success" and run.process is not None:
         run.strategy.teardown()
 
@@ -241,29 +255,38 @@ def setup_hooks(run: Run, module: Module, fn: Fn) -> None:
     """Lightning's order once the ranks run: `prepare_data` (once per node, or once in all), the
     callbacks' `setup`, the DataModule's, the Module's. The caller then configures the model."""
     dm, dist = run.datamodule, run.process.dist if run.process else run.env
+    run.profiler.setup(fn.value, dist.local_rank, run.trainer.log_dir)
     if dm is not None:
         dm.trainer = run.trainer  # its hooks may read trainer.training, trainer.current_epoch...
         prepare_data_once(
-            dm.prepare_data, dist.local_rank if dm.prepare_data_per_node else dist.rank
+            lambda: timed(run, "LightningDataModule", dm.prepare_data),
+            dist.local_rank if dm.prepare_data_per_node else dist.rank,
         )
     prepare_data_once(
-        module.prepare_data, dist.local_rank if module.prepare_data_per_node else dist.rank
+        lambda: timed(run, "LightningModule", module.prepare_data),
+        dist.local_rank if module.prepare_data_per_node else dist.rank,
     )
     for cb in run.callbacks:
         cb.attach(module)  # a callback's `self.log` logs through this Module
-        cb.setup(run.trainer, module, fn.value)
+        timed(run, "Callback", cb.setup, run.trainer, module, fn.value)
     if dm is not None:
-        dm.setup(fn.value)
-    module.setup(fn.value)
+        timed(run, "LightningDataModule", dm.setup, fn.value)
+    timed(run, "LightningModule", module.setup, fn.value)
+
+
+def timed(run: Run, kind: str, hook: Callable[..., Any], *args: Any) -> Any:
+    """`hook(*args)`, timed by `run.profiler` (`profiled`)."""
+    with profiled(run, kind, hook):
+        return hook(*args)
 
 
 def teardown_hooks(run: Run, module: Module, fn: Fn) -> None:
     """`teardown` on the callbacks, the DataModule and the Module, at a successful entry's end."""
     for cb in run.callbacks:
-        cb.teardown(run.trainer, module, fn.value)
+        timed(run, "Callback", cb.teardown, run.trainer, module, fn.value)
     if run.datamodule is not None:
-        run.datamodule.teardown(fn.value)
-    module.teardown(fn.value)
+        timed(run, "LightningDataModule", run.datamodule.teardown, fn.value)
+    timed(run, "LightningModule", module.teardown, fn.value)
 
 
 def set_up_strategy(run: Run, config: Config, fn: Fn, module: Module, micro_batch: Any) -> None:
@@ -480,7 +503,7 @@ def restore(run: Run, module: Module, path: Path) -> tuple[int, dict | None]:
     if run.datamodule is not None:  # ours, else under Lightning's key (the class name)
         dm_state = state.get("datamodule") or state.get(type(run.datamodule).__qualname__)
         if dm_state:
-            run.datamodule.load_state_dict(dm_state)
+            timed(run, "LightningDataModule", run.datamodule.load_state_dict, dm_state)
     run.loader_restored = restore_loader(run, state, saved.batches_to_skip)
     call(run, module.on_load_checkpoint, lambda cb: cb.on_load_checkpoint, state)
     run.print0(
@@ -623,7 +646,8 @@ def train_window(run: Run, window: list[tuple[int, Any]], accumulate: int) -> tu
         if on_train_batch_start(run, module, batch, batch_idx) and i == 0:
             return False, None
         args = (batch, batch_idx) if run.takes_batch_idx else (batch,)
-        out = strategy.forward(run.training_step, *args, sync_grads=i == len(window) - 1)
+        with run.profiler.profile(f"[Strategy]{type(strategy).__name__}.training_step"):
+            out = strategy.forward(run.training_step, *args, sync_grads=i == len(window) - 1)
         if module.automatic_optimization:
             if (loss := loss_of(out, skippable)) is None:
                 continue  # training_step returned None: this micro-batch has no backward
@@ -1120,7 +1144,8 @@ def save_checkpoint(run: Run, path: Path) -> Path:
     def on_save(state: dict) -> None:
         state[HPARAMS_KEY] = dict(module.hparams)  # load_from_checkpoint rebuilds from these
         state[HPARAMS_NAME] = module.__dict__.get("_hparams_name")
-        state["datamodule"] = run.datamodule.state_dict() if run.datamodule is not None else {}
+        dm = run.datamodule
+        state["datamodule"] = timed(run, "LightningDataModule", dm.state_dict) if dm else {}
         if state["datamodule"]:  # also under Lightning's key, the DataModule's class name
             state[type(run.datamodule).__qualname__] = state["datamodule"]
         if run.fitting and run.train_windows is not None:  # every rank's stream position

@@ -26,6 +26,7 @@ from lightspeed.core.metrics import MetricStore
 from lightspeed.core.module import Module
 from lightspeed.data.loaders import BatchMover
 from lightspeed.loggers import Logger
+from lightspeed.profilers import PassThroughProfiler, Profiler
 from lightspeed.report.progress import ProgressBar
 from lightspeed.runtime.distributed import AgreedMax
 from lightspeed.runtime.guard import NonFiniteGuard
@@ -111,6 +112,7 @@ class Run:
     accumulate_grad_batches: int = 1
     inference_mode: bool = True  # evaluation under torch.inference_mode (loop.evaluation_context)
     fit_started: bool = False  # a fit has begun: trainer.max_epochs reads its resolved limit
+    profiler: Profiler = field(default_factory=PassThroughProfiler)  # Trainer(profiler=...)
 
     def enter(self, stage: Stage) -> None:
         """The stage changes here only; `self.log` records under it from now on."""

@@ -39,6 +39,7 @@ from lightspeed.loggers.logger import DummyLogger
 from lightspeed.loops import _EvaluationLoop
 from lightspeed.perf.kernels import unwrap_compiled
 from lightspeed.plan.micro_batch import confirm
+from lightspeed.profilers import build_profiler
 from lightspeed.run import Fn, Run, Stage
 from lightspeed.runtime.launch import DistInfo, read_dist_info
 from lightspeed.runtime.preemption import Preemption
@@ -64,6 +65,7 @@ class Trainer:
         strategy: Any = "auto",
         callbacks: list[Callback] | None = None,
         logger: bool | Logger | list[Logger] = True,
+        profiler: Any = None,
         **flags: Any,
     ):
         # Lightning's `PL_TRAINER_<FLAG>` variables: defaults for what the call leaves out
@@ -71,6 +73,7 @@ class Trainer:
         flags = {**{k: v for k, v in env.items() if k not in _NAMED}, **flags}
         strategy = env.get("strategy", strategy) if strategy == "auto" else strategy
         logger = env.get("logger", logger) if logger is True else logger
+        profiler = env.get("profiler", profiler) if profiler is None else profiler
         self.config = config = parse_flags(flags, _NAMED)
         _say_limits(flags)
         env = read_dist_info()  # the launch environment, read once
@@ -112,6 +115,7 @@ class Trainer:
             preemption=Preemption(launch.preemption_signals),
             accumulate_grad_batches=config.limits.accumulate_grad_batches,
             inference_mode=config.launch.inference_mode,
+            profiler=build_profiler(profiler),
         )
 
     # ------------------------------------------------------------------ an entry point's frame
@@ -373,6 +377,7 @@ class Trainer:
     lightning_module = property(lambda self: self._run.module)  # the last entry point's Module
     datamodule = property(lambda self: self._run.datamodule)
     guard = property(lambda self: self._run.guard)  # NonFiniteGuard (after the launch)
+    profiler = property(lambda self: self._run.profiler)  # times the hooks and steps
 
     @property
     def model(self) -> Any:
@@ -517,7 +522,7 @@ class Trainer:
     default_root_dir = property(lambda self: self.config.output.default_root_dir)
 
 
-_NAMED = ("strategy", "callbacks", "logger")  # the Trainer's named parameters; the rest: flags
+_NAMED = ("strategy", "callbacks", "logger", "profiler")  # named parameters; the rest: flags
 
 
 def _flags_from_env() -> dict[str, Any]:
