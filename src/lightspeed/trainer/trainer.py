@@ -163,8 +163,8 @@ class Trainer:
         ckpt_path: str | Path | None = None,
     ) -> None:
         """Trains `model` on the given loaders, else the DataModule's, else the Module's.
-        `ckpt_path` ("last", "best", a directory) resumes where it was saved. Validation runs only
-        if `validation_step` is overridden."""
+        `ckpt_path` ("last", "best", a .ckpt file or directory, Lightning's too) resumes where it
+        was saved. Validation runs only if `validation_step` is overridden."""
         train_dataloaders, datamodule = _datamodule_given(train_dataloaders, datamodule)
         # `is None`, not truthiness: len() of a user's sampler may need the ranks (not started yet)
         given = train_dataloaders if train_dataloaders is not None else val_dataloaders
@@ -273,8 +273,9 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path: str | Path) -> Path:
-        """Collective: every rank must call it. Writes atomically (at rank 0's `path`), then moves
-        `<dir>/last` to it.
+        """Collective: every rank must call it. Writes atomically at rank 0's `path` (Lightning's
+        one .ckpt file under single and ddp, a directory under the sharded strategies), then moves
+        `<dir>/last.ckpt` to it.
 
         Raises ConfigError before fit / validate / test / predict: no model is set up, nothing to
         save."""
