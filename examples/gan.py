@@ -1,8 +1,8 @@
 """A GAN with manual optimization: a generator and a discriminator, each with its own optimizer,
 stepped by hand.
     python examples/gan.py --devices 2 --strategy deepspeed_stage_2
-    python examples/gan.py --devices 2 --strategy deepspeed_stage_2 --ckpt_path checkpoints/last   #
-    resume
+    python examples/gan.py --devices 2 --strategy deepspeed_stage_2 \
+        --ckpt_path checkpoints/last.ckpt   # resume
 
 Under DeepSpeed each optimizer gets its own engine; the script is the same under every strategy.
 """

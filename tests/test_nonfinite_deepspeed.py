@@ -71,16 +71,14 @@ def test_after_engine_step_applies_the_policy_to_the_engines_norm_once():
     assert "the engine had already applied this optimizer step" in said[-1]
 
 
-def _finite_checkpoint(root: Path, strategy: str, name: str = "last") -> bool:
+def _finite_checkpoint(root: Path, strategy: str, name: str = "last.ckpt") -> bool:
     path = (root / "checkpoints" / name).resolve()
     if strategy.startswith("deepspeed"):
         from lightspeed.strategies.deepspeed.strategy import full_state_dict
 
         weights = full_state_dict(path)
-    elif strategy == "ddp":
-        from safetensors.torch import load_file
-
-        weights = load_file(str(path / "model.safetensors"))
+    elif strategy == "ddp":  # Lightning's one .ckpt file
+        weights = torch.load(path, weights_only=True)["state_dict"]
     else:
         return True  # FSDP's DCP shards: the run's own finite_weights check stands for them
     return bool(weights) and all(bool(torch.isfinite(t).all()) for t in weights.values())
@@ -108,7 +106,7 @@ def test_stop(tmp_path, strategy):
             -3000:
         ]
     assert "OVERFLOW" not in text  # DeepSpeed's own line (no step, no rank) is the guard's now
-    assert _checkpoints(tmp_path) == ["epoch=0-step=2", "last"]
+    assert _checkpoints(tmp_path) == ["epoch=0-step=2.ckpt", "last.ckpt"]
     assert _finite_checkpoint(tmp_path, strategy)
 
 
@@ -120,7 +118,7 @@ def test_skip(tmp_path, strategy, ddp_skip):
     for out in (res, ddp_skip):
         assert out["global_step"] == 5 and out["skipped_steps"] == 1 and out["finite_weights"]
     assert_close_losses(res["losses"], ddp_skip["losses"], 1e-5, f"{strategy} vs ddp under skip")
-    assert "epoch=0-step=4" in _checkpoints(tmp_path) and _finite_checkpoint(tmp_path, strategy)
+    assert "epoch=0-step=4.ckpt" in _checkpoints(tmp_path) and _finite_checkpoint(tmp_path, strategy)
 
 
 @pytest.mark.parametrize(
