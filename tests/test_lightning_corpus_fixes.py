@@ -515,3 +515,27 @@ def test_trainer_profiler_times_the_hooks(tmp_path, capsys):
     assert "[LightningModule]Regress.on_fit_start" in capsys.readouterr().out  # the summary
     with pytest.raises(ls.ConfigError, match="profiler='fast' is not valid"):
         make_trainer(tmp_path, profiler="fast")
+
+
+def test_fit_loop_is_a_read_only_view_of_where_fit_is(tmp_path):
+    seen = []
+
+    class Reads(Regress):
+        def training_step(self, batch, batch_idx):
+            loop = self.trainer.fit_loop
+            seen.append(
+                (
+                    loop.epoch_progress.current.completed,
+                    loop.epoch_loop.batch_idx,
+                    loop.epoch_loop.batch_progress.current.completed,
+                )
+            )
+            return super().training_step(batch, batch_idx)
+
+    trainer = make_trainer(tmp_path, max_epochs=2, limit_train_batches=2)
+    assert trainer.fit_loop.max_epochs == 2 and trainer.fit_loop.max_steps == -1
+    trainer.fit(Reads(), regression_data())
+    assert seen == [(0, 0, 0), (0, 1, 1), (1, 0, 0), (1, 1, 1)]
+    assert trainer.fit_loop.epoch_progress.total.completed == 2
+    with pytest.raises(AttributeError):
+        trainer.fit_loop.max_epochs = 3

@@ -37,6 +37,7 @@ from lightspeed.loggers import Logger
 from lightspeed.loggers.build import build_loggers
 from lightspeed.loggers.logger import DummyLogger
 from lightspeed.loops import _EvaluationLoop
+from lightspeed.loops.fit_loop import FitLoopView
 from lightspeed.perf.kernels import unwrap_compiled
 from lightspeed.plan.micro_batch import confirm
 from lightspeed.profilers import build_profiler
@@ -363,6 +364,9 @@ class Trainer:
     ckpt_path = property(lambda self: self._run.ckpt_path)  # the last run's, as rank 0 resolved it
     is_last_batch = property(lambda self: self._run.is_last_batch)
     global_step = property(lambda self: self._run.loop.global_step)
+    fit_loop = property(  # read-only: limits and progress
+        lambda self: FitLoopView(self, lambda: (self._run.loop, self._run.metrics.in_batch))
+    )
     current_epoch = property(lambda self: self._run.loop.epoch)
 
     @property
