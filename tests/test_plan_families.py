@@ -318,3 +318,21 @@ def test_auto_ranks_plans_with_their_micro_batch_by_forecast_tokens_per_second(c
     # a "+ac" plan is a strategy object that checkpoints the repeated blocks
     fsdp_ac = planned_strategy("fsdp+ac", 2, module)
     assert fsdp_ac.name == "fsdp" and fsdp_ac.activation_checkpointing == [torch.nn.Sequential]
+
+
+def test_a_gpu_first_trial_keeps_the_margin_free_a_cpu_one_the_headroom():
+    from lightspeed.plan.forecast import first_micro_batch, largest_micro_batch
+
+    module = _as_module(MLPBlocks())
+    facts = inspect_model(module, torch.randint(0, 256, (1, 64)), "32-true")
+    c = Candidate("fsdp")
+    one = forecast_candidate(c, facts, 2, "32-true", 1)
+    budget = 3 * one.device_total
+    gpu = first_micro_batch(c, facts, 2, "32-true", budget, "cuda")
+    cpu = first_micro_batch(c, facts, 2, "32-true", budget, "cpu")
+    assert cpu == largest_micro_batch(c, facts, 2, "32-true", budget, 0.1) > gpu > 1
+    assert forecast_candidate(c, facts, 2, "32-true", gpu).device_total <= budget * (1 - MARGIN)
+    assert forecast_candidate(c, facts, 2, "32-true", gpu + 1).device_total > budget * (1 - MARGIN)
+    # a budget the margin leaves no micro-batch in: the headroom's answer
+    tight = one.device_total / 0.85
+    assert first_micro_batch(c, facts, 2, "32-true", tight, "cuda") >= 1

@@ -94,6 +94,7 @@ __all__ = [
     "MARGIN",
     "find_micro_batch",
     "largest_micro_batch",
+    "first_micro_batch",
     "confirm_micro_batch",
     "plan_cli",
 ]
@@ -786,8 +787,8 @@ def auto_choice(
         size = micro_batch
         if max_micro_batch is not None:
             try:
-                size = largest_micro_batch(
-                    c, facts, world_size, precision, device_bytes, headroom, max_micro_batch
+                size = first_micro_batch(
+                    c, facts, world_size, precision, device_bytes, device_type, max_micro_batch
                 )
             except ConfigError:  # not even 1 fits: shown at 1, marked as not fitting
                 size = 1
@@ -874,6 +875,30 @@ def find_micro_batch(
         f"confirmed by a real step at {confirmed}"
         + (f" (the forecast's {size} ran out of memory)" if confirmed < size else ""),
     )
+
+
+def first_micro_batch(
+    candidate: Candidate,
+    facts: ModelFacts,
+    devices: int,
+    precision: str,
+    device_bytes: float,
+    device_type: str,
+    max_micro_batch: int = 4096,
+    headroom: float = 0.1,
+) -> int:
+    """The micro-batch the first trial runs (`micro_batch="auto"`) and the rank weighs: on a GPU
+    the largest that leaves the `MARGIN` free (the caching allocator's fragmentation comes on top
+    of the forecast, and a cap like `set_per_process_memory_fraction` counts it), else the largest
+    within `headroom`, as everywhere when the margin leaves no micro-batch. Raises ConfigError as
+    `largest_micro_batch` does."""
+    args = (candidate, facts, devices, precision, device_bytes)
+    if device_type == "cuda" and MARGIN > headroom:
+        try:
+            return largest_micro_batch(*args, MARGIN, max_micro_batch)
+        except ConfigError:
+            pass
+    return largest_micro_batch(*args, headroom, max_micro_batch)
 
 
 def largest_micro_batch(
