@@ -225,7 +225,8 @@ def check_zip(file: Path) -> None:
             infos = z.infolist()
     except (zipfile.BadZipFile, OSError, ValueError) as e:
         raise ConfigError(
-            f"checkpoint file {file} is truncated or corrupt, or not a torch.save file ({e})."
+            f"ckpt_path={str(file)!r} is not a lightspeed checkpoint (nor Lightning's) that can be "
+            f"read: checkpoint file {file} is truncated or corrupt, or not a torch.save file ({e})."
         ) from None
     if not any(i.filename.endswith("/data.pkl") or i.filename == "data.pkl" for i in infos):
         raise ConfigError(f"checkpoint file {file} is a zip archive but not a torch.save file.")
