@@ -114,6 +114,8 @@ def test_progress_plain_when_not_a_terminal(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\r" not in out
     lines = [line for line in out.splitlines() if line.strip()]
+    *lines, closing = lines  # fit's closing line (report/closing.py) comes after the bar
+    assert closing.startswith("fit stopped after 6 optimizer steps: max_steps=6 reached.")
     assert (
         1 <= len(lines) <= 5
         and "step 6/6" in lines[-1]

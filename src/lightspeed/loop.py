@@ -32,7 +32,8 @@ from typing import Any, Literal, NamedTuple
 
 import torch
 
-from lightspeed.callbacks import Callback, ModelCheckpoint
+from lightspeed.callbacks import Callback, EarlyStopping, ModelCheckpoint, Timer
+from lightspeed.callbacks.run_metrics import RunMetrics
 from lightspeed.checkpoint.checkpointer import Checkpointer, resolve
 from lightspeed.config import Config, DataOptions, Limits
 from lightspeed.core.datamodule import LightningDataModule, prepare_data_once
@@ -71,6 +72,7 @@ from lightspeed.plan.fallback import (
     set_up_or_fall_back,
 )
 from lightspeed.plan.micro_batch import MicroBatchPlan, plan_fit, planned_strategy
+from lightspeed.report.closing import closing_line, stop_reason
 from lightspeed.report.progress import start_progress
 from lightspeed.run import Fn, Process, Run, Stage
 from lightspeed.runtime import heartbeat
@@ -148,8 +150,26 @@ def finish(run: Run, outcome: str) -> None:
     if run.global_rank == 0 or run.profiler.filename:  # a file per rank; the screen on rank 0
         run.profiler.describe()
     run.profiler.teardown(run.fn.value if run.fn else None)
+    if outcome == "success" and run.fn is Fn.FIT:
+        run.print0(fit_closing_line(run, run.trainer.config.limits))
     if outcome != "success" and run.process is not None:
         run.strategy.teardown()
+
+
+def fit_closing_line(run: Run, limits: Limits) -> str:
+    """Why fit stopped, its last checkpoint and its run report (report/closing.py words it)."""
+    by = "trainer.should_stop (a callback or the Module set it)" if run.should_stop else None
+    for cb in run.callbacks if run.should_stop else []:
+        if isinstance(cb, EarlyStopping) and cb.stopped_epoch >= 0:
+            by = f"EarlyStopping(monitor={cb.monitor!r}) at epoch {cb.stopped_epoch}"
+        if isinstance(cb, Timer) and (left := cb.time_remaining()) is not None and left <= 0:
+            by = f"the time limit {cb.duration} (max_time / Timer)"
+    step, epoch = run.loop.global_step, run.loop.epoch
+    why = stop_reason(step, epoch, limits.max_steps, limits.max_epochs, limits.epochs_limit, by)
+    ckpt = next((c for c in run.callbacks if isinstance(c, ModelCheckpoint)), None)
+    saved = (ckpt.last_model_path or ckpt.best_model_path) if ckpt is not None else None
+    report = next((c.report_path for c in run.callbacks if isinstance(c, RunMetrics)), None)
+    return closing_line(why, step, saved or None, None if report is None else str(report))
 
 
 def start(

@@ -28,7 +28,7 @@ from lightspeed.utilities.rank_zero import rank_zero_warn
 
 class ExperimentWriter:
     """Keeps the rows of `metrics.csv` in `log_dir` and writes them on `save()`; a folder that
-    already holds files is warned of, and its old metrics file replaced."""
+    already holds a metrics file is warned of, and that file replaced."""
 
     NAME_METRICS_FILE = "metrics.csv"
     NAME_HPARAMS_FILE = "hparams.yaml"
@@ -43,7 +43,9 @@ class ExperimentWriter:
         os.makedirs(log_dir, exist_ok=True)
 
     def _check_log_dir_exists(self) -> None:
-        if os.path.isdir(self.log_dir) and os.listdir(self.log_dir):
+        # Only a metrics file is replaced: the run's other loggers (TensorBoard's events, the run's
+        # settings) write into the same folder, which is no reason to warn.
+        if os.path.isfile(self.metrics_file_path):
             rank_zero_warn(
                 f"Experiment logs directory {self.log_dir} exists and is not empty. Previous log "
                 "files in this directory will be deleted when the new ones are saved!"

@@ -71,6 +71,11 @@ from lightspeed.strategies.deepspeed.multi import (
 )
 from lightspeed.strategies.deepspeed.ops import fused_adam
 from lightspeed.strategies.deepspeed.portable import write_deepspeed
+from lightspeed.strategies.deepspeed.quiet import (
+    quiet_logger,
+    use_current_collectives,
+    without_build_notes,
+)
 from lightspeed.strategies.deepspeed.zero3 import (
     check_deepcompile_run,
     check_leaf_modules,
@@ -92,6 +97,7 @@ Offload = Literal["cpu", "nvme"] | None
 
 
 def _import_deepspeed():
+    quiet_logger()  # before DeepSpeed's import logs its accelerator line
     try:
         import deepspeed
     except ImportError as e:
@@ -288,13 +294,12 @@ class DeepSpeed:
             # one-process run has none.
             os.environ.update(LOCAL_RANK="0", RANK="0", WORLD_SIZE="1")
         # DeepSpeed's comm layer adopts the torch process group that is already there.
-        deepspeed.init_distributed(
-            dist_backend=dist.get_backend(), dist_init_required=False, verbose=False
-        )
-        logger = logging.getLogger("DeepSpeed")
-        logger.setLevel(logging.WARNING)
-        if not any(isinstance(f, _GuardSaysIt) for f in logger.filters):
-            logger.addFilter(_GuardSaysIt())
+        with without_build_notes():
+            deepspeed.init_distributed(
+                dist_backend=dist.get_backend(), dist_init_required=False, verbose=False
+            )
+        use_current_collectives(deepspeed)  # no FutureWarning on each ZeRO collective (quiet.py)
+        logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
         self._log0(deepcompile_hint(self))  # None: no line
 
     @property
@@ -710,15 +715,6 @@ class DeepSpeed:
 
     def _log0(self, message: str | None) -> None:
         print(message, flush=True) if message and self.dist.is_global_zero else None
-
-
-class _GuardSaysIt(logging.Filter):
-    """Drops DeepSpeed's fp32/bf16 "OVERFLOW! Skipping step" line (no step, no rank): the Trainer's
-    non-finite guard reports the same event with its step and the policy applied. Its fp16 loss
-    scaler's overflow lines (worded differently) stay."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "OVERFLOW! Skipping step. Gradients are non-finite" not in record.getMessage()
 
 
 def full_state_dict(path: Path) -> dict[str, torch.Tensor]:
