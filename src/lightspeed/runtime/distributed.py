@@ -4,13 +4,18 @@ once)."""
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import gc
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import _register_process_group, _set_global_rank
 
+from lightspeed.errors import ConfigError
 from lightspeed.runtime import heartbeat
 from lightspeed.runtime.launch import DistInfo, rendezvous_server
 
@@ -80,7 +85,8 @@ def destroy_process_group() -> None:
     abort the process ("terminate called without an active exception"), turning a finished run into
     a failed one."""
     if dist.is_initialized():
-        heartbeat.stop()
+        if dist.get_world_size() > 1:  # a group of one has no heartbeat (a job's may be running)
+            heartbeat.stop()
         dist.destroy_process_group()
         # Free what still holds the group (a DDP reducer in a trainer <-> module reference cycle)
         # now, while
@@ -91,6 +97,110 @@ def destroy_process_group() -> None:
 
 def is_distributed() -> bool:
     return dist.is_initialized() and dist.get_world_size() > 1
+
+
+class OwnGroup:
+    """The process group of one of a Trainer made inside a running multi-rank job, such as
+    `Trainer(devices=1).test(...)` on rank 0 after a distributed fit (what Lightning's docs advise):
+    while one of its entry points runs (`entered()`), torch's default group is this process's own
+    group of one, so every collective of that run (lightspeed's, the Module's, a strategy's) stays
+    in this process and no other rank has to take part; outside it the job's group is back as it
+    was. The job's group is never destroyed or changed.
+
+    torch keeps its default group and its group tables in module globals of
+    `torch.distributed.distributed_c10d` (the same ones `destroy_process_group` clears), and every
+    group's name in a process-wide registry; `entered()` swaps those globals for this run's own and
+    back, and registers the job's group names again should this run's teardown have dropped them
+    (destroying a default group drops every name). That is torch's private state: a torch that
+    moves it fails tests/test_nested_trainer.py, not silently."""
+
+    _STATE = (
+        "_world",
+        "_pg_map",
+        "_pg_names",
+        "_pg_group_ranks",
+        "_pg_backend_config",
+        "_group_count",
+        "_tags_to_pg",
+        "_pg_to_tag",
+    )
+    _FIRST_NAME = 1 << 20  # this run's group names count from here: no clash with the job's
+
+    def __init__(self) -> None:
+        c10d = dist.distributed_c10d
+        self._own: dict[str, Any] = {name: type(getattr(c10d, name))() for name in self._STATE}
+        self._own["_group_count"] = self._FIRST_NAME
+        self._job: dict[str, Any] | None = None  # the job's state while this run's is torch's
+        self._exit_hooked = False
+
+    @staticmethod
+    def inside_a_job() -> bool:
+        """Whether this process is a rank of a running multi-rank job (its group is joined)."""
+        return is_distributed()
+
+    @staticmethod
+    def check_module(module: torch.nn.Module) -> None:
+        """Raises ConfigError if `module`'s parameters are sharded across the job's ranks (FSDP's
+        DTensors, ZeRO-3's partitions): one process cannot run it alone (its forward would wait for
+        the job's other ranks)."""
+        from torch.distributed.tensor import DTensor
+
+        sharded = next(
+            (
+                name
+                for name, p in module.named_parameters()
+                if isinstance(p, DTensor) or hasattr(p, "ds_tensor")  # FSDP2's / ZeRO-3's
+            ),
+            None,
+        )
+        if sharded is not None:
+            raise ConfigError(
+                f"This Module's parameters are sharded across the job's ranks ({sharded!r} among "
+                "them: FSDP or DeepSpeed ZeRO-3), so a Trainer with devices=1 on one rank cannot "
+                "run it: its forward would wait for the other ranks. Load the checkpoint into a "
+                "fresh Module (`Module.load_from_checkpoint(path)`) for that Trainer, or test "
+                "with the job's own Trainer on every rank."
+            )
+
+    @contextlib.contextmanager
+    def entered(self) -> Iterator[None]:
+        """This run's group is torch's default group inside the block; the job's outside it.
+
+        What the run leaves to the exit handlers (its strategy's teardown, registered by the loop
+        inside the block) runs inside too: exit handlers run last-registered first, so one that
+        puts this run's group back is registered after the block and one that puts the job's back
+        before its first block."""
+        if not self._exit_hooked:
+            self._exit_hooked = True
+            atexit.register(self._swap_out)  # runs after the handlers the blocks register
+        self._swap_in()
+        try:
+            yield
+        finally:
+            self._swap_out()
+            atexit.register(self._swap_in)  # runs before them
+
+    def _swap_in(self) -> None:
+        if self._job is not None:  # already in
+            return
+        c10d = dist.distributed_c10d
+        self._job = {name: getattr(c10d, name) for name in self._STATE}
+        self._job["rank"] = dist.get_rank() if dist.is_initialized() else -1
+        for name, value in self._own.items():
+            setattr(c10d, name, value)
+        _set_global_rank(0 if dist.is_initialized() else -1)
+
+    def _swap_out(self) -> None:
+        if self._job is None:  # already out
+            return
+        c10d, job, self._job = dist.distributed_c10d, self._job, None
+        self._own = {name: getattr(c10d, name) for name in self._STATE}
+        for name in self._STATE:
+            setattr(c10d, name, job[name])
+        _set_global_rank(job["rank"])
+        for pg, name in job["_pg_names"].items():
+            with contextlib.suppress(RuntimeError):  # still registered: nothing dropped it
+                _register_process_group(name, pg)
 
 
 def barrier() -> None:

@@ -44,6 +44,9 @@ class DistInfo:
     cpus_per_task: int = (
         0  # CPUs the scheduler gave each rank (SLURM's --cpus-per-task); 0: not said
     )
+    # one process inside a running multi-rank job, on a process group of its own (a Trainer with
+    # devices=1 made on one of the job's ranks: distributed.OwnGroup)
+    own_group: bool = False
 
     @property
     def is_global_zero(self) -> bool:

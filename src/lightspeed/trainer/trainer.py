@@ -42,6 +42,7 @@ from lightspeed.perf.kernels import unwrap_compiled
 from lightspeed.plan.micro_batch import confirm
 from lightspeed.profilers import build_profiler
 from lightspeed.run import Fn, Run, Stage
+from lightspeed.runtime.distributed import OwnGroup
 from lightspeed.runtime.launch import DistInfo, read_dist_info
 from lightspeed.runtime.preemption import Preemption
 from lightspeed.runtime.rng import seed_everything
@@ -79,6 +80,12 @@ class Trainer:
         _say_limits(flags)
         env = read_dist_info()  # the launch environment, read once
         launch = config.launch
+        # devices=1 inside a running multi-rank job (Trainer(devices=1).test(...) on rank 0 after a
+        # distributed fit): one process with a process group of its own (distributed.OwnGroup).
+        self._own_group: OwnGroup | None = None
+        alone = launch.devices != "auto" and launch.local_devices() * launch.num_nodes == 1
+        if env.launcher != "none" and alone and OwnGroup.inside_a_job():
+            env, self._own_group = DistInfo(own_group=True), OwnGroup()
         if env.launcher == "none":
             if launch.num_nodes > 1:
                 raise ConfigError(
@@ -134,6 +141,10 @@ class Trainer:
             if self.config.launch.detect_anomaly
             else contextlib.nullcontext()
         )
+        if self._own_group is not None:
+            OwnGroup.check_module(module)  # sharded across the job: it cannot run here alone
+        own_group = self._own_group.entered() if self._own_group else contextlib.nullcontext()
+        own_group.__enter__()
         loop.begin(self._run, fn, module, datamodule)
         outcome = "failed"
         try:
@@ -153,6 +164,7 @@ class Trainer:
         finally:
             anomaly.__exit__(None, None, None)  # detect_anomaly: restored
             loop.finish(self._run, outcome)
+            own_group.__exit__(None, None, None)  # the job's process group is back
 
     # ------------------------------------------------------------------ fit
     def fit(

@@ -286,6 +286,13 @@ class DeepSpeed:
 
     def connect(self, spec: RunSpec, dist_info: DistInfo, device: torch.device) -> None:
         deepspeed = _import_deepspeed()
+        if dist_info.own_group and getattr(deepspeed.comm.comm, "cdb", None) is not None:
+            raise ConfigError(
+                f"strategy {self.name!r} cannot run in a Trainer made inside a running DeepSpeed "
+                "job (devices=1 on one rank): DeepSpeed keeps one set of process groups per "
+                "process, the job's. Give this Trainer the default strategy (one device), or run "
+                "it in the job on every rank."
+            )
         self.spec, self.dist, self.device = spec, dist_info, device
         # A group of one for a single process: DeepSpeed needs a group.
         init_process_group(dist_info, device, spec.timeout_s)
