@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import subprocess
 import sys
 
@@ -21,12 +22,14 @@ from lightspeed.plan.forecast import (
     MARGIN,
     Candidate,
     Forecast,
+    auto_choice,
     build_candidates,
     choose,
     forecast,
     forecast_candidate,
     speed_order,
 )
+from lightspeed.plan.micro_batch import planned_strategy
 from lightspeed.plan.probe import inspect_model
 
 HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
@@ -289,9 +292,6 @@ class MLPBlocks(torch.nn.Module):
 
 
 def test_auto_ranks_plans_with_their_micro_batch_by_forecast_tokens_per_second(capsys):
-    from lightspeed.plan.forecast import auto_choice
-    from lightspeed.plan.micro_batch import planned_strategy
-
     module = _as_module(MLPBlocks())
     ids = torch.randint(0, 256, (1, 64))
     facts = inspect_model(module, ids, "32-true")
@@ -336,3 +336,45 @@ def test_a_gpu_first_trial_keeps_the_margin_free_a_cpu_one_the_headroom():
     # a budget the margin leaves no micro-batch in: the headroom's answer
     tight = one.device_total / 0.85
     assert first_micro_batch(c, facts, 2, "32-true", tight, "cuda") >= 1
+
+
+def test_a_plan_on_four_devices_lists_fsdp_with_tensor_parallelism_divided_by_tp():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        vocab_size=256,
+    )
+    llama = transformers.LlamaForCausalLM(cfg)
+
+    class Causal(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = llama
+
+        def forward(self, ids):
+            return self.model(input_ids=ids).logits
+
+    module = _as_module(Causal())
+    facts = inspect_model(module, torch.randint(0, 256, (1, 32)), "32-true")
+    # the model's own tp_plan splits every projection, the embedding and the head; norms stay whole
+    norms = sum(p.numel() for n, p in llama.named_parameters() if "norm" in n)
+    assert facts.tp_numel == facts.numel - norms
+    budget = 4 * 2**20
+    choice = auto_choice(module, 4, "32-true", 4, "cpu", budget, facts=facts, show=False)
+    rows = {f.candidate.name: f for f in choice.ordered}
+    assert {"fsdp_tp2", "fsdp_tp4"} <= rows.keys()
+    fsdp, tp2 = rows["fsdp"], rows["fsdp_tp2"]
+    # parameters: the split ones / 2 on each TP rank, the rest whole, then sharded over 2 dp ranks
+    local = math.ceil((norms + math.ceil(facts.tp_numel / 2)) / 2)
+    assert tp2.params == local * 4 and tp2.grads == local * 4
+    # activations: what the blocks save divided by tp (the rest whole)
+    line = facts.activations
+    inside = line.inside_base + 4 * line.inside_per_sample
+    assert tp2.activations == round(fsdp.activations - inside / 2) < fsdp.activations
+    assert rows["fsdp_tp4"].activations < tp2.activations
+    fsdp_tp = planned_strategy("fsdp_tp2", 4, module)
+    assert fsdp_tp.name == "fsdp_tp2" and fsdp_tp.tp == 2

@@ -120,6 +120,10 @@ SPEED = {
     "fsdp": 0.63,
     "deepspeed_stage_3": 0.24,
 }
+# FSDP with tensor parallelism (FSDP(tp=N), "fsdp_tp2"): FSDP's factor less a tenth for the
+# all-reduces inside each block. Not calibrated on several GPUs yet (the multi-GPU issue).
+TP_DEGREES = (2, 4, 8)
+SPEED |= {f"{s}_tp{tp}": SPEED[s] * 0.9 for s in ("fsdp", "fsdp_grad_op") for tp in TP_DEGREES}
 # Activation checkpointing, from the 1×H200 table: stage 2 45,886 / 53,841; fsdp 43,649 / 57,983.
 AC_SPEED = 0.80
 # Offload, from the 1×H200 table: deepspeed_stage_2_offload 11,764 / 53,841. Offloaded candidates
@@ -154,6 +158,7 @@ NAMED = {
     "deepspeed_stage_1_offload",
     "deepspeed_stage_2_offload",
     "deepspeed_stage_3_offload",
+    *(f"{s}_tp{tp}" for s in ("fsdp", "fsdp_grad_op") for tp in TP_DEGREES),
 }
 
 
@@ -203,6 +208,8 @@ def build_candidates(devices: int, deepspeed: bool = True) -> list[Candidate]:
     checkpointing, and the offloaded ones (DeepSpeed stages 1-3 with the optimizer on the host,
     stage 3 also with the weights; FSDP with CPU offload of everything)."""
     plain = ["single"] if devices == 1 else ["ddp", "ddp_sharded", "fsdp_grad_op", "fsdp"]
+    # FSDP x tensor parallelism: each degree that divides the world size (tp = world size: TP only)
+    plain += [f"fsdp_tp{tp}" for tp in TP_DEGREES if devices > 1 and devices % tp == 0]
     if deepspeed:
         plain += ["deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_3"]
     out = []
@@ -391,6 +398,8 @@ def _steady(
             total * 2 if half else 0,
             save_buffers=gathered,
         )
+    if (tp := tp_degree(c.strategy)) > 1:
+        return _fsdp_tp(c, facts, devices, tp, act, line, micro_batch, w, compute, states, steps)
     local = fsdp_local_numel(facts.shapes, devices)
     # Gathered units: the one computing and the one prefetched (fsdp), or every unit from forward to
     # backward
@@ -404,6 +413,42 @@ def _steady(
     ):  # CPUOffloadPolicy: sharded weights, gradients and states live on the host
         return Forecast(c, 0, 0, 0, 0, act, gathered, sum(states_bytes))
     return Forecast(c, *states_bytes, 0, act, gathered)
+
+
+def tp_degree(strategy: str) -> int:
+    """N of a "..._tpN" strategy name; 1 without tensor parallelism."""
+    _, sep, degree = strategy.rpartition("_tp")
+    return int(degree) if sep and degree.isdigit() else 1
+
+
+def _fsdp_tp(
+    c: Candidate,
+    facts: ModelFacts,
+    devices: int,
+    tp: int,
+    act: int,
+    line: Activations,
+    micro_batch: int,
+    w: int,
+    compute: int,
+    states: int,
+    steps: int,
+) -> Forecast:
+    """FSDP(tp=N) on `devices` ranks: the parameters the TP plan splits (`facts.tp_numel`) divided
+    by tp, the rest whole, then everything sharded over the world size / tp data-parallel ranks;
+    the activations saved inside the blocks divided by tp (the blocks' inputs and what is outside
+    them stay whole; inside a block the norms' outputs stay whole too, so this is a lower bound).
+    Gathered units: a block's TP shard, as fsdp gathers a whole one."""
+    dp, split = devices // tp, facts.tp_numel
+    per_tp_rank = facts.numel - split + math.ceil(split / tp)
+    local = math.ceil(per_tp_rank / dp)
+    inside = line.inside_base + line.inside_per_sample * micro_batch
+    if not c.activation_checkpointing:
+        act = max(0, round(act - inside * (1 - 1 / tp)))
+    unit = math.ceil(facts.unit_numel / tp)
+    gathered = (2 * unit if c.strategy.startswith("fsdp_tp") else per_tp_rank) * compute + unit * w
+    count = len(facts.shapes)
+    return Forecast(c, local * w, local * w, states * local * w + steps * count, 0, act, gathered)
 
 
 def _deepspeed(

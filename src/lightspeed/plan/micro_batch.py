@@ -330,7 +330,7 @@ def candidate_of(strategy: Any, world_size: int) -> Candidate:
     name += "+ac" if options.get("activation_checkpointing") else ""
     # Every strategy forecasts for any world size (FSDP or ZeRO-1 on one device too), not only the
     # ones planned.
-    by_name = {c.name: c for c in build_candidates(1) + build_candidates(2)}
+    by_name = {c.name: c for c in build_candidates(1) + build_candidates(8)}
     if name not in by_name:
         raise ConfigError(
             f"micro_batch='auto' has no memory forecast for strategy={strategy.name!r}: use one of "

@@ -63,6 +63,8 @@ class Activations:
     working_base: float = 0.0
     working_per_sample: float = 0.0
     flops_per_sample: float = 0.0  # the step's forward and backward FLOPs per sample (counted)
+    inside_base: float = 0.0  # of `base`: saved inside the repeated blocks (what TP divides)
+    inside_per_sample: float = 0.0
 
     def at(self, micro_batch: int, checkpointed: bool = False) -> int:
         working = self.working_base + self.working_per_sample * micro_batch
@@ -94,6 +96,7 @@ class ModelFacts:
     probe_bytes: int = 0  # the probe's CPU copy while it runs: weights and their gradients
     tokens_per_sample: int = 1  # a text sample's token ids (its first integer tensor), else 1
     blocks: int = 0  # repeated blocks (children of an nn.ModuleList): what checkpointing wraps
+    tp_numel: int = 0  # elements of the parameters a tensor-parallel plan splits (`tp_split_numel`)
 
     @property
     def shapes(self) -> list[tuple[int, ...]]:
@@ -161,7 +164,33 @@ def inspect_model(
         probe_bytes=2 * width * sum(p.numel() for p in params) if probed else 0,
         tokens_per_sample=tokens_in(batch),
         blocks=len(units),
+        tp_numel=tp_split_numel(meta),
     )
+
+
+def tp_split_numel(module: torch.nn.Module) -> int:
+    """Elements of `module`'s parameters that tensor parallelism splits across the TP ranks, by the
+    plan `FSDP(tp=N)` applies (strategies/tensor_parallel.py: the model's Hugging Face `tp_plan`,
+    else the default plan for common shapes): each planned projection's weight, and the bias of a
+    column-wise one (a row-wise one's bias stays whole). 0 when no plan applies."""
+    from lightspeed.strategies.tensor_parallel import default_plan, expand, hf_plan
+
+    found = hf_plan(module)
+    try:
+        plan = expand(module, found[0], "tp_plan", strict=False) if found else default_plan(module)
+    except ConfigError:
+        return 0
+    modules, seen, split = dict(module.named_modules()), set(), 0
+    for path, style in plan.items():
+        owner = modules.get(path)
+        if owner is None or style == "replicate":
+            continue
+        for name, p in owner.named_parameters(recurse=False):
+            if id(p) in seen or (name == "bias" and style.startswith("rowwise")):
+                continue
+            seen.add(id(p))
+            split += p.numel()
+    return split
 
 
 def tokens_in(batch: Any) -> int:
@@ -313,7 +342,16 @@ def probe_activations(
     working = max(0, two[4] - one[4])
     flops = max(0, slope[5])
     return Activations(
-        base[0], slope[0], ac(base), ac(slope), True, one[4] - working, working, flops
+        base[0],
+        slope[0],
+        ac(base),
+        ac(slope),
+        True,
+        one[4] - working,
+        working,
+        flops,
+        base[1],
+        slope[1],
     )
 
 
