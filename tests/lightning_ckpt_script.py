@@ -7,7 +7,7 @@ checkpoint files travel between the two.
 Imported (the test's own process), it is the lightspeed side: `run(jobs)` returns the results.
 
 JOBS.json is a list of jobs run in order, each a dict: "fit" (a Trainer.fit: "devices", "strategy"
-(default: ddp on 2 devices), "epochs",
+(default: ddp on 2 devices), "epochs", "save_to" (a checkpoint saved after fit),
 "resume" (a checkpoint or None), "save" (a folder: a checkpoint at each epoch's end and one every
 "mid" steps, under `epochs/` and `mid/`)), or "load" (`Model.load_from_checkpoint(path)`: its
 weights and hyper-parameters). Rank 0 writes each job's result (a fit's per-step losses, rank 0's
@@ -88,6 +88,8 @@ def fit(job: dict) -> dict:
     )
     model = Model()
     trainer.fit(model, data(shuffle=job.get("devices", 1) > 1), ckpt_path=job.get("resume"))
+    if job.get("save_to"):
+        trainer.save_checkpoint(job["save_to"])
     return {"losses": model.losses, "global_step": trainer.global_step, "rank": trainer.global_rank}
 
 

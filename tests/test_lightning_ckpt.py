@@ -73,6 +73,8 @@ def one_device(lightning) -> dict:
     tmp = lightning / "one"
     tmp.mkdir()
     ours = script.run([dict(kind="fit", epochs=EPOCHS, save=str(tmp / "ls"), mid=MID_ONE)])[0]
+    after = tmp / "after-fit.ckpt"  # trainer.save_checkpoint once fit has run 2 epochs
+    script.run([dict(kind="fit", epochs=2, save_to=str(after))])
     epoch_end, mid = tmp / "pl/epochs/epoch=1-step=16.ckpt", tmp / "pl/mid/epoch=1-step=12.ckpt"
     mine = tmp / "ls/epochs/epoch=1-step=16.ckpt"
     theirs = _run(
@@ -83,11 +85,12 @@ def one_device(lightning) -> dict:
             dict(kind="fit", epochs=EPOCHS, resume=str(mid)),
             dict(kind="load", path=str(mine)),
             dict(kind="fit", epochs=EPOCHS, resume=str(mine)),
+            dict(kind="fit", epochs=EPOCHS, resume=str(after)),
         ],
         tmp,
         "lightning",
     )
-    return dict(ours=ours, theirs=theirs, epoch_end=epoch_end, mid=mid, mine=mine)
+    return dict(ours=ours, theirs=theirs, epoch_end=epoch_end, mid=mid, mine=mine, after=after)
 
 
 def _assert_losses(got: list[float], want: list[float], what: str) -> float:
@@ -145,12 +148,16 @@ def test_lightspeed_file_is_lightnings_dict(one_device):
 
 
 def test_lightning_reads_and_resumes_lightspeeds_file(one_device):
-    loaded, resumed = one_device["theirs"][3:]
+    loaded, resumed, after_fit = one_device["theirs"][3:]
     saved = torch.load(one_device["mine"], weights_only=True)
     assert loaded["hparams"] == {"hidden": 16, "lr": 0.05}
     for name, values in loaded["weights"].items():
         assert values == saved["state_dict"][name].flatten().tolist(), name
     _assert_losses(resumed["losses"], one_device["ours"]["losses"][16:], "Lightning from ours")
+    # Saved after fit ended at an epoch's end: both resume at the next epoch.
+    _assert_losses(after_fit["losses"], one_device["ours"]["losses"][16:], "Lightning, after fit")
+    ours = script.run([dict(kind="fit", epochs=EPOCHS, resume=str(one_device["after"]))])[0]
+    _assert_losses(ours["losses"], one_device["ours"]["losses"][16:], "lightspeed, after fit")
 
 
 def test_lightning_ddp_checkpoint_resumes_under_ddp(lightning):

@@ -800,7 +800,10 @@ def end_train_epoch(run: Run, limits: Limits, module: Module, val: list, epoch_d
     if late := run.metrics.pop_epoch():  # what the callbacks logged in on_train_epoch_end
         log_metrics(run, {"epoch": epoch, **{k: float(v) for k, v in late.items()}})
     if epoch_done:
+        # At the next epoch's start from here on: a checkpoint saved now (after fit, in
+        # on_train_end) resumes there, not one epoch later.
         run.loop.epoch += 1
+        run.loop.epoch_done, run.loop.batches_done = False, 0
 
 
 def step_epoch_schedulers(run: Run, module: Module, plateau: bool) -> None:
