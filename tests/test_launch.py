@@ -160,8 +160,11 @@ import lightspeed as ls
 
 class Threads(ls.Callback):
     def on_train_start(self, trainer, module):
-        print(f"threads: rank={{trainer.global_rank}} torch={{torch.get_num_threads()}} "
-              f"omp={{os.environ.get('OMP_NUM_THREADS')}}", flush=True)
+        # one write per line: print's text and newline are two writes, which two ranks on one
+        # pipe can interleave
+        sys.stdout.write(f"threads: rank={{trainer.global_rank}} torch={{torch.get_num_threads()}} "
+                         f"omp={{os.environ.get('OMP_NUM_THREADS')}}\\n")
+        sys.stdout.flush()
 
 
 strategy = ls.DDP()

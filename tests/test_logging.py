@@ -120,7 +120,8 @@ def test_progress_plain_when_not_a_terminal(tmp_path, capsys):
         1 <= len(lines) <= 5
         and "step 6/6" in lines[-1]
         and "it/s" in lines[-1]
-        and "a=" in lines[-1]
+        and "a_step=" in lines[-1]  # logged on_step and on_epoch: the bar shows both, as Lightning's
+        and "a_epoch=" in lines[-1]
     )
 
 
