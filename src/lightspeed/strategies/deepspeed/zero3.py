@@ -118,7 +118,19 @@ def copy_from_rank0(deepspeed, module: torch.nn.Module, plain: torch.nn.Module |
     source_buffers = dict(plain.named_buffers()) if plain is not None else {}
     for name, b in module.named_buffers():
         b.copy_(source_buffers.get(name, b))
-        dist.broadcast(b, src=0)
+        _broadcast_tensor(b)
+
+
+def _broadcast_tensor(tensor: torch.Tensor) -> None:
+    """Rank 0's values into `tensor` on every rank. NCCL moves only device tensors, and a buffer
+    built on the host stays there under ZeRO-3 (a CPU buffer broadcast over NCCL crashed the
+    planner's ZeRO-3 fallback on one H200), so such a buffer travels through the current device."""
+    if tensor.device.type == "cpu" and dist.get_backend() == "nccl":
+        carrier = tensor.to(torch.device("cuda", torch.cuda.current_device()))
+        dist.broadcast(carrier, src=0)
+        tensor.copy_(carrier)
+    else:
+        dist.broadcast(tensor, src=0)
 
 
 def load_weights(deepspeed, module: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
