@@ -539,3 +539,65 @@ def test_fit_loop_is_a_read_only_view_of_where_fit_is(tmp_path):
     assert trainer.fit_loop.epoch_progress.total.completed == 2
     with pytest.raises(AttributeError):
         trainer.fit_loop.max_epochs = 3
+
+
+# ------------------------------------------------------------------ manual_backward's options
+RETAIN_SCRIPT = """
+import sys, torch, lightspeed as ls
+
+class Twice(ls.LightningModule):
+    # one graph, two backwards: the second needs retain_graph=True on the first; the gradients add
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+        self.layer = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        loss = self.layer(batch).pow(2).mean()
+        self.manual_backward(loss, retain_graph=True)
+        self.manual_backward(loss)
+        self.manual_backward(self.layer(batch).pow(2).mean() * 0)  # a third, from a new graph
+        opt.step()
+        opt.zero_grad()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+torch.manual_seed(0)
+model = Twice()
+x = torch.randn(8, 4)
+w, b = model.layer.weight.detach().clone(), model.layer.bias.detach().clone()
+ref = torch.nn.Linear(4, 1)
+ref.load_state_dict({"weight": w, "bias": b})
+ref(x).pow(2).mean().backward()
+want = w - 0.1 * 2 * ref.weight.grad
+trainer = ls.Trainer(accelerator="cpu", devices=1, strategy=sys.argv[1], max_steps=1,
+                     enable_progress_bar=False, enable_model_summary=False, logger=False,
+                     enable_checkpointing=False, optimizer_kernels="as_written")
+trainer.fit(model, torch.utils.data.DataLoader(x, batch_size=8))
+with torch.no_grad():
+    params = {n: p.detach().float().clone() for n, p in model.named_parameters()}
+print("DIFF", float((params["layer.weight"] - want).abs().max()))
+"""
+
+
+@pytest.mark.parametrize("strategy", ["single", "deepspeed_stage_2"])
+def test_manual_backward_passes_retain_graph_to_the_backward(tmp_path, strategy):
+    # Lightning's manual_backward(loss, *args, **kwargs) hands torch's backward options on: two
+    # backwards through one graph give twice the gradient, under DeepSpeed's engine too
+    import subprocess
+    import sys
+
+    script = tmp_path / "retain.py"
+    script.write_text(RETAIN_SCRIPT)
+    run = subprocess.run(
+        [sys.executable, str(script), strategy],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    diff = float(run.stdout.split("DIFF")[-1])
+    assert diff < 1e-6, run.stdout[-2000:]

@@ -455,9 +455,14 @@ class Module(HyperparametersMixin, torch.nn.Module):
         else:
             torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)
 
-    def manual_backward(self, loss: torch.Tensor) -> None:
-        """Use instead of `loss.backward()` so the strategy applies precision and gradient sync."""
-        self.trainer.strategy.backward(loss)
+    def manual_backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        """Use instead of `loss.backward()` so the strategy applies precision and gradient sync.
+        Further arguments are `Tensor.backward`'s (`gradient`, `retain_graph`, `create_graph`,
+        `inputs`), by position or keyword, as in Lightning."""
+        names = ("gradient", "retain_graph", "create_graph", "inputs")
+        if len(args) > len(names):
+            raise TypeError(f"manual_backward takes at most {len(names)} arguments after the loss")
+        self.trainer.strategy.backward(loss, **dict(zip(names, args)), **kwargs)
 
 
 LightningModule = Module

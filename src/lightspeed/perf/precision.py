@@ -53,8 +53,8 @@ class Precision:
             return contextlib.nullcontext()
         return torch.autocast(self.device_type, dtype=self.autocast_dtype)
 
-    def backward(self, loss: torch.Tensor) -> None:
-        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+    def backward(self, loss: torch.Tensor, **options: Any) -> None:
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward(**options)
 
     def state_dict(self) -> dict:
         return {"scaler": self.scaler.state_dict()} if self.scaler is not None else {}

@@ -147,9 +147,10 @@ class Strategy(Protocol):
         its gradients then accumulate locally with no communication (DDP's `no_sync`, DeepSpeed's
         boundary, FSDP's sync flag)."""
 
-    def backward(self, loss: torch.Tensor) -> None:
+    def backward(self, loss: torch.Tensor, **options: Any) -> None:
         """Back-propagates `loss`, already divided by the accumulation count (also from the user's
-        `manual_backward`)."""
+        `manual_backward`). `options` are torch's `backward` keywords a user passes to
+        `manual_backward` (`retain_graph`, `create_graph`); the Trainer passes none."""
 
     def step(self, should_step: Callable[[Any], bool] | None = None) -> StepStats:
         """Clips, steps every optimizer and zeroes gradients. Returns the step's statistics (grad

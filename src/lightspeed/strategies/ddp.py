@@ -188,7 +188,7 @@ class DDP:
         finally:
             self._in_forward = False
 
-    def backward(self, loss) -> None:
+    def backward(self, loss, **options) -> None:
         """Backward through DDP, also from inside `training_step` (manual optimization).
 
         There the backward runs inside DDP's forward, before DDP's post-forward arms the gradient
@@ -196,11 +196,11 @@ class DDP:
         time for a backward that never comes (the next forward's bucket rebuild would then fail)."""
         wrapped = self.wrapped
         if not (self._in_forward and isinstance(wrapped, DistributedDataParallel)):
-            self.precision.backward(loss)
+            self.precision.backward(loss, **options)
             return
         wrapped.require_backward_grad_sync = True
         wrapped.reducer.prepare_for_backward([loss] if self.find_unused_parameters else [])
-        self.precision.backward(loss)
+        self.precision.backward(loss, **options)
         wrapped.require_backward_grad_sync = False
 
     def step(self, should_step: StepGate | None = None) -> StepStats:

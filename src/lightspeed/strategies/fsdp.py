@@ -317,8 +317,8 @@ class FSDP:
             self.module.set_requires_gradient_sync(sync_grads)
         return step(*args)  # mixed precision is FSDP's MixedPrecisionPolicy, not autocast
 
-    def backward(self, loss) -> None:
-        self.precision.backward(loss)
+    def backward(self, loss, **options) -> None:
+        self.precision.backward(loss, **options)
 
     def step(self, should_step: StepGate | None = None) -> StepStats:
         return optimizer_step(

@@ -85,8 +85,8 @@ class SingleDevice:
         with self.precision.autocast():  # one process: there is no gradient to synchronise
             return step(*args)
 
-    def backward(self, loss) -> None:
-        self.precision.backward(loss)
+    def backward(self, loss, **options) -> None:
+        self.precision.backward(loss, **options)
 
     def step(self, should_step: StepGate | None = None) -> StepStats:
         return optimizer_step(self.optimizers, self.precision, self.spec, should_step=should_step)

@@ -184,6 +184,20 @@ def unmark_leaf_modules(module: torch.nn.Module) -> None:
             del p.ds_z3_leaf_module  # pyright: ignore[reportAttributeAccessIssue]  (DeepSpeed's)
 
 
+def deepspeed_backward_options(options: dict[str, Any]) -> dict[str, Any]:
+    """`manual_backward`'s keywords as DeepSpeed's backward takes them: `retain_graph` only. The
+    engine owns the backward (its hooks reduce and partition the gradients), so torch's other
+    keywords (`create_graph`, `inputs`, `gradient`) have no place to go: refused by name."""
+    unknown = sorted(set(options) - {"retain_graph"})
+    if unknown:
+        raise ConfigError(
+            f"manual_backward(loss, {', '.join(f'{k}=...' for k in unknown)}) under DeepSpeed: its "
+            "engine runs the backward and takes retain_graph only; use strategy='ddp' or 'fsdp' "
+            "for the others."
+        )
+    return {"retain_graph": bool(options["retain_graph"])} if "retain_graph" in options else {}
+
+
 def reached_parameters(loss: torch.Tensor) -> set[int]:
     """ids of the leaf tensors (parameters) that `loss.backward()` would write a gradient to."""
     found, seen, stack = set(), set(), [loss.grad_fn]
@@ -239,7 +253,7 @@ class EngineGroup:
         # in each phase of a step, and validation in another, so a recorded order would be wrong).
         return self.runner(step, *args)
 
-    def backward(self, loss: torch.Tensor, scale_wrt_gas: bool = False) -> None:
+    def backward(self, loss: torch.Tensor, scale_wrt_gas: bool = False, **options: Any) -> None:
         """Adds the loss's gradients to those of every engine owning a parameter it reaches, as
         `loss.backward()` adds to `.grad` under DDP; each engine receives them in `step` (torch's
         semantics: backward accumulates, `zero_grad` drops, a step without gradients does nothing).
@@ -256,7 +270,8 @@ class EngineGroup:
                 "every parameter frozen by toggle_optimizer)."
             )
         params = [p for e in reached.values() for p in self._params(e) if p.requires_grad]
-        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        retain = bool(deepspeed_backward_options(options).get("retain_graph", False))
+        grads = torch.autograd.grad(loss, params, allow_unused=True, retain_graph=retain)
         if self.zero3 is not None:
             # As DeepSpeed's own backward epilogue does: a submodule whose input needs no gradient
             # (a first layer)

@@ -65,6 +65,7 @@ from lightspeed.strategies.deepspeed.manual import EngineOptimizer
 from lightspeed.strategies.deepspeed.measure import measure_engine
 from lightspeed.strategies.deepspeed.multi import (
     check_group,
+    deepspeed_backward_options,
     initialize_group,
     leave_process_group,
     merge_engines,
@@ -536,9 +537,10 @@ class DeepSpeed:
                     is_global_zero=self.dist.is_global_zero,
                     fused_adam=fused_adam,
                 )
-            if (
-                not self.spec.automatic_optimization and len(optimizers) > 1
-            ):  # one engine per optimizer (a GAN)
+            # Manual optimization: one engine per optimizer (a GAN), and for one optimizer too,
+            # since the group keeps what several manual_backward calls add before one step (ZeRO's
+            # own reduction at a boundary replaces what an earlier backward reduced)
+            if not self.spec.automatic_optimization and optimizers:
                 check_group(self.spec.precision, optimizers, self.name)
                 if self.engine is not None:
                     destroy_engine(self.engine, module)  # an evaluation engine built before fit
@@ -649,10 +651,9 @@ class DeepSpeed:
             start_deepcompile(self.engine, self._log0)
         return self.engine(step, *cast_floats(args, self.input_dtype))
 
-    def backward(self, loss: torch.Tensor) -> None:
-        self.engine.backward(
-            loss, scale_wrt_gas=False
-        )  # the Trainer already divided by the accumulation
+    def backward(self, loss: torch.Tensor, **options: Any) -> None:
+        # the Trainer already divided by the accumulation; DeepSpeed's backward takes retain_graph
+        self.engine.backward(loss, scale_wrt_gas=False, **deepspeed_backward_options(options))
 
     def step(self, should_step: Callable[[Any], bool] | None = None) -> StepStats:
         # ZeRO computes the global gradient norm inside engine.step() (reduced across ranks there),
