@@ -266,7 +266,10 @@ def test_evaluation_runs_under_inference_mode_or_no_grad(tmp_path, inference_mod
     trainer = make_trainer(tmp_path, inference_mode=inference_mode)
     for entry in ("validate", "test", "predict"):
         getattr(trainer, entry)(Modes(), regression_data(8))
-    assert modes == [(False, inference_mode)] * 3
+    # a gloo group (one an earlier in-process test of this worker left joined) means no_grad, as
+    # in Lightning: gloo's collectives fail on inference tensors
+    gloo = torch.distributed.is_initialized() and torch.distributed.get_backend() == "gloo"
+    assert modes == [(False, inference_mode and not gloo)] * 3
 
 
 # ------------------------------------------------------------------ Lightning's optimizer wrapper
