@@ -25,6 +25,8 @@ def _run(args: list[str], cwd: Path, timeout: float = 400) -> subprocess.Complet
     return proc
 
 
+# the benchmarks' tiny CPU runs: `pytest -m slow`; benchmarks/gpu.sh runs them for real
+@pytest.mark.slow
 def test_speed_single_gpu_tiny_runs_every_kind_of_setup(tmp_path):
     names = "plain_pytorch,plain_deepspeed_zero2,single,deepspeed_stage_2,fsdp+ac"
     out = tmp_path / "r.json"
@@ -51,6 +53,7 @@ def test_speed_single_gpu_tiny_runs_every_kind_of_setup(tmp_path):
     assert "× plain PyTorch" in proc.stdout and "deepspeed_stage_2" in proc.stdout
 
 
+@pytest.mark.slow
 def test_input_pipeline_tiny_runs_the_plain_loops_and_lightspeed(tmp_path):
     """benchmarks/input_pipeline.py (float inputs from a DataLoader) at a tiny ViT on CPU: every kind of
     setup runs."""

@@ -67,7 +67,14 @@ def test_stage3_parity_sharding_and_steps(ddp, stage3):
 
 
 @pytest.mark.parametrize(
-    "strategy", ["deepspeed_stage_1", "ac_stage_2", "ac_stage_3", "unpinned_stage_3_offload"]
+    "strategy",
+    [
+        # ZeRO-1 also runs in test_strategies' conformance and parity cells
+        pytest.param("deepspeed_stage_1", marks=pytest.mark.slow),
+        "ac_stage_2",
+        "ac_stage_3",
+        "unpinned_stage_3_offload",
+    ],
 )
 def test_parity_with_ddp(tmp_path, ddp, strategy):
     # ac_stage_N goes through the object form with activation checkpointing: recomputation must not

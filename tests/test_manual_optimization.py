@@ -106,6 +106,8 @@ def gan_ddp(gan_ddp_run) -> list[tuple[float, float]]:
     return gan_ddp_run[1]
 
 
+# the engine group under ZeRO-2; ZeRO-3's GAN below and the one-optimizer manual cells cover it
+@pytest.mark.slow
 def test_gan_one_engine_per_optimizer_matches_ddp_and_resumes(tmp_path, gan_ddp):
     ddp = gan_ddp
     ds = _gan(tmp_path, "deepspeed_stage_2")
