@@ -3,7 +3,7 @@
 Options: model ("gpt": lightspeed's GPT, fused qkv and tied head; "llama": HF Llama, GQA, rotary,
 its own tp_plan; "gpt2": HF GPT-2, Conv1D, fused c_attn, no tp_plan), kv_heads (llama), hook (the
 GPT's MLPs split by hand in configure_tensor_parallel, attention left whole), strategy
-(a name, or {"tp": 2, ...}: FSDP(**it)), devices ("auto" under torchrun), batch (per data-parallel
+(a name, or {"tp": 2, ...}: FSDP(**it); {"deepspeed": {...}}: DeepSpeed(**it)), devices ("auto" under torchrun), batch (per data-parallel
 rank), steps, accumulate, clip, root, out (rank 0's JSON), ckpt_every (a checkpoint every k steps
 in root/ckpt, named step=k), resume (a checkpoint directory), save_to (a directory: the final
 checkpoint), consolidate (a path: rank 0 writes save_to's safetensors file there). The model is built in configure_model from a config:
@@ -119,6 +119,15 @@ class ByHand(CausalLM):
         parallelize_module(self.model, mesh, plan)
 
 
+def local_numels(module: torch.nn.Module) -> dict[str, int]:
+    """Each parameter's elements on this rank, by name (DeepSpeed's AutoTP cuts plain tensors;
+    a DTensor counts its local shard)."""
+    return {
+        name: (p.to_local() if hasattr(p, "to_local") else p).numel()
+        for name, p in module.named_parameters()
+    }
+
+
 def split_bytes(module: torch.nn.Module) -> dict[str, int]:
     """This rank's bytes of the parameters tensor parallelism split (a Shard placement on the
     mesh's "tp" dimension), those parameters' whole bytes, and every parameter's whole bytes."""
@@ -142,7 +151,9 @@ def main(opts: dict) -> None:
     data = DataLoader(TensorDataset(ids), batch_size=opts.get("batch", 4))
     module = (ByHand if opts.get("hook") else CausalLM)(opts["model"], opts.get("kv_heads", 2))
     strategy = opts.get("strategy", "single")
-    if isinstance(strategy, dict):
+    if isinstance(strategy, dict) and "deepspeed" in strategy:
+        strategy = ls.DeepSpeed(**strategy["deepspeed"])
+    elif isinstance(strategy, dict):
         from lightspeed.strategies.fsdp import FSDP
 
         strategy = FSDP(**strategy)
@@ -175,6 +186,7 @@ def main(opts: dict) -> None:
         "measure": trainer.strategy.measure(),
         "activations": module.activation_bytes,
         **split_bytes(module),
+        "numels": local_numels(module),
     }
     per_rank = [facts]
     if dist.is_initialized():

@@ -79,8 +79,9 @@ def layout(strategy: str, world_size: int) -> str:
     if strategy.startswith("fsdp"):
         return "dcp"  # torch.distributed.checkpoint reshards on load
     if strategy.startswith("deepspeed_stage_"):
-        # offload writes the same
-        return f"deepspeed-zero{strategy[len('deepspeed_stage_')]}-{world_size}ranks"
+        # offload writes the same; AutoTP (`_tp2`) writes each TP rank's cut (mp_rank_01, ...)
+        stage, _, tp = strategy[len("deepspeed_stage_") :].partition("_tp")
+        return f"deepspeed-{f'tp{tp}-' if tp else ''}zero{stage[0]}-{world_size}ranks"
     return f"{strategy}-{world_size}ranks"
 
 
@@ -217,6 +218,8 @@ def _read_engine(path: Path, src: Path, with_optimizer: bool) -> Portable:
                     for f in (zero / name).glob("*.pt")
                 }
                 files = {k: v["param"] if isinstance(v, dict) else v for k, v in files.items()}
+                if states.get("mp_world_size", 1) > 1:  # AutoTP: param_shapes are one TP cut's,
+                    shape = files["fp32"].shape  # the merged tensors carry their whole shape
                 model[canonical(name)] = files.pop("fp32").detach().reshape(shape)
                 if with_optimizer:
                     state[canonical(name)] = {

@@ -13,7 +13,7 @@ from lightspeed.strategies.single import SingleDevice
 
 
 def _deepspeed(
-    stage: Literal[1, 2, 3], offload: Literal["cpu", "nvme"] | None = None
+    stage: Literal[1, 2, 3], offload: Literal["cpu", "nvme"] | None = None, tp: int = 1
 ) -> Callable[[], Any]:
     def build():
         from lightspeed.strategies.deepspeed.strategy import DeepSpeed
@@ -22,6 +22,7 @@ def _deepspeed(
             stage=stage,
             offload_optimizer=offload,
             offload_params=offload if stage == 3 else None,
+            tp=tp,
         )
 
     return build
@@ -62,6 +63,12 @@ STRATEGIES: dict[str, Callable[[], Any]] = {
     "deepspeed_stage_3": _deepspeed(3),
     "deepspeed_stage_3_offload": _deepspeed(3, "cpu"),
     "deepspeed_stage_3_offload_nvme": _deepspeed(3, "nvme"),
+    # DeepSpeed's AutoTP beside ZeRO 1/2 (world size / tp data-parallel ranks): deepspeed/autotp.py
+    **{
+        f"deepspeed_stage_{stage}_tp{tp}": _deepspeed(stage, tp=tp)
+        for stage in (1, 2)
+        for tp in (2, 4, 8)
+    },
 }
 
 

@@ -49,6 +49,14 @@ from lightspeed.strategies.common import (
     options_of,
     sampler_kwargs,
 )
+from lightspeed.strategies.deepspeed.autotp import (
+    build_plan,
+    check_tp,
+    config_section,
+    dp_sampler_kwargs,
+    drop_input_check,
+    local_portable,
+)
 from lightspeed.strategies.deepspeed.config import (
     REDUCE_BUCKET,
     cast_floats,
@@ -133,6 +141,11 @@ class DeepSpeed:
         leaf_modules: stage 3: classes whose parameters are gathered at once (one fetch per block,
             not per Linear; docs/benchmarks.md). Default: the repeated blocks (nn.ModuleList
             children); [] is DeepSpeed's default.
+        tp: tensor-parallel degree (DeepSpeed's AutoTP, stages 1 and 2; deepspeed/autotp.py): each
+            group of `tp` consecutive ranks splits the attention and MLP projections, and ZeRO
+            shards over the world size / tp data-parallel ranks. 1: none.
+        tp_plan: with tp > 1, module path (wildcards allowed) -> "colwise", "rowwise",
+            "fused_colwise" or "colwise_gather_output", instead of the model's own plan.
         deepcompile: stage 3 on CUDA: DeepSpeed's DeepCompile compiles the step (forward, backward
             and ZeRO-3's gathers and reductions in one graph, no per-module hooks;
             `zero3.wants_deepcompile`). The first steps compile (minutes on a cold cache). Also on
@@ -155,6 +168,8 @@ class DeepSpeed:
     reduce_bucket_size: int | None = None
     leaf_modules: list[type] | None = None
     deepcompile: bool = False
+    tp: int = 1
+    tp_plan: dict[str, str] | None = None
     optimizers: list = field(default_factory=list)
     schedulers: list = field(default_factory=list)
 
@@ -201,13 +216,8 @@ class DeepSpeed:
         self.config = self.user_config = read_config(self.config) or {
             "zero_optimization": {"stage": self.stage}
         }
-        autotp = (self.user_config.get("tensor_parallel") or {}).get("autotp_size", 0)
-        if isinstance(autotp, int) and autotp > 1:  # its TP groups would read different batches
-            raise ConfigError(
-                f"DeepSpeed config tensor_parallel.autotp_size={autotp} is not supported: "
-                "lightspeed does not run DeepSpeed's AutoTP (any ZeRO stage). For tensor "
-                f'parallelism use strategy=FSDP(tp={autotp}) ("fsdp_tp{autotp}"), FSDP2 x TP.'
-            )
+        offloaded = bool(self.offload_optimizer or self.offload_params)
+        self.tp = check_tp(self.tp, self.stage, offloaded, self.user_config)
         self.deepcompile = wants_deepcompile(
             self.deepcompile,
             self.user_config,
@@ -217,7 +227,10 @@ class DeepSpeed:
         )
         offload = "_offload" if self.offload_optimizer or self.offload_params else ""
         nvme = "_nvme" if "nvme" in (self.offload_optimizer, self.offload_params) else ""
-        self.name = f"deepspeed_stage_{self.stage}{offload}{nvme}"
+        tp = f"_tp{self.tp}" if self.tp > 1 else ""
+        self.name = f"deepspeed_stage_{self.stage}{offload}{nvme}{tp}"
+        self._plan: dict[str, str] = {}  # under tp > 1: module path -> style, found at setup
+        self._runner: StepRunner | None = None  # the engine's model (AutoTP marks it once)
         # the DeepSpeed engine (an EngineGroup under several optimizers), once set up
         self.engine: Any = None
         self._prepared, self.micro_batch_size, self._leaf_numel = False, None, 0
@@ -228,7 +241,12 @@ class DeepSpeed:
         self.is_fork = False
 
     # What others may read (strategies/base.py), and Lightning's names for it.
-    distributed_sampler_kwargs = sampler_kwargs
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, int] | None:
+        """Under tp > 1 the ranks of one TP group read the same batches (autotp.py)."""
+        if self.dist is None or self.tp == 1:
+            return sampler_kwargs.fget(self)  # pyright: ignore[reportOptionalCall]
+        return dp_sampler_kwargs(self.dist.world_size, self.dist.rank, self.tp)
 
     @property
     def model(self) -> Any:
@@ -284,6 +302,11 @@ class DeepSpeed:
             )
         if self.deepcompile:
             check_deepcompile_run(spec)
+        if self.tp > 1 and not spec.automatic_optimization:  # one engine per optimizer there
+            raise ConfigError(
+                f"automatic_optimization=False is not offered with {self.name!r}: DeepSpeed's "
+                "AutoTP runs one engine, with automatic optimization. Use tp=1, or FSDP(tp=...)."
+            )
 
     def connect(self, spec: RunSpec, dist_info: DistInfo, device: torch.device) -> None:
         deepspeed = _import_deepspeed()
@@ -362,6 +385,8 @@ class DeepSpeed:
         }
         if self.deepcompile:
             config["compile"] = {"deepcompile": True}
+        if self.tp > 1:
+            config["tensor_parallel"] = config_section(self._plan, self.tp)
         if self.offload_optimizer:
             # A non-Adam optimizer may run on offloaded states too (slowly); Adam/AdamW become
             # DeepSpeedCPUAdam.
@@ -438,11 +463,12 @@ class DeepSpeed:
                     f"{flag}={flag_value!r}; "
                     "set it in one place."
                 )
-        want = (self.micro_batch_size or 0) * spec.accumulate_grad_batches * self.dist.world_size
+        dp = self.dist.world_size // self.tp  # DeepSpeed's data-parallel size
+        want = (self.micro_batch_size or 0) * spec.accumulate_grad_batches * dp
         if merged.get("train_batch_size", want) != want and self.micro_batch_size is not None:
             raise ConfigError(
                 f"DeepSpeed config train_batch_size={merged['train_batch_size']} contradicts the "
-                f"Trainer: batch_size × accumulate_grad_batches × world size = {want}."
+                f"Trainer: batch_size × accumulate_grad_batches × data-parallel size = {want}."
             )
 
     # ------------------------------------------------------------------ model
@@ -495,6 +521,9 @@ class DeepSpeed:
         deepspeed = _import_deepspeed()
         self.module, self.micro_batch_size = module, micro_batch_size
         if not self._prepared:  # once, before the first engine wraps the module
+            if self.tp > 1:  # paths before activation checkpointing's wrappers
+                self._plan, lines = build_plan(module, self.tp, self.tp_plan)
+                self._log0("\n".join(lines))
             if self.activation_checkpointing:
                 apply_activation_checkpointing(module, self.activation_checkpointing)
             if self.spec.compile:
@@ -580,8 +609,10 @@ class DeepSpeed:
                 self._log0(warning)
         if self.engine is not None:
             destroy_engine(self.engine, module)  # an evaluation engine built before fit
+        # AutoTP marks the model it split, so every engine of this run gets the same one
+        self._runner = self._runner if self.tp > 1 and self._runner else StepRunner(module)
         self.engine, ds_optimizer, _, _ = deepspeed.initialize(
-            model=StepRunner(module),
+            model=self._runner,
             optimizer=optimizer,
             config=config,
             dist_init_required=False,
@@ -591,6 +622,7 @@ class DeepSpeed:
                 [p for p in module.parameters() if p.requires_grad] if optimizer is None else None,
             ),
         )
+        drop_input_check(self.engine)
         self.optimizers = (
             [ds_optimizer] if build_optimizers is not None and ds_optimizer is not None else []
         )
@@ -678,10 +710,9 @@ class DeepSpeed:
         # for another
         # world size (without it the conversion asserts); save_latest lets zero_to_fp32.py run
         # without a tag.
-        client = {
-            "lightspeed_strategy": self.name,
-            UNIVERSAL_CHECKPOINT_INFO: {"universal_checkpoint_version": 0.2},
-        }
+        client: dict[str, Any] = {"lightspeed_strategy": self.name}
+        if self.tp == 1:  # AutoTP's engine records its own (how each split layer was cut)
+            client[UNIVERSAL_CHECKPOINT_INFO] = {"universal_checkpoint_version": 0.2}
         self.engine.save_checkpoint(str(path), tag=TAG, client_state=client, save_latest=True)
 
     def load(
@@ -690,6 +721,8 @@ class DeepSpeed:
         if (
             portable is not None
         ):  # another strategy's or world size's checkpoint (strategies/portable.py)
+            if self.tp > 1:  # the whole tensors cut to this TP rank's share, as AutoTP cut them
+                portable = local_portable(portable, self._plan, self.tp, self.dist.rank % self.tp)
             return write_deepspeed(
                 _import_deepspeed(), self.engine, self.module, portable, with_optimizer, path
             )
