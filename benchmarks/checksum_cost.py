@@ -1,179 +1,265 @@
-"""What checking a checkpoint's checksums on load costs (lightspeed/checkpoint/integrity.py).
+"""What checking a checkpoint's checksums on resume costs (lightspeed/checkpoint/integrity.py).
 
     PYTHONPATH=src .venv/bin/python benchmarks/checksum_cost.py [--params 268435456] [--repeat 3] \\
-        [--ranks 1] [--cold] [--dir /tmp/checksum-cost]
+        [--cache warm|cold|both] [--device cpu|cuda] [--layout both|file|dir] [--dir /tmp/cc]
 
-Writes the replicated layout single-device and DDP runs save (model.safetensors + optimizer.pt with
-AdamW's two moments: 12 bytes per parameter; the default 2^28 parameters make a 1 GiB weights file
-and a 2 GiB optimizer file), then times, in one run:
+Writes a model of `--params` fp32 parameters with AdamW's two moments (12 bytes per parameter: the
+default 2^28 make 3 GiB) both ways the Checkpointer writes it: Lightning's one `.ckpt` file (single
+device, DDP, ZeRO-1; its zip records carry CRC-32s) and a directory with meta.json's xxh3_64 sums
+(the layout single and DDP runs wrote before the .ckpt: model.safetensors + optimizer.pt, read
+here by the same Checkpointer code as DeepSpeed's and DCP's directories). Then, in one run, for
+each layout:
 
-  save              save_replicated (safetensors + torch.save), as a checkpoint save does
-  save sums         the CRC-32 read-back of both files that fills meta.json
-  load              load_replicated into the model and a torch AdamW (page cache warm; with
-                    --cold both files are dropped from the page cache before each timed case)
-  check, then load  integrity.first_mismatch over both files, then the load (which then reads
-                    the page cache): what Checkpointer.load does
-  check beside      the check on a thread while the load runs (the alternative not taken)
-  check alone       first_mismatch on its own
-  crc32, xxh3       the two hashes over the optimizer file, for the choice of hash
+  load                   the load with no check: the file read (mapped) into the neutral form
+                         and written into the model and a torch AdamW, as SingleDevice.load does
+                         (the directory: load_replicated)
+  check, then load       the design before 2026-12-03: every byte hashed, then the load (which
+                         reads the page cache); the .ckpt with its CRC-32s, the directory once
+                         with CRC-32 (what it recorded then) and once with xxh3_64
+  lightspeed: load       Checkpointer.load: what engines parse checked first, the tensor bytes
+                         on a thread beside the load; timed until it returns (the resume's path)
+  lightspeed: verdict    Checkpointer.settle() called at once after it: the wait left for the
+                         thread (a run meets it at its first save or at the end of fit)
+  first step ...         one AdamW step right after the plain load, and right after
+                         lightspeed's load with the pass still running beside it (then settled):
+                         what the pass takes from the first training steps
+  save sums              the read-back of the directory's files that fills meta.json, with
+                         xxh3_64 (now) and CRC-32 (before)
 
-With --ranks N, N processes load at once (N ranks of one host reading one replicated checkpoint,
-as under DDP): each reports its own times, the table their median. Ratios are against the plain
-load of the same run; absolute times on a shared machine drift.
+--cache cold drops the checkpoint's files from the page cache (posix_fadvise DONTNEED) before each
+timed case (both: a warm table, then a cold one, from the same files); --device cuda keeps the model and optimizer on the GPU (the load then copies to it).
+Ratios are against the plain load of the same layout in the same run: absolute times on a shared
+machine drift. The Checkpointer runs here with no process group (one rank).
 """
 
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
+import dataclasses
+import json
 import os
+import shutil
 import statistics
-import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from lightspeed.checkpoint.integrity import crc32, first_mismatch, sums
+from lightspeed.checkpoint import single_file
+from lightspeed.checkpoint.checkpointer import Checkpointer
+from lightspeed.checkpoint.integrity import crc32, first_mismatch, sums, zip_mismatch
 from lightspeed.checkpoint.io import OPTIMIZER, WEIGHTS, load_replicated, save_replicated
+from lightspeed.checkpoint.layouts import optimizer_param_names, write_torch
+from lightspeed.checkpoint.locate import FORMAT, META
+from lightspeed.specs import LoopState
+
+CKPT, DIR = "resume.ckpt", "resume-dir"
+LOOP = LoopState(0, 10, 0, False)
 
 
-def build(params: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+class Strategy:
+    """What the Checkpointer needs of a strategy to load: SingleDevice.load, without precision."""
+
+    name = "single"
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
+        self.model, self.optimizers, self.schedulers = model, [optimizer], []
+
+    def load(self, path: Path, with_optimizer: bool = True, portable: Any = None) -> None:
+        if portable is not None:
+            write_torch(portable, self.model, self.optimizers, with_optimizer, path)
+        else:
+            load_replicated(path, self.model, self.optimizers, with_optimizer)
+
+
+def build(params: int, device: str) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     """A model of `params` fp32 parameters in 64 tensors, and an AdamW whose moments exist."""
-    model = torch.nn.ParameterList(torch.nn.Parameter(torch.randn(params // 64)) for _ in range(64))
+    model = torch.nn.ParameterList(
+        torch.nn.Parameter(torch.randn(params // 64, device=device)) for _ in range(64)
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    step(model, opt)
+    return model, opt
+
+
+def step(model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    """One optimizer step over every parameter (gradients of zero: AdamW's arithmetic still runs)."""
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
     opt.step()
     for p in model.parameters():
         p.grad = None
-    return model, opt
+    sync()
+
+
+def sync() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def write(root: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, layouts: str) -> dict:
+    """Both checkpoints under `root`; returns the directory's meta with CRC-32 sums (the design
+    before) for the 'check, then load' rows."""
+    if layouts in ("both", "file"):
+        ckpt = {
+            "epoch": 0,
+            "global_step": LOOP.global_step,
+            "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+            "optimizer_states": [opt.state_dict()],
+            "callbacks": {},
+            "lr_schedulers": [],
+            single_file.KEY: {
+                "strategy": "single",
+                "world_size": 1,
+                "loop": dataclasses.asdict(LOOP),
+                "rng": [],
+                "param_names": optimizer_param_names(model, [opt]),
+                "precision": {},
+            },
+        }
+        single_file.write(ckpt, root / CKPT)
+    if layouts not in ("both", "dir"):
+        return {}
+    path = root / DIR
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir()
+    save_replicated(path, model, [opt])
+    state = {**dataclasses.asdict(LOOP), "callbacks": {}, "schedulers": []}
+    torch.save(state, path / "trainer.pt")
+    names = [WEIGHTS, OPTIMIZER, "trainer.pt"]
+    meta = {"format": FORMAT, "strategy": "single", "world_size": 1, "files": sums(path, names)}
+    (path / META).write_text(json.dumps(meta))
+    return {
+        "files": {n: {"size": (path / n).stat().st_size, "crc32": crc32(path / n)} for n in names}
+    }
+
+
+def evict(root: Path) -> None:
+    """Drops the checkpoints' files from the page cache (their next read comes from storage)."""
+    for file in [root / CKPT, *(root / DIR).glob("*")]:
+        if file.is_file():
+            fd = os.open(file, os.O_RDONLY)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
 
 
 def timed(fn) -> float:
+    sync()
     start = time.perf_counter()
     fn()
+    sync()
     return time.perf_counter() - start
 
 
-def evict(path: Path) -> None:
-    """Drops the checkpoint's files from the page cache (their next read comes from storage)."""
-    for name in (WEIGHTS, OPTIMIZER):
-        fd = os.open(path / name, os.O_RDONLY)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.close(fd)
+def cases(root: Path, model, opt, crc_meta: dict, layout: str) -> dict[str, Any]:
+    """name -> a function returning {row: seconds} for one timed repeat."""
+    strategy = Strategy(model, opt)
+    ck = Checkpointer(strategy, [], rank=0, world_size=1)
+    path = root / (CKPT if layout == "file" else DIR)
 
+    def plain_load() -> None:
+        if layout == "file":
+            ckpt = single_file.read(path)
+            strategy.load(path, portable=single_file.portable(ckpt, path, True))
+        else:
+            strategy.load(path)
 
-def measure(
-    path: Path, params: int, repeat: int, cold: bool = False, barrier=None
-) -> dict[str, list[float]]:
-    model, opt = build(params)
-    meta = {"files": sums(path, [WEIGHTS, OPTIMIZER])}
-    names = [WEIGHTS, OPTIMIZER]
+    def full_check(algorithm: str) -> None:
+        if layout == "file":
+            assert zip_mismatch(path, 0) is None
+        else:
+            meta = crc_meta if algorithm == "crc32" else json.loads((path / META).read_text())
+            assert first_mismatch(path, meta, list(meta["files"]), 0) is None
 
-    def load():
-        load_replicated(path, model, [opt], with_optimizer=True)
+    def lightspeed() -> dict[str, float]:
+        load = timed(lambda: ck.load(path, with_optimizer=True))
+        verdict = timed(ck.settle)
+        return {
+            "lightspeed: load": load,
+            "lightspeed: verdict, waited for after it": verdict,
+            "lightspeed: load, then the verdict": load + verdict,
+        }
 
-    def check():
-        assert first_mismatch(path, meta, names, rank=0) is None
+    def with_step(checked: bool) -> dict[str, float]:
+        if checked:
+            ck.load(path, with_optimizer=True)
+            first = timed(lambda: step(model, opt))
+            ck.settle()
+            return {"first step, the pass beside it": first}
+        plain_load()
+        return {"first step after the plain load": timed(lambda: step(model, opt))}
 
-    def check_beside_load():  # the alternative not taken: the check on a thread during the load
-        thread = threading.Thread(target=check)
-        thread.start()
-        load()
-        thread.join()
-
-    def check_then_load():  # what Checkpointer.load does
-        check()
-        load()
-
-    def hash_xxh3():
-        import xxhash
-
-        h = xxhash.xxh3_64()
-        with (path / OPTIMIZER).open("rb") as f:
-            while block := f.read(1 << 24):
-                h.update(block)
-
-    cases = {
-        "load": load,
-        "check, then load (lightspeed)": check_then_load,
-        "check beside the load (thread)": check_beside_load,
-        "check alone": check,
-        "crc32 (optimizer file)": lambda: crc32(path / OPTIMIZER),
+    out: dict[str, Any] = {
+        "load": lambda: {"load": timed(plain_load)},
+        "lightspeed": lightspeed,
+        "step plain": lambda: with_step(False),
+        "step checked": lambda: with_step(True),
     }
-    try:
-        import xxhash  # noqa: F401
-
-        cases["xxh3_64 (optimizer file)"] = hash_xxh3
-    except ImportError:
-        pass
-    load()  # page cache warm, allocations made
-    times: dict[str, list[float]] = {k: [] for k in cases}
-    for _ in range(repeat):
-        for name, fn in cases.items():
-            if barrier is not None:
-                barrier.wait()
-            if cold:
-                evict(path)
-                if barrier is not None:
-                    barrier.wait()
-            times[name].append(timed(fn))
-    return times
-
-
-def time_save(path: Path, params: int, repeat: int) -> tuple[list[float], list[float]]:
-    model, opt = build(params)
-    save = [timed(lambda: save_replicated(path, model, [opt])) for _ in range(repeat)]
-    return save, [timed(lambda: sums(path, [WEIGHTS, OPTIMIZER])) for _ in range(repeat)]
-
-
-def _rank(path, params, repeat, cold, barrier, out) -> None:
-    torch.set_num_threads(1)
-    out.put(measure(path, params, repeat, cold, barrier))
+    if layout == "file":
+        out["check then load"] = lambda: {
+            "check (CRC-32), then load: before": timed(lambda: (full_check("crc32"), plain_load()))
+        }
+    else:
+        out["check then load crc"] = lambda: {
+            "check (CRC-32), then load: before": timed(lambda: (full_check("crc32"), plain_load()))
+        }
+        out["check then load xxh"] = lambda: {
+            "check (xxh3_64), then load": timed(lambda: (full_check("xxh3_64"), plain_load()))
+        }
+        names = [WEIGHTS, OPTIMIZER, "trainer.pt"]
+        out["save sums"] = lambda: {
+            "save sums: xxh3_64 read-back": timed(lambda: sums(path, names)),
+            "save sums: CRC-32 read-back (before)": timed(lambda: [crc32(path / n) for n in names]),
+        }
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--params", type=int, default=1 << 28)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--ranks", type=int, default=1)
-    parser.add_argument("--cold", action="store_true")
+    parser.add_argument("--cache", choices=["warm", "cold", "both"], default="warm")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--layout", choices=["both", "file", "dir"], default="both")
     parser.add_argument("--dir", default="/tmp/checksum-cost")
     a = parser.parse_args()
-    torch.set_num_threads(1)
-    path = Path(a.dir)
-    path.mkdir(parents=True, exist_ok=True)
-    save, save_sums = time_save(path, a.params, a.repeat)
-    if a.ranks == 1:
-        ranks = [measure(path, a.params, a.repeat, a.cold)]
-    else:
-        ctx = mp.get_context("spawn")
-        barrier, out = ctx.Barrier(a.ranks), ctx.Queue()
-        procs = [
-            ctx.Process(target=_rank, args=(path, a.params, a.repeat, a.cold, barrier, out))
-            for _ in range(a.ranks)
-        ]
-        for p in procs:
-            p.start()
-        ranks = [out.get() for _ in procs]
-        for p in procs:
-            p.join()
-    sizes = {n: (path / n).stat().st_size / 2**30 for n in (WEIGHTS, OPTIMIZER)}
+    root = Path(a.dir)
+    root.mkdir(parents=True, exist_ok=True)
+    model, opt = build(a.params, a.device)
+    crc_meta = write(root, model, opt, a.layout)
+    layouts = ["file", "dir"] if a.layout == "both" else [a.layout]
+    size = {
+        "file": (root / CKPT).stat().st_size if "file" in layouts else 0,
+        "dir": sum(f.stat().st_size for f in (root / DIR).glob("*")) if "dir" in layouts else 0,
+    }
     print(
-        f"{a.params / 1e6:.0f}M parameters: {WEIGHTS} {sizes[WEIGHTS]:.2f} GiB, {OPTIMIZER} "
-        f"{sizes[OPTIMIZER]:.2f} GiB; {a.ranks} rank(s) loading at once, {a.repeat} repeats, "
-        f"page cache {'cold' if a.cold else 'warm'}, {os.cpu_count()} CPUs"
+        f"{a.params / 1e6:.0f}M parameters (fp32, AdamW): .ckpt {size['file'] / 2**30:.2f} GiB, "
+        f"directory {size['dir'] / 2**30:.2f} GiB; {a.repeat} repeats, model on {a.device}, "
+        f"{os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads"
     )
-    rows = {"save": [save], "save sums (CRC-32 read-back)": [save_sums]}
-    for name in ranks[0]:
-        rows[name] = [r[name] for r in ranks]
-    base = statistics.median(t for r in rows["load"] for t in r)
-    print(f"{'':34s} {'median s':>9s} {'min s':>7s} {'x load':>7s}")
-    for name, per_rank in rows.items():
-        flat = [t for r in per_rank for t in r]
-        med = statistics.median(flat)
-        print(f"{name:34s} {med:9.2f} {min(flat):7.2f} {med / base:7.3f}")
+    for cache in ["warm", "cold"] if a.cache == "both" else [a.cache]:
+        for layout in layouts:
+            table(root, model, opt, crc_meta, layout, cache, a.repeat)
+
+
+def table(root: Path, model, opt, crc_meta: dict, layout: str, cache: str, repeat: int) -> None:
+    """Times every case of `layout` `repeat` times and prints the table."""
+    fns = cases(root, model, opt, crc_meta, layout)
+    fns["load"]()  # page cache warm, allocations made
+    rows: dict[str, list[float]] = {}
+    for _ in range(repeat):
+        for fn in fns.values():
+            if cache == "cold":
+                evict(root)
+            for row, t in fn().items():
+                rows.setdefault(row, []).append(t)
+    base = statistics.median(rows["load"])
+    title = "one .ckpt file" if layout == "file" else "a directory (meta.json, xxh3_64)"
+    print(f"\n{title + ', page cache ' + cache:50s} {'median s':>9s} {'min s':>7s} {'x load':>7s}")
+    for row, times in rows.items():
+        med = statistics.median(times)
+        print(f"{row:50s} {med:9.3f} {min(times):7.3f} {med / base:7.3f}", flush=True)
 
 
 if __name__ == "__main__":

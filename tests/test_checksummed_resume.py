@@ -1,7 +1,9 @@
 """Every byte a resume reads is checked: a changed byte in any file a rank reads (a DDP .ckpt's
 records, DeepSpeed ZeRO shards, DCP shards) stops the resume on every rank with a ConfigError
-naming the file (and record), the recorded and the found CRC-32, and the newest intact checkpoint
-beside it.
+naming the file (and record), the recorded and the found checksum (a .ckpt record's CRC-32, a
+directory file's xxh3_64), and the newest intact checkpoint beside it. What engines parse is
+checked before the load; tensor bytes beside it, and then the resumed run stops before its first
+save (no checkpoint is written) or the end of fit.
 Without the check, flips in optimizer state resumed silently (the losses parted at steps 12-14).
 
     PYTHONPATH=src .venv/bin/python -m pytest -q tests/test_checksummed_resume.py
@@ -19,6 +21,7 @@ import zlib
 from pathlib import Path
 
 import pytest
+import xxhash
 
 from helpers import run_workload
 from lightspeed.checkpoint.integrity import files_read, rank_of
@@ -40,6 +43,17 @@ def trained(tmp_path_factory):
         return made[strategy]
 
     return get
+
+
+def beside_the_load(tmp_path: Path) -> dict:
+    """The environment for ranks that check every file beside the load (integrity.SMALL below any
+    size), as they do a large file: the tests' checkpoints are small, checked whole before it."""
+    site = tmp_path / "site-beside"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(
+        "import lightspeed.checkpoint.integrity as integrity\nintegrity.SMALL = -1\n"
+    )
+    return {"PYTHONPATH": f"{site}:{Path(__file__).resolve().parent.parent / 'src'}"}
 
 
 def _flip(file: Path, at: float = 0.6) -> None:
@@ -79,46 +93,55 @@ def test_flipped_byte_of_a_ddp_file_stops_the_resume(tmp_path, trained, record):
     ]
     intact = f"The newest intact checkpoint in {folder} is epoch=0-step=2.ckpt"
     assert intact in run.stderr, run.stderr[-3000:]
+    # A tensor record is checked beside the load: the run trained on, but saved nothing.
+    assert not (folder / f"epoch=0-step={STEPS + 2}.ckpt").exists()
 
 
 @pytest.mark.parametrize(
-    "strategy, victim",
+    "strategy, victim, beside",
     [
         pytest.param(  # ZeRO-3's optimizer shard below goes through the same check
             "deepspeed_stage_2",
             "deepspeed/zero_pp_rank_1_mp_rank_00_optim_states.pt",
+            True,
             marks=pytest.mark.slow,
         ),
         # the model-states file is checked by the same code as the optimizer shard: a slow cell
         pytest.param(
-            "deepspeed_stage_2", "deepspeed/mp_rank_00_model_states.pt", marks=pytest.mark.slow
+            "deepspeed_stage_2",
+            "deepspeed/mp_rank_00_model_states.pt",
+            False,
+            marks=pytest.mark.slow,
         ),
-        ("deepspeed_stage_3", "deepspeed/zero_pp_rank_0_mp_rank_00_optim_states.pt"),
-        ("fsdp", "dcp/__1_0.distcp"),
+        ("deepspeed_stage_3", "deepspeed/zero_pp_rank_0_mp_rank_00_optim_states.pt", True),
+        ("fsdp", "dcp/__1_0.distcp", False),
     ],
 )
-def test_flipped_byte_stops_the_resume_naming_the_file(tmp_path, trained, strategy, victim):
+def test_flipped_byte_stops_the_resume_naming_the_file(tmp_path, trained, strategy, victim, beside):
+    # `beside`: the file is checked beside the load, as a large one is (else whole, before it).
     folder = tmp_path / "checkpoints"
     shutil.copytree(trained(strategy), folder, symlinks=True)
     ckpt = folder / f"epoch=0-step={STEPS}.ckpt"
     file = ckpt / victim
-    recorded = json.loads((ckpt / "meta.json").read_text())["files"][victim]["crc32"]
+    recorded = json.loads((ckpt / "meta.json").read_text())["files"][victim]["xxh3_64"]
     _flip(file)
-    found = zlib.crc32(file.read_bytes())
+    found = xxhash.xxh3_64_intdigest(file.read_bytes())
     run = run_workload(
         tmp_path,
         strategy=strategy,
         **{**RUN, "max_steps": STEPS + 2},
         resume=str(ckpt),
         check=False,
+        extra_env=beside_the_load(tmp_path) if beside else None,
     )
     assert run.returncode != 0, run.stdout[-2000:]
-    assert f"checkpoint file {file} is corrupt: its CRC-32 differs" in run.stderr, run.stderr[
+    assert f"checkpoint file {file} is corrupt: its xxh3_64 differs" in run.stderr, run.stderr[
         -3000:
     ]
-    assert f"(recorded {recorded:08x}, found {found:08x}" in run.stderr, run.stderr[-3000:]
+    assert f"(recorded {recorded}, found {found:016x}" in run.stderr, run.stderr[-3000:]
     intact = f"The newest intact checkpoint in {folder} is epoch=0-step=2.ckpt"
     assert intact in run.stderr, run.stderr[-3000:]
+    assert not (folder / f"epoch=0-step={STEPS + 2}.ckpt").exists()  # nothing saved after it
 
 
 def test_files_read_cover_every_rank_share():

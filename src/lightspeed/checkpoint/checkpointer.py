@@ -22,10 +22,13 @@ and is renamed to `<name>` only when every rank has finished; a file is written 
 the strategy wrote into `.parts-<name>`, to `.tmp-<name>`, then renamed. `last.ckpt` (a symlink)
 moves only after that rename: a crash at any point leaves it on a complete checkpoint. `resolve`
 (locate.py) checks a checkpoint cheaply (sizes and file headers) on rank 0 only, before the load.
-Every load then checks the CRC-32 of each file each rank is about to read (checkpoint/integrity.py;
-a file's zip records carry their own), and every rank agrees on the verdict before any state is
-loaded: a changed byte is a ConfigError naming the file, the two checksums and the newest
-checkpoint beside it that is intact.
+Every load then checks the checksum of each file each rank reads (checkpoint/integrity.py: xxh3_64,
+or the CRC-32 older checkpoints and a file's zip records carry): what an engine parses (small files,
+the pickle records) before the load, with every rank agreeing on the verdict; the bulk, tensor
+bytes, on a thread beside the load. `settle()` waits for that verdict and shares it; `save` calls
+it first, and the Trainer at the end of fit, so a checkpoint with a changed byte never leads to a
+saved checkpoint or a finished fit. A changed byte is a ConfigError naming the file, the two
+checksums and the newest checkpoint beside it that is intact.
 """
 
 from __future__ import annotations
@@ -46,10 +49,14 @@ from lightspeed.checkpoint import single_file
 from lightspeed.checkpoint.integrity import (
     TRAINER_STATE,
     Mismatch,
+    Verification,
     describe,
     files_read,
     first_mismatch,
+    is_structure,
     owned,
+    split,
+    structure_mismatch,
     sums,
     zip_mismatch,
 )
@@ -98,6 +105,9 @@ class Checkpointer:
     def __init__(self, strategy: Any, callbacks: list[Any], rank: int, world_size: int):
         self.strategy, self.callbacks = strategy, callbacks
         self.rank, self.world_size = rank, world_size
+        # The checksum pass the last load left running beside it (integrity.Verification), with
+        # the checkpoint's path; `settle` waits for it.
+        self.pending: tuple[Path, Verification] | None = None
 
     def save(
         self, path: str | os.PathLike, loop: LoopState, on_save: Callable[[dict], None]
@@ -105,7 +115,9 @@ class Checkpointer:
         """Collective. Writes a complete checkpoint at `path` atomically (one file under the
         replicated strategies, else a directory) and points `<dir>/last.ckpt` at it.
         `on_save(state)` runs the module's and callbacks' `on_save_checkpoint` hooks on the state
-        before it is written (rank 0's values are the ones saved)."""
+        before it is written (rank 0's values are the ones saved). Raises ConfigError, writing
+        nothing, when the checkpoint the run resumed from turns out to be corrupt (`settle`)."""
+        self.settle()
         path = Path(path)
         if writes_file(self.strategy.name, self.world_size):
             self._save_file(path, loop, on_save)
@@ -189,7 +201,9 @@ class Checkpointer:
 
         A checkpoint another strategy or world size wrote travels through the neutral form
         (`_read_portable`); one line on rank 0 says what was carried over and what was not. Raises
-        ConfigError on every rank when a file any rank read differs from its recorded checksum."""
+        ConfigError on every rank when a file any rank read differs from its recorded checksum:
+        here for what engines parse, at `settle` for tensor bytes (checked beside the load)."""
+        self.settle()  # an earlier load's verdict (the tuner restores after its trials)
         if path.is_file():
             ckpt, _ = self._load_file(path, with_optimizer)
             self._restore_trainer_state(ckpt.get("callbacks", {}), ckpt.get("lr_schedulers", []))
@@ -213,12 +227,25 @@ class Checkpointer:
         `ckpt_path` needs. Returns meta.json (for a file: the same facts). Raises ConfigError naming
         the checkpoint (and the file at fault, where one is) when it cannot be loaded or a file
         differs from its checksum."""
+        self.settle()
         if path.is_file():
-            return self._load_file(path, with_optimizer)[1]
-        meta = self._meta(path)
-        self._check(path, meta, with_optimizer, loop_state=False)
-        self._load_strategy(path, meta, with_optimizer)
+            meta = self._load_file(path, with_optimizer)[1]
+        else:
+            meta = self._meta(path)
+            self._check(path, meta, with_optimizer, loop_state=False)
+            self._load_strategy(path, meta, with_optimizer)
+        self.settle()  # evaluation's results come from verified weights only
         return meta
+
+    def settle(self) -> None:
+        """Collective. Waits for the checksum pass the last load left running beside it and shares
+        every rank's verdict: when a rank found a changed byte, every rank raises the same
+        ConfigError (the file, both checksums, the newest intact checkpoint). Returns at once when
+        no pass is pending (every rank alike: loads are collective)."""
+        if self.pending is None:
+            return
+        (path, pending), self.pending = self.pending, None
+        self._agree(path, pending.result())
 
     def _restore_trainer_state(self, callbacks: dict, schedulers: list) -> None:
         for cb in self.callbacks:
@@ -228,13 +255,15 @@ class Checkpointer:
             sched.scheduler.load_state_dict(sd)
 
     def _load_file(self, path: Path, with_optimizer: bool) -> tuple[dict, dict]:
-        """Collective. Every rank checks the whole file's CRC-32s, then reads it (mapped) and
-        writes it into the strategy through the neutral form. Returns (the file's dict, its
-        meta)."""
-        found: list[Mismatch | None] = _gather(zip_mismatch(path, self.rank))
-        if first := next((m for m in found if m is not None), None):
-            intact = broadcast_from_rank0(last_intact(path) if self.rank == 0 else None)
-            raise ConfigError(describe(path, first) + intact_sentence(path, intact))
+        """Collective. Every rank checks the CRC-32s of the file's pickle records, starts the check
+        of its tensor records beside the load, reads the file (mapped) and writes it into the
+        strategy through the neutral form. Returns (the file's dict, its meta)."""
+        self._agree(path, zip_mismatch(path, self.rank, records=is_structure))
+        rank = self.rank
+        tensors = Verification(
+            lambda: zip_mismatch(path, rank, records=lambda r: not is_structure(r))
+        )
+        self.pending = (path, tensors)
         ckpt = single_file.read(path)
         meta = single_file.meta(ckpt)
 
@@ -255,12 +284,22 @@ class Checkpointer:
         return broadcast_from_rank0(read_meta(path) if self.rank == 0 else None)
 
     def _check(self, path: Path, meta: dict, with_optimizer: bool, loop_state: bool) -> None:
-        """Collective. Each rank checks the checksums of the files it is about to read; when any
-        rank found a changed byte, every rank raises the same ConfigError (the first such rank's
-        file), naming the newest intact checkpoint beside it. Nothing is loaded before."""
+        """Collective. Each rank checks what engines parse in the files it is about to read (the
+        small files whole, the pickle records of the large ones) and the ranks agree on it; then
+        each starts the pass over its large files' bytes beside the load (`pending`)."""
         native = self._is_native(meta)
         names = files_read(meta, self.rank, self.world_size, native, with_optimizer, loop_state)
-        found: list[Mismatch | None] = _gather(first_mismatch(path, meta, names, self.rank))
+        now, later = split(path, meta, names)
+        rank = self.rank
+        found = first_mismatch(path, meta, now, rank) or structure_mismatch(path, meta, later, rank)
+        self._agree(path, found)
+        self.pending = (path, Verification(lambda: first_mismatch(path, meta, later, rank)))
+
+    def _agree(self, path: Path, mine: Mismatch | None) -> None:
+        """Collective. Every rank's verdict gathered; when any rank found a changed byte, every rank
+        raises the same ConfigError (the first such rank's file), naming the newest intact
+        checkpoint beside `path`."""
+        found: list[Mismatch | None] = _gather(mine)
         first = next((m for m in found if m is not None), None)
         if first is None:
             return
@@ -283,6 +322,11 @@ class Checkpointer:
             raise
         # DeepSpeed's bare AssertionError, DCP's CheckpointException (a BaseException)
         except BaseException as e:
+            # Bytes the pass beside the load had not cleared yet: its verdict (this rank's; the
+            # others may be inside the engine's collectives) names a changed byte before the
+            # engine's own error does.
+            if self.pending is not None and (found := self.pending[1].result()):
+                raise ConfigError(with_intact(path, describe(path, found))) from e
             raise ConfigError(
                 f"checkpoint {path} could not be loaded by {self.strategy.name}: "
                 f"{_culprit(path, e)}"

@@ -207,6 +207,8 @@ class Trainer:
             # the micro-batch step: the forecast tried in the loop's own steps, the size written
             confirm(forecast, run.strategy, model, partial(loop.trial_step, run))
             loop.fit(run, self.config, model, train_dataloaders, val_dataloaders, resume)
+            if run.process is not None:  # a resume's checksum verdict, before fit ends well
+                run.process.checkpointer.settle()
 
     # ------------------------------------------------------------------ evaluation
     def validate(
