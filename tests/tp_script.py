@@ -1,15 +1,18 @@
-"""Tensor-parallel runs for tests/test_tensor_parallel.py: `python tests/tp_script.py '<json>'`.
+"""Tensor-parallel runs for tests/test_tensor_parallel.py and tests/test_deepspeed_tp.py:
+`python tests/tp_script.py '<json>'`.
 
 Options: model ("gpt": lightspeed's GPT, fused qkv and tied head; "llama": HF Llama, GQA, rotary,
 its own tp_plan; "gpt2": HF GPT-2, Conv1D, fused c_attn, no tp_plan), kv_heads (llama), hook (the
-GPT's MLPs split by hand in configure_tensor_parallel, attention left whole), strategy
-(a name, or {"tp": 2, ...}: FSDP(**it); {"deepspeed": {...}}: DeepSpeed(**it)), devices ("auto" under torchrun), batch (per data-parallel
-rank), steps, accumulate, clip, root, out (rank 0's JSON), ckpt_every (a checkpoint every k steps
-in root/ckpt, named step=k), resume (a checkpoint directory), save_to (a directory: the final
-checkpoint), consolidate (a path: rank 0 writes save_to's safetensors file there). The model is built in configure_model from a config:
-nothing is downloaded. The result holds the per-step global-mean losses, and per rank the bytes of
-the parameters (`strategy.measure()`), of the parameters tensor parallelism split (local, and
-whole), and of the tensors the first forward saved for the backward (activations).
+GPT's MLPs split by hand in configure_tensor_parallel, attention left whole), strategy (a name,
+or {"tp": 2, ...}: FSDP(**it); {"deepspeed": {...}}: DeepSpeed(**it)), devices ("auto" under
+torchrun), batch (per data-parallel rank), steps, accumulate, clip, root, out (rank 0's JSON),
+ckpt_every (a checkpoint every k steps in root/ckpt, named step=k), resume (a checkpoint
+directory), save_to (a directory: the final checkpoint), consolidate (a path: rank 0 writes
+save_to's safetensors file there); jobs (a list of these: each fit in turn, in the same ranks).
+The model is built in configure_model from a config: nothing is downloaded. The result holds the
+per-step global-mean losses, and per rank the bytes of the parameters (`strategy.measure()`), of
+the parameters tensor parallelism split as DTensors (local, and whole), each parameter's local
+elements by name, and the bytes of the tensors the first forward saved for the backward.
 """
 
 from __future__ import annotations
@@ -202,4 +205,6 @@ def main(opts: dict) -> None:
 
 
 if __name__ == "__main__":
-    main(json.loads(sys.argv[1]))
+    given = json.loads(sys.argv[1])
+    for job in given.get("jobs", [given]):  # several fits, one after another, in the same ranks
+        main(job)
