@@ -11,6 +11,15 @@ ckpt_every (a checkpoint every N steps in <out>/ckpt), resume (a checkpoint path
 Each rank writes <out>/rank<r>.json: the loss and the batch ids of each step, global_step, the
 epochs run, validation batches run, `trainer.is_last_batch` per step, the training loader's
 sampler class and `estimated_stepping_batches` as configure_optimizers saw it.
+
+With `"eval": true`, evaluation over streams of uneven length per rank, in one job (`evaluate`):
+fit (2 steps, a sanity check of 2 batches, then validation at the epoch's end over two loaders,
+limit_val_batches=4: loader 0 yields 5 batches on rank 0 and 2 on rank 1 behind a `__len__` that
+claims 20, loader 1 none on rank 0 and 3 on rank 1), then `validate` on the same loaders, `test`
+(2 and 5 batches) and `predict` (3 and 1). Each step logs its batch's mean feature with sync_dist
+and runs the model (a collective forward under ZeRO-3 and FSDP). <out>/rank<r>.json: per stage the
+batch ids the batch hooks saw and how many times the step ran, the epoch values logged, and
+`predict`'s outputs.
 """
 
 import json
@@ -33,18 +42,19 @@ class Stream(IterableDataset):
 
     restored: list = []
 
-    def __init__(self, lengths: list[int]):
-        self.lengths, self.given, self.start = lengths, 0, 0
+    def __init__(self, lengths: list[int], offset: int = 0):
+        self.lengths, self.given, self.start, self.offset = lengths, 0, 0, offset
 
     def __iter__(self):
         rank = dist.get_rank() if dist.is_initialized() else 0
         start, self.start = self.start, 0
         self.given = start
         for b in range(start // BATCH, self.lengths[rank]):
-            g = torch.Generator().manual_seed(1000 * rank + b)
+            at = self.offset + 1000 * rank + b  # the batch's id, and its data's seed
+            g = torch.Generator().manual_seed(at)
             for i in range(BATCH):
                 self.given += 1
-                yield torch.tensor(1000 * rank + b), torch.randn(8, generator=g) + i
+                yield torch.tensor(at), torch.randn(8, generator=g) + i
 
     def state_dict(self) -> dict:
         return {"given": self.given}
@@ -57,8 +67,8 @@ class Stream(IterableDataset):
 class Estimated(Stream):
     """A `__len__` of `claimed` batches that every rank reports alike, whatever it yields."""
 
-    def __init__(self, lengths: list[int], claimed: int):
-        super().__init__(lengths)
+    def __init__(self, lengths: list[int], claimed: int, offset: int = 0):
+        super().__init__(lengths, offset)
         self.claimed = claimed
 
     def __len__(self):
@@ -90,7 +100,85 @@ class Recorder(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.05)
 
 
+class EvalRecorder(Recorder):
+    """Records what each evaluation stage saw: the batch ids its batch hooks got (real batches
+    only) and its step's calls (a shadow step counts too)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: dict = {}  # "<stage>/<dataloader_idx>": [batch ids]
+        self.calls: dict = {}  # "<stage>": step calls
+
+    def _step(self, stage: str, batch) -> torch.Tensor:
+        ids, x = batch
+        self.calls[stage] = self.calls.get(stage, 0) + 1
+        self.log(f"{stage}_x", x.mean(), sync_dist=True)
+        return self.net(x).sum() * 0 + ids[0]
+
+    def validation_step(self, batch, batch_idx, dataloader_idx=0):
+        stage = "sanity" if self.trainer.sanity_checking else "val"
+        return self._step(stage, batch)
+
+    def test_step(self, batch, batch_idx):
+        return self._step("test", batch)
+
+    def predict_step(self, batch, batch_idx):
+        return self._step("predict", batch)
+
+    def _saw(self, stage: str, batch, dataloader_idx: int) -> None:
+        self.seen.setdefault(f"{stage}/{dataloader_idx}", []).append(int(batch[0][0]))
+
+    def on_validation_batch_end(self, outputs, batch, batch_idx, dataloader_idx=0):
+        self._saw("sanity" if self.trainer.sanity_checking else "val", batch, dataloader_idx)
+
+    def on_test_batch_end(self, outputs, batch, batch_idx, dataloader_idx=0):
+        self._saw("test", batch, dataloader_idx)
+
+    def on_predict_batch_end(self, outputs, batch, batch_idx, dataloader_idx=0):
+        self._saw("predict", batch, dataloader_idx)
+
+
+def evaluate(opts: dict) -> None:
+    """fit, validate, test and predict over streams of uneven length per rank (module docstring)."""
+    L.seed_everything(0)
+    out = Path(opts["out"])
+    model = EvalRecorder()
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=opts["strategy"],
+        max_epochs=1,
+        limit_val_batches=4,
+        num_sanity_val_steps=2,
+        enable_checkpointing=False,
+        logger=False,
+        default_root_dir=str(out),
+    )
+
+    def val():
+        loader = DataLoader(Estimated([5, 2], claimed=20, offset=0), batch_size=BATCH)
+        return [loader, DataLoader(Stream([0, 3], offset=100), batch_size=BATCH)]
+
+    train = DataLoader(Stream([2, 2], offset=50), batch_size=BATCH)
+    trainer.fit(model, train, val())
+    fit_metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    validated = trainer.validate(model, val())
+    tested = trainer.test(model, DataLoader(Stream([2, 5], offset=200), batch_size=BATCH))
+    predicted = trainer.predict(model, DataLoader(Stream([3, 1], offset=300), batch_size=BATCH))
+    result = {
+        "fit": fit_metrics,
+        "validate": validated,
+        "test": tested,
+        "predict": [int(p) for p in predicted],
+        "seen": model.seen,
+        "calls": model.calls,
+    }
+    (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(result))
+
+
 def main(opts: dict) -> None:
+    if opts.get("eval"):
+        return evaluate(opts)
     L.seed_everything(0)
     out = Path(opts["out"])
     claimed = opts.get("claimed")

@@ -103,6 +103,81 @@ def test_an_unsized_stream_trains_alike_under(strategy, ddp, tmp_path):
         assert_close_losses(losses, ref_losses, RTOL, f"{strategy} vs ddp")
 
 
+# ---------------------------------------------------------------- evaluation, uneven per rank
+def batch_mean(at: int) -> float:
+    """The mean feature of the script's batch `at` (Stream: 4 rows drawn from a seed of `at`)."""
+    g = torch.Generator().manual_seed(at)
+    return float(torch.stack([torch.randn(8, generator=g) + i for i in range(4)]).mean())
+
+
+def mean_of(ats) -> float:
+    return sum(map(batch_mean, ats)) / len(ats)
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    ["ddp", "deepspeed_stage_3", "fsdp", pytest.param("deepspeed_stage_2", marks=pytest.mark.slow)],
+)
+def test_uneven_evaluation_streams_end_together_and_drop_nothing_under(strategy, tmp_path):
+    """One job (tests/iterable_script.py `evaluate`): fit's sanity check and validation over two
+    loaders, then validate, test and predict, each stream a different length per rank (one empty
+    on a rank, one behind a `__len__` that claims 20). Every rank ends each stage together; the
+    batch hooks see every rank's own batches and nothing else; the epoch values logged with
+    sync_dist are the mean over every rank's real batches (relative 1e-6, float32 sums); predict
+    returns each rank's own outputs only. Where the forward is collective (ZeRO-3, FSDP) a rank out
+    of batches steps with the others on its last batch (a shadow step: counted in `calls`, not
+    seen by the hooks); under DDP and ZeRO-2 it waits, except for its first turn when its stream
+    was empty."""
+    ranks, stdout = run_script(tmp_path, strategy=strategy, eval=True)
+    val = {
+        "val_x/dataloader_idx_0": mean_of([0, 1, 2, 3, 1000, 1001]),  # limit_val_batches=4
+        "val_x/dataloader_idx_1": mean_of([1100, 1101, 1102]),
+    }
+    test = mean_of([200, 201, *range(1200, 1205)])
+    for r, rec in enumerate(ranks):
+        assert rec["fit"] == pytest.approx(val, rel=1e-6)
+        assert rec["validate"] == [pytest.approx({k: v}, rel=1e-6) for k, v in val.items()]
+        assert rec["test"] == [pytest.approx({"test_x": test}, rel=1e-6)]
+        seen = {
+            0: {"sanity/0": [0, 1], "val/0": [0, 1, 2, 3] * 2, "test/0": [200, 201]},
+            1: {
+                "sanity/0": [1000, 1001],
+                "sanity/1": [1100, 1101],
+                "val/0": [1000, 1001] * 2,
+                "val/1": [1100, 1101, 1102] * 2,
+                "test/0": list(range(1200, 1205)),
+            },
+        }[r]
+        predicted = [[300, 301, 302], [1300]][r]
+        assert rec["seen"] == {**seen, "predict/0": predicted}
+        assert rec["predict"] == predicted
+        collective = strategy in ("deepspeed_stage_3", "fsdp")
+        turns = {"sanity": 4, "val": 14, "test": 5, "predict": 3}
+        own = [
+            {"sanity": 3, "val": 10, "test": 2, "predict": 3},
+            {**turns, "val": 10, "predict": 1},
+        ][r]
+        assert rec["calls"] == (turns if collective else own), rec["calls"]
+    notes = re.findall(r".*_dataloaders.*", stdout)
+    assert notes[0] == (
+        "val_dataloaders (sanity check)[1]: rank 0 ran out after 0 batches (it has no len()), 2 "
+        "short of the longest; every rank ended after 2 batches, together (no batch left out)."
+    )
+    assert (
+        notes[1]
+        == notes[2]
+        == (  # fit's validation, then validate
+            "val_dataloaders[0]: rank 1 ran out after 2 batches (its len() says 20), 2 short of the "
+            "longest; every rank ended after 4 batches, together; val_dataloaders[1]: rank 0 ran out "
+            "after 0 batches (it has no len()), 3 short of the longest; every rank ended after 3 "
+            "batches, together (no batch left out)."
+        )
+    )
+    assert notes[3].startswith("test_dataloaders: rank 0 ran out after 2 batches")
+    assert notes[4].startswith("predict_dataloaders: rank 1 ran out after 1 batches")
+    assert len(notes) == 5, notes
+
+
 # ---------------------------------------------------------------- one process
 class Stream(IterableDataset):
     def __iter__(self):

@@ -46,7 +46,12 @@ from lightspeed.core.saving import (
     HPARAMS_KEY,
     HPARAMS_NAME,
 )
-from lightspeed.data.epoch_windows import EpochWindows, check_batch_counts, has_exact_length
+from lightspeed.data.epoch_windows import (
+    EpochWindows,
+    EvalBatches,
+    check_batch_counts,
+    has_exact_length,
+)
 from lightspeed.data.loaders import (
     BatchMover,
     CombinedLoader,
@@ -1012,32 +1017,106 @@ def eval_batches(
     step gets `batch_idx` when its signature takes it and, as in Lightning, `dataloader_idx` with
     several loaders only (with one, a `*args` step gets two arguments and `dataloader_idx=None`
     keeps its default), as the hooks do (`check_dataloader_idx` refuses a signature that does not
-    fit). The caller has put the module in eval mode."""
+    fit). The caller has put the module in eval mode.
+
+    A loader without an exact length (an IterableDataset, a generator, a `len()` that estimates)
+    may end at another batch on each rank: the ranks agree before each batch whether any still has
+    one (data/epoch_windows.EvalBatches), and all step until the last rank's stream ends, so no
+    batch is dropped and no rank is left in a collective. A rank whose stream has ended waits at
+    the next agreement, or, where the step itself is collective (`forward_is_collective`, or a
+    value logged per step with sync_dist), runs `shadow_step` on its last batch; one line on rank 0
+    says which ranks ran short."""
     hooks = eval_stage(stage, module)
     check_dataloader_idx(module, stage, several=len(loaders) > 1)
-    takes_batch_idx = accepts(hooks.step, 2, "batch_idx")
     outputs: list[list] = []
+    short: list[str] = []
     for dl_idx, loader in enumerate(loaders):
         several = (dl_idx,) if len(loaders) > 1 else ()
         run.metrics.dataloader_idx = dl_idx if several else None
         n = min(num_batches(loader, limit), cap if cap is not None else float("inf"))
-        outputs.append([])
-        for batch_idx, batch in enumerate(loader):
-            if batch_idx >= n:
-                break
-            batch = batch_to_device(run, module, batch, dl_idx)
-            run.metrics.batch_size = infer_batch_size(batch)
-            call(run, hooks.batch_start, hooks.callback_batch_start, batch, batch_idx, *several)
-            args = (batch, batch_idx)[: 2 if takes_batch_idx else 1] + several
-            out = run.strategy.forward(hooks.step, *args)
-            call(run, hooks.batch_end, hooks.callback_batch_end, out, batch, batch_idx, *several)
-            if stage in (Stage.VALIDATE, Stage.TEST):  # step values at the loader's batch count
-                values = run.metrics.pop_step()
-                log_metrics(run, {k: float(v) for k, v in values.items()}, step=batch_idx + 1)
-            if keep:
-                outputs[-1].append(out)
+        voted = run.world_size > 1 and not has_exact_length(loader)  # alike on every rank
+        batches = EvalBatches(loader, n, host_min_max if voted else None)
+        outputs.append(eval_loader(run, module, hooks, batches, stage, several, keep))
+        if batches.uneven:  # alike on every rank
+            name = f"{_LOADER_NAMES[stage]}" + (f"[{dl_idx}]" if several else "")
+            short.append(batches.shortfall(name))
     run.metrics.dataloader_idx = None
+    if short:
+        run.print0("; ".join(short) + " (no batch left out).")
     return outputs
+
+
+def eval_loader(
+    run: Run,
+    module: Module,
+    hooks: EvalStage,
+    batches: EvalBatches,
+    stage: Stage,
+    several: tuple,
+    keep: bool,
+) -> list:
+    """One loader's batches (`eval_batches`); its outputs if `keep`."""
+    takes_batch_idx = accepts(hooks.step, 2, "batch_idx")
+    shadows = forward_is_collective(run.strategy)
+    dl_idx = several[0] if several else 0
+    outputs: list = []
+    last = None  # this rank's last batch on the device: what a shadow step runs on
+    syncs = False  # the step logs sync_dist values per step: a collective in each step
+    for batch_idx, batch, has in batches:
+        if batch is not None or has:  # its own, or a peer's first (`EvalBatches`)
+            batch = last = batch_to_device(run, module, batch, dl_idx)
+        args = (last, batch_idx)[: 2 if takes_batch_idx else 1] + several
+        reductions = run.metrics.reductions
+        if not has:
+            # at 0 also under DDP: its first forward syncs buffers, and names the step's
+            # sync_dist values (reduced at the epoch's end on every rank)
+            if shadows or syncs or batch_idx == 0:
+                shadow_step(run, hooks.step, args)
+                syncs = syncs or run.metrics.reductions > reductions
+            continue
+        run.metrics.batch_size = infer_batch_size(batch)
+        call(run, hooks.batch_start, hooks.callback_batch_start, batch, batch_idx, *several)
+        out = run.strategy.forward(hooks.step, *args)
+        syncs = syncs or run.metrics.reductions > reductions  # alike on every rank
+        call(run, hooks.batch_end, hooks.callback_batch_end, out, batch, batch_idx, *several)
+        if stage in (Stage.VALIDATE, Stage.TEST):  # step values at the loader's batch count
+            values = run.metrics.pop_step()
+            log_metrics(run, {k: float(v) for k, v in values.items()}, step=batch_idx + 1)
+        if keep:
+            outputs.append(out)
+    return outputs
+
+
+_LOADER_NAMES = {
+    Stage.VALIDATE: "val_dataloaders",
+    Stage.SANITY_CHECK: "val_dataloaders (sanity check)",
+    Stage.TEST: "test_dataloaders",
+    Stage.PREDICT: "predict_dataloaders",
+}
+
+
+def forward_is_collective(strategy: Any) -> bool:
+    """Whether every forward of the model is a collective (its parameters gathered from their
+    shards: FSDP, ZeRO-3, tensor parallelism), read from the strategy's checkpoint layout: whole
+    tensors on every rank ("replicated": single, ddp, ZeRO-1) and DeepSpeed's ZeRO-1 and 2 (which
+    shard the optimizer's state and the gradients only) forward on their own."""
+    layout = strategy.layout or ""
+    return not (
+        layout == "replicated" or layout.startswith(("deepspeed-zero1-", "deepspeed-zero2-"))
+    )
+
+
+def shadow_step(run: Run, step: Callable[..., Any], args: tuple) -> None:
+    """The evaluation step of a rank whose stream has ended, run so that the collectives inside it
+    (the forward's parameter gathers, a sync_dist value logged per step) meet the other ranks'
+    (torch's `Join` idea): on its last batch, with no batch hooks, nothing it logs kept and its
+    output discarded. What the step itself does besides (a counter it raises, a torchmetrics Metric
+    it updates) cannot be undone."""
+    run.metrics.discarding = True
+    try:
+        run.strategy.forward(step, *args)
+    finally:
+        run.metrics.discarding = False
 
 
 def sanity_check(run: Run, limits: Limits, module: Module, val: list) -> None:

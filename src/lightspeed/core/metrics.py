@@ -6,10 +6,16 @@ callback), so logging a loss every step costs no host-device synchronisation.
 A torchmetrics `Metric` may be logged itself, as in Lightning: its step value is what its last
 forward call (`metric(preds, target)`) returned, its epoch value `metric.compute()` at the epoch's
 end (torchmetrics gathers the ranks' states there), after which it is reset.
+
+`sync_dist=True` reduces over the ranks where Lightning does: a step value when it is logged, an
+epoch value once, at the epoch's end (every rank's sum and batch sizes: the mean over all ranks'
+batches, however many each rank had), so a value logged per epoch only costs no collective per
+batch.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +42,7 @@ class _EpochAccumulator:
     # a torchmetrics Metric logged itself: it keeps its own state, compute() gives the value
     metric: Any = None
     dataloader_idx: int | None = None  # the evaluation loader it was logged under (None: outside)
+    sync: bool = False  # sync_dist: reduced over the ranks at the epoch's end (`synced`)
 
     def add(self, value: torch.Tensor | None, batch_size: int = 1) -> None:
         # `value` is None only for a Metric logged without on_step: the Metric holds the state.
@@ -66,6 +73,25 @@ class _EpochAccumulator:
         assert self.total is not None
         return self.total / self.weight if self.reduce_fx == "mean" else self.total
 
+    def synced(self, device: torch.device) -> torch.Tensor | None:
+        """Collective: the epoch value over every rank's batches (None when no rank logged one: a
+        rank may hold the accumulator with nothing added, see `MetricStore.discarding`)."""
+        neutral = {"max": -math.inf, "min": math.inf}.get(self.reduce_fx, 0.0)
+        total = self.total if self.total is not None else torch.tensor(neutral)
+        parts = torch.stack([total.to(device).float(), torch.tensor(self.weight, device=device)])
+        count = torch.tensor(float(self.count), device=device)
+        if self.reduce_fx in ("mean", "sum"):
+            parts = torch.cat([parts, count.reshape(1)])
+            dist.all_reduce(parts, op=dist.ReduceOp.SUM)
+            count = parts[2]
+        else:
+            op = dist.ReduceOp.MAX if self.reduce_fx == "max" else dist.ReduceOp.MIN
+            dist.all_reduce(parts, op=op)
+            dist.all_reduce(count, op=dist.ReduceOp.SUM)
+        if not count.item():
+            return None
+        return parts[0] / parts[1] if self.reduce_fx == "mean" else parts[0]
+
 
 @dataclass
 class MetricStore:
@@ -94,6 +120,11 @@ class MetricStore:
     epoch_loaders: dict[str, int | None] = field(default_factory=dict)
     # per evaluation stage, the `name_step` values it logged (dropped from `latest` at its end)
     eval_step_names: dict[str, set[str]] = field(default_factory=dict)
+    # A shadow step runs (loop.py: a rank whose evaluation stream ended steps with the others):
+    # `log` still makes its collectives, so the ranks' calls match, and keeps nothing; a sync_dist
+    # epoch value gets its accumulator, empty, so the epoch's end reduces the same names everywhere.
+    discarding: bool = False
+    reductions: int = 0  # sync_dist step values reduced when logged (collectives made by `log`)
 
     def log(
         self,
@@ -144,35 +175,37 @@ class MetricStore:
             tensor = _metric_step_value(name, metric, on_step)
         else:
             tensor = _as_tensor(name, value, self.device)
-        if (
+        synced = (
             metric is None
             and sync_dist
             and not rank_zero_only
             and dist.is_initialized()
             and dist.get_world_size() > 1
-        ):
+        )
+        step_tensor = tensor
+        if synced and on_step:  # the epoch value is reduced at the epoch's end (`pop_epoch`)
             assert tensor is not None  # _as_tensor's, as metric is None
-            tensor = _all_reduce(tensor, fx)
+            step_tensor = _all_reduce(tensor, fx)
+            self.reductions += 1
         # Lightning's naming: a metric logged both per step and per epoch appears as name_step and
         # name_epoch.
         forked = on_step and on_epoch
         step_name = f"{name}_step{suffix}" if forked else f"{name}{suffix}"
         epoch_name = f"{name}_epoch{suffix}" if forked else f"{name}{suffix}"
         name = f"{name}{suffix}"
+        if self.discarding:
+            if synced and on_epoch:
+                self._accumulator(epoch_name, fx, name, metric, True)
+            return
         if forked and not training:  # an evaluation's step values leave callback_metrics after it
             self.eval_step_names.setdefault(self.stage, set()).add(step_name)
-        if on_step and tensor is not None:
-            self.step_metrics[step_name] = tensor
-            self.latest[step_name] = tensor
+        if on_step and step_tensor is not None:
+            self.step_metrics[step_name] = step_tensor
+            self.latest[step_name] = step_tensor
             if on_epoch:
-                self.latest[name] = tensor
+                self.latest[name] = step_tensor
         if on_epoch:
-            acc = self.epoch_metrics.setdefault(
-                epoch_name,
-                _EpochAccumulator(
-                    fx, self.stage, name, metric=metric, dataloader_idx=self.dataloader_idx
-                ),
-            )
+            acc = self._accumulator(epoch_name, fx, name, metric, bool(synced))
             acc.add(tensor, batch_size or self.batch_size)
         elif (
             metric is not None
@@ -182,6 +215,16 @@ class MetricStore:
             self.prog_bar |= {step_name, epoch_name}
         if not logger:
             self.hidden_from_logger |= {step_name, epoch_name, name}
+
+    def _accumulator(
+        self, epoch_name: str, fx: str, name: str, metric: Any, sync: bool
+    ) -> _EpochAccumulator:
+        return self.epoch_metrics.setdefault(
+            epoch_name,
+            _EpochAccumulator(
+                fx, self.stage, name, metric=metric, dataloader_idx=self.dataloader_idx, sync=sync
+            ),
+        )
 
     def pop_step(self) -> dict[str, torch.Tensor]:
         """The values logged during this step (for loggers); clears them."""
@@ -197,7 +240,13 @@ class MetricStore:
         mine = {name: acc for name, acc in self.epoch_metrics.items() if acc.stage == self.stage}
         for metric in self.to_reset.pop(self.stage, {}).values():
             metric.reset()
-        out = {name: acc.compute() for name, acc in mine.items() if acc.count}
+        # collective: the sync_dist values, reduced in one order on every rank
+        synced = {name: mine[name].synced(self.device) for name in sorted(mine) if mine[name].sync}
+        out: dict[str, torch.Tensor] = {}
+        for name, acc in mine.items():
+            value = synced[name] if acc.sync else acc.compute() if acc.count else None
+            if value is not None:
+                out[name] = value
         self.epoch_loaders.update({name: mine[name].dataloader_idx for name in out})
         for name in self.eval_step_names.pop(self.stage, set()):
             self.latest.pop(name, None)

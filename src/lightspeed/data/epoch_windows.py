@@ -1,4 +1,5 @@
-"""How a training epoch ends on every rank at once, whether or not its loader knows its length.
+"""How a training epoch, and an evaluation, end on every rank at once, whether or not its loader
+knows its length.
 
     known = check_batch_counts(n, has_exact_length(loader), limit, val_check_interval)  # once
     for window, is_last in EpochWindows(loader, batches, skip, n, size, None if known else agree):
@@ -11,10 +12,18 @@ batches with nothing agreed per step. A loader without one (an IterableDataset, 
 then agree before each optimizer step on how many micro-batches all of them have, so the epoch ends
 on every rank after the same step, when the first rank runs out. A rank with batches left stops
 with the others (its stream is not restarted); one line on rank 0 names the rank that ran short.
+
+    for batch_idx, batch, has in EvalBatches(loader, n, None if exact else agree):  # evaluation
+        ...  # has: this rank's own batch; else it waits, or runs a shadow step on `batch`
+
+Evaluation drops nothing: every rank's batches run, the ranks agreeing before each batch whether
+any still has one; a rank whose stream has ended keeps stepping with the others (loop.py decides
+whether it waits or runs a shadow forward) until all have ended.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -175,3 +184,73 @@ def _ended(rank: int, ran_out: bool, fetched: int, claimed: int | None) -> str:
         return f"rank {rank} reached its limit of {fetched} batches"
     length = f"its len() says {claimed}" if claimed is not None else "it has no len()"
     return f"rank {rank} ran out after {fetched} batches ({length})"
+
+
+class EvalBatches:
+    """One evaluation loader's batches on this rank, ended on every rank together: `for batch_idx,
+    batch, has in EvalBatches(loader, n, agree)`, at most `n` batches per rank.
+
+    `agree` None: every rank has the same count (a loader with an exact length: the
+    DistributedSampler evens the ranks), so each rank runs its batches with no collective; `has` is
+    always True. Otherwise `agree(has)` is a collective returning the fewest and the most batches
+    any rank has in hand (0 or 1; distributed.host_min_max), made before each batch: while any rank
+    has one, every rank gets a turn, `has` False where its own stream has ended. Then `batch` is
+    None (the caller steps on its last batch, or waits), except at batch 0 on a rank whose stream
+    was empty from the start: there it is a peer's first batch (gathered from every rank once, on
+    every rank alike), so even that rank has a batch to step on. The loop ends on every rank after
+    the same turn, when no rank has a batch left.
+
+    `uneven` (alike on every rank): some turn found a rank without a batch; `shortfall` says which.
+    """
+
+    def __init__(self, loader: Any, n: int | float, agree: Callable[[int], tuple[int, int]] | None):
+        self.loader, self.n, self.agree = loader, n, agree
+        self.taken, self.turns = 0, 0  # this rank's own batches; the turns every rank took
+        self.ran_out = False  # this rank's stream ended (rather than its limit `n` was reached)
+        self.uneven = False
+
+    def __iter__(self) -> Iterator[tuple[int, Any, bool]]:
+        batches = iter(self.loader)
+        for batch_idx in itertools.count():
+            has, batch = False, None
+            if batch_idx < self.n and not self.ran_out:
+                batch = next(batches, _ENDED)
+                has, self.ran_out = batch is not _ENDED, batch is _ENDED
+                batch = batch if has else None
+            if self.agree is None:
+                if not has:
+                    return
+                self.taken = self.turns = batch_idx + 1
+                yield batch_idx, batch, True
+                continue
+            fewest, most = self.agree(int(has))
+            if most == 0:
+                return
+            if fewest == 0 and batch_idx == 0:  # a rank has nothing to step on: a peer's first
+                firsts = gather_objects(batch if has else _NoBatch())
+                batch = batch if has else next(b for b in firsts if not isinstance(b, _NoBatch))
+            self.uneven = self.uneven or fewest == 0
+            self.taken, self.turns = self.taken + has, batch_idx + 1
+            yield batch_idx, batch, has
+
+    def shortfall(self, name: str) -> str:
+        """Collective (every rank alike, when `uneven`): which ranks ran short of the others, by
+        how many batches, for the line rank 0 prints."""
+        try:
+            claimed: int | None = len(self.loader)
+        except TypeError:
+            claimed = None
+        ranks = gather_objects((self.ran_out, self.taken, claimed))
+        short = [r for r, (_, taken, _) in enumerate(ranks) if taken < self.turns]
+        said = "; ".join(
+            f"{_ended(r, *ranks[r])}, {self.turns - ranks[r][1]} short of the longest"
+            for r in short
+        )
+        return f"{name}: {said}; every rank ended after {self.turns} batches, together"
+
+
+_ENDED = object()  # a stream's end, where None is a batch a loader may give
+
+
+class _NoBatch:
+    """A rank without a first batch, in `EvalBatches`' gather (picklable, unlike a sentinel)."""
