@@ -173,6 +173,22 @@ def test_bad_input_is_refused_before_launch():
         ls.DeepSpeed(tp=2, config={"tensor_parallel": {"autotp_size": 4}})
     with pytest.raises(ConfigError, match=r"tensor_parallel\.partition_config is not read"):
         ls.DeepSpeed(tp=2, config={"tensor_parallel": {"partition_config": {}}})
+    # manual optimization: refused by the strategy's check, in fit before the ranks start
+    import torch
+
+    from tp_script import CausalLM
+
+    class Manual(CausalLM):
+        def __init__(self):
+            super().__init__("gpt")
+            self.automatic_optimization = False
+
+    loader = torch.utils.data.DataLoader(torch.zeros(8, 4, dtype=torch.long), batch_size=4)
+    trainer = ls.Trainer(
+        strategy="deepspeed_stage_2_tp2", devices=2, accelerator="cpu", logger=False
+    )
+    with pytest.raises(ConfigError, match=r"automatic_optimization=False is not offered with"):
+        trainer.fit(Manual(), loader)
     # the config's degree alone turns AutoTP on, under the same name as DeepSpeed(tp=2)
     assert ls.DeepSpeed(config={"tensor_parallel": {"autotp_size": 2}}).name == (
         "deepspeed_stage_2_tp2"

@@ -47,7 +47,6 @@ from lightspeed.strategies.common import (
     configure_with_plain_twin,
     fork_of,
     options_of,
-    sampler_kwargs,
 )
 from lightspeed.strategies.deepspeed.autotp import (
     build_plan,
@@ -154,7 +153,8 @@ class DeepSpeed:
         ConfigError: bad stage, offload or leaf_modules, nvme without nvme_path, a missing or
             invalid config file; in `check` clipping by value, 16-mixed off CUDA, or
             gradient_clip_val with manual optimization; later, a config key contradicting a
-            Trainer flag.
+            Trainer flag. With tp > 1 (autotp.check_tp, build_plan): stage 3, offload, a config
+            plan, manual optimization, a Hugging Face Conv1D or sizes tp does not divide.
     """
 
     stage: Literal[1, 2, 3] = 2
@@ -243,10 +243,9 @@ class DeepSpeed:
     # What others may read (strategies/base.py), and Lightning's names for it.
     @property
     def distributed_sampler_kwargs(self) -> dict[str, int] | None:
-        """Under tp > 1 the ranks of one TP group read the same batches (autotp.py)."""
-        if self.dist is None or self.tp == 1:
-            return sampler_kwargs.fget(self)  # pyright: ignore[reportOptionalCall]
-        return dp_sampler_kwargs(self.dist.world_size, self.dist.rank, self.tp)
+        """The data-parallel ranks: under tp > 1 a TP group's ranks share batches (autotp.py)."""
+        info = self.dist
+        return None if info is None else dp_sampler_kwargs(info.world_size, info.rank, self.tp)
 
     @property
     def model(self) -> Any:
