@@ -133,6 +133,26 @@ def test_resume_a_tp2_checkpoint_on_one_device(runs, tmp_path):
     assert_close_losses(out["losses"], runs["gpt-ds2"]["losses"][2 * HALF :], RTOL, "tp2 -> 1")
 
 
+def test_a_tp2_checkpoint_consolidates_into_the_plain_module(runs, ref, tmp_path):
+    # ds_to_universal joins the TP cuts: the file loads strictly into the plain GPT (tied head
+    # included) and gives one device's step-15 logits.
+    import torch
+    from safetensors.torch import load_file
+
+    import lightspeed as ls
+    from tp_script import CausalLM
+
+    logits = {}
+    ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1))
+    for name, root in (("tp2", runs["gpt-ds2"]["root"]), ("one", ref["gpt"]["root"])):
+        ls.consolidate(root / "ckpt" / f"step={HALF}.ckpt", tmp_path / f"{name}.safetensors")
+        plain = CausalLM("gpt")
+        plain.configure_model()
+        plain.load_state_dict(load_file(str(tmp_path / f"{name}.safetensors")), strict=True)
+        logits[name] = plain.model(ids)
+    torch.testing.assert_close(logits["tp2"], logits["one"], rtol=0, atol=1e-4)
+
+
 @pytest.mark.slow
 def test_the_other_stages_and_a_zero3_checkpoint_resumed_under_tp2(runs, ref, tmp_path):
     first = _launched(

@@ -34,7 +34,7 @@ import lightspeed.strategies.lightning as lightning
 from lightspeed.checkpoint.io import (
     DEEPSPEED_DIR as TAG,
 )  # the sub-directory that holds DeepSpeed's files
-from lightspeed.checkpoint.layouts import Portable
+from lightspeed.checkpoint.layouts import Portable, read_portable
 from lightspeed.errors import ConfigError
 from lightspeed.perf.kernels import apply_compile, build_optimizers_fast, rebind_schedulers
 from lightspeed.runtime.distributed import init_process_group
@@ -729,7 +729,12 @@ class DeepSpeed:
             # An evaluation engine has no optimizer, and ZeRO keeps the fp32 weights with the
             # optimizer state
             # (DeepSpeed's own weights-only load needs one), so merge the shards and load them.
-            load_weights(_import_deepspeed(), self.module, full_state_dict(Path(path)))
+            state = full_state_dict(Path(path))
+            if self.tp > 1:  # this TP rank's cut of each split tensor
+                whole: Portable = {"model": state, "optim": {"state": {}, "param_groups": []}}
+                rank = self.dist.rank % self.tp
+                state = local_portable(whole, self._plan, self.tp, rank)["model"]
+            load_weights(_import_deepspeed(), self.module, state)
             return
         self.engine.load_checkpoint(
             str(path),
@@ -763,6 +768,10 @@ def full_state_dict(path: Path) -> dict[str, torch.Tensor]:
 
     Keys are the user's Module's own `state_dict()` keys (the engine's `module.` and activation
     checkpointing's prefixes removed); tied weights appear under each name. Uses DeepSpeed's
-    zero_to_fp32. Raises ConfigError if `path` has no DeepSpeed shards."""
+    zero_to_fp32; for an AutoTP checkpoint (one model file per TP rank) DeepSpeed's ds_to_universal,
+    which joins the TP cuts too (checkpoint/layouts.py). Raises ConfigError if `path` has no
+    DeepSpeed shards."""
     _import_deepspeed()
+    if any((Path(path) / TAG).glob("mp_rank_01_model_states.pt")):
+        return read_portable(Path(path), "deepspeed_stage_2", with_optimizer=False)["model"]
     return merge_engines(Path(path), TAG)
