@@ -6,7 +6,7 @@ ZeRO-1) write Lightning's `.ckpt`, the dict `torch.load` reads (single_file.py).
 write a directory, as Lightning's DeepSpeed and FSDP do:
 
     <name>/meta.json        written last: marks a complete lightspeed checkpoint (format, strategy,
-                            world size, step) and records every file's size and CRC-32
+                            world size, step) and records every file's size and xxh3_64
     <name>/trainer.pt       the LoopState's fields, callback states, LR schedulers, the hooks'
                             on_save_checkpoint extras
     <name>/rng-rank<r>.pt   each rank's RNG states
@@ -172,8 +172,8 @@ class Checkpointer:
         barrier()
         if self.rank == 0:
             torch.save(state, tmp / TRAINER_STATE)
-        # Size and CRC-32 of every file, each rank reading back the files it wrote (its shards; rank
-        # 0 the shared ones) at once: a full read of the checkpoint, split across the ranks.
+        # Size and xxh3_64 of every file, each rank reading back the files it wrote (its shards;
+        # rank 0 the shared ones) at once: a full read of the checkpoint, split across the ranks.
         names = sorted(str(f.relative_to(tmp)) for f in tmp.rglob("*") if f.is_file())
         mine = sums(tmp, [n for n in owned(names, self.rank, self.world_size) if n != META])
         files = {k: v for part in _gather(mine) for k, v in part.items()}
@@ -322,15 +322,19 @@ class Checkpointer:
             raise
         # DeepSpeed's bare AssertionError, DCP's CheckpointException (a BaseException)
         except BaseException as e:
-            # Bytes the pass beside the load had not cleared yet: its verdict (this rank's; the
-            # others may be inside the engine's collectives) names a changed byte before the
-            # engine's own error does.
-            if self.pending is not None and (found := self.pending[1].result()):
-                raise ConfigError(with_intact(path, describe(path, found))) from e
+            if corrupt := self._corrupt(path):
+                raise corrupt from e
             raise ConfigError(
                 f"checkpoint {path} could not be loaded by {self.strategy.name}: "
                 f"{_culprit(path, e)}"
             ) from e
+
+    def _corrupt(self, path: Path) -> ConfigError | None:
+        """After a reader failed on `path`: the checksum error when the pass beside the load found
+        a changed byte in this rank's files (bytes it had not cleared yet may be why), else None.
+        This rank's verdict alone: the others may be inside the engine's collectives."""
+        found = self.pending[1].result() if self.pending is not None else None
+        return ConfigError(with_intact(path, describe(path, found))) if found else None
 
     def _read_portable(self, path: Path, meta: dict, with_optimizer: bool) -> dict | None:
         """None when this strategy reads `path` natively (same on-disk layout); else the checkpoint
@@ -348,6 +352,8 @@ class Checkpointer:
             except Exception as e:
                 if isinstance(e, ConfigError):
                     found = e
+                elif corrupt := self._corrupt(path):
+                    found = corrupt
                 else:
                     found = ConfigError(
                         f"checkpoint {path} ({saved} on {ranks} ranks) could not be read for "

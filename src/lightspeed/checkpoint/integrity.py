@@ -8,7 +8,7 @@
 
 Two levels. `verify_files` is cheap (sizes against meta.json, zip central directories, safetensors
 headers): a truncated or missing file. A checksum finds a changed byte, and costs a pass over the
-data: xxh3_64 (xxhash) since 2026-12, 15-20 GB/s on one core, 5x zlib's CRC-32; a checkpoint
+data: xxh3_64 (xxhash) since 2026-12, 15-20 GB/s on one core, 4-5x zlib's CRC-32; a checkpoint
 written before then records CRC-32s and is checked with CRC-32 (the name of each file's sum in
 meta.json is its algorithm's, `ALGORITHMS`).
 

@@ -153,10 +153,11 @@ def read_meta(path: Path) -> dict:
 
 def verify(path: str | os.PathLike, full: bool = True) -> None:
     """Checks a checkpoint: a directory's meta.json, every listed file present with its size and
-    header, and with `full` each file's CRC-32 against the one written at save time; a file's zip
-    directory, and with `full` each of its records against its CRC-32 (reads every byte). Raises
-    ConfigError naming the file that is wrong; returns None when the checkpoint is intact.
-    Directories written before checksums were recorded are checked for sizes and headers only."""
+    header, and with `full` each file's checksum (xxh3_64; CRC-32 in checkpoints written before)
+    against the one written at save time; a file's zip directory, and with `full` each of its
+    records against its CRC-32 (reads every byte). Raises ConfigError naming the file that is
+    wrong; returns None when the checkpoint is intact. Directories written before checksums were
+    recorded are checked for sizes and headers only."""
     path = Path(path)
     if path.is_file():
         check_zip(path)
