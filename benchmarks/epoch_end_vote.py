@@ -1,6 +1,8 @@
-"""What the per-step agreement on a stream's end costs (data/epoch_windows.py), on 2 ranks.
+"""What the agreement on a stream's end costs (data/epoch_windows.py), on 2 ranks: per optimizer
+step in training, per batch in evaluation.
 
     .venv/bin/python benchmarks/epoch_end_vote.py [--calls 2000] [--steps 60] [--repeats 3]
+        [--evaluation-only]
 
 A training loader without an exact length (an IterableDataset) makes the ranks agree before each
 optimizer step on how many micro-batches all of them have: one `distributed.host_min_max`, an
@@ -12,6 +14,11 @@ all_reduce of two integers on the host (gloo; beside NCCL, a gloo group of its o
 2. In training: `Trainer.fit` of the small GPT under DDP on 2 ranks, the same batches once from a
    map-style dataset (counts known: no vote) and once from an IterableDataset (a vote per step),
    alternating `--repeats` times; the median time per step and the ratio stream / map-style.
+3. In evaluation: `Trainer.validate` of the same model under DDP on 2 ranks, `--steps` batches of
+   16 per rank, from a map-style dataset (no vote), from an IterableDataset (a vote per window of
+   `EVAL_WINDOW` batches, EvalBatches) and from the same with a window of one batch (a vote per
+   batch: every batch waits for the slower rank), alternating; the mean time per batch and the
+   ratio.
 
 CPU (gloo) when CUDA has fewer than 2 GPUs, else 2 GPUs (NCCL).
 """
@@ -36,6 +43,7 @@ from rich.table import Table
 from torch.utils.data import DataLoader, IterableDataset
 
 import lightspeed as ls
+from lightspeed.data import epoch_windows
 from lightspeed.demos.gpt import SIZES, GPTModule, RandomTokens
 from lightspeed.runtime.distributed import host_min_max
 
@@ -107,10 +115,16 @@ class StepTimer(ls.Callback):
     def __init__(self):
         self.stamps: list[float] = []
 
-    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+    def stamp(self) -> None:
         if ON_GPU:
             torch.cuda.synchronize()
         self.stamps.append(time.perf_counter())
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.stamp()
+
+    def on_validation_batch_end(self, trainer, module, outputs, batch, batch_idx, idx=0):
+        self.stamp()
 
 
 def fit_once(kind: str, steps: int, out: str) -> None:
@@ -140,32 +154,47 @@ def fit_once(kind: str, steps: int, out: str) -> None:
         Path(out).write_text(json.dumps(diffs))
 
 
-def step_times(steps: int, repeats: int) -> dict[str, list[float]]:
-    found: dict[str, list[float]] = {"map": [], "stream": []}
+def validate_once(kind: str, batches: int, out: str) -> None:
+    """One validate on 2 ranks; rank 0 writes its times per batch."""
+    cfg = SIZES["small"]
+    torch.manual_seed(0)
+    per_rank = 16 * (batches + WARMUP)
+    data = RandomTokens(cfg.vocab_size, cfg.block_size, per_rank * (2 if kind == "map" else 1))
+    loader = DataLoader(data if kind == "map" else Stream(data), batch_size=16)
+    if kind == "stream1":
+        epoch_windows.EVAL_WINDOW = 1  # on both ranks: each runs this function
+    timer = StepTimer()
+    trainer = ls.Trainer(
+        accelerator="gpu" if ON_GPU else "cpu",
+        devices=2,
+        strategy="ddp",
+        callbacks=[timer],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.validate(GPTModule(cfg), loader, verbose=False)
+    if trainer.is_global_zero:
+        diffs = [b - a for a, b in zip(timer.stamps, timer.stamps[1:])][WARMUP - 1 :]
+        Path(out).write_text(json.dumps(diffs))
+
+
+def step_times(
+    steps: int, repeats: int, entry: str = "--fit", kinds: tuple = ("map", "stream")
+) -> dict[str, list[float]]:
+    found: dict[str, list[float]] = {kind: [] for kind in kinds}
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(repeats):
             for kind in found:
                 out = os.path.join(tmp, f"{kind}.json")
-                cmd = [sys.executable, __file__, "--fit", kind, "--steps", str(steps), "--out", out]
+                cmd = [sys.executable, __file__, entry, kind, "--steps", str(steps), "--out", out]
                 subprocess.run(cmd, check=True, cwd=tmp, stdout=subprocess.DEVNULL)
                 found[kind] += json.loads(Path(out).read_text())
     return found
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument("--calls", type=int, default=2000)
-    p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--fit", choices=("map", "stream"), help=argparse.SUPPRESS)
-    p.add_argument("--out", help=argparse.SUPPRESS)
-    args = p.parse_args()
-    if args.fit:
-        fit_once(args.fit, args.steps, args.out)
-        return
-    where = "2 GPUs, NCCL" if ON_GPU else f"CPU, gloo ({os.cpu_count()} cores)"
+def fit_tables(args: argparse.Namespace, where: str) -> None:
+    """Parts 1 and 2: the call alone, and in training."""
     calls = call_costs(args.calls)
     table = Table(title=f"One call on 2 ranks ({where}), median of {args.calls}")
     for col in ("call", "µs", "ratio to barrier"):
@@ -187,6 +216,44 @@ def main() -> None:
         str(len(times["stream"])),
         f"{streamed / mapped:.3f}",
     )
+    Console().print(table)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--calls", type=int, default=2000)
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--evaluation-only", action="store_true", help="part 3 alone")
+    p.add_argument("--fit", choices=("map", "stream"), help=argparse.SUPPRESS)
+    p.add_argument("--validate", choices=("map", "stream", "stream1"), help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.fit:
+        fit_once(args.fit, args.steps, args.out)
+        return
+    if args.validate:
+        validate_once(args.validate, args.steps, args.out)
+        return
+    where = "2 GPUs, NCCL" if ON_GPU else f"CPU, gloo ({os.cpu_count()} cores)"
+    if not args.evaluation_only:
+        fit_tables(args, where)
+    times = step_times(args.steps, args.repeats, "--validate", ("map", "stream", "stream1"))
+    # the mean, not the median: a window's wait falls on one batch in EVAL_WINDOW
+    medians = {kind: statistics.mean(found) for kind, found in times.items()}
+    table = Table(title=f"DDP validate of the small GPT, batch 16 per rank ({where})")
+    for col in ("validation loader", "mean ms/batch", "batches timed", "ratio to map-style"):
+        table.add_column(col, justify="right")
+    names = {
+        "map": "map-style (counts known: no vote)",
+        "stream": f"IterableDataset (a vote per {epoch_windows.EVAL_WINDOW} batches)",
+        "stream1": "IterableDataset (a vote per batch)",
+    }
+    for kind, name in names.items():
+        ratio = f"{medians[kind] / medians['map']:.3f}"
+        table.add_row(name, f"{medians[kind] * 1e3:.2f}", str(len(times[kind])), ratio)
     Console().print(table)
 
 

@@ -16,10 +16,10 @@ With `"eval": true`, evaluation over streams of uneven length per rank, in one j
 fit (2 steps, a sanity check of 2 batches, then validation at the epoch's end over two loaders,
 limit_val_batches=4: loader 0 yields 5 batches on rank 0 and 2 on rank 1 behind a `__len__` that
 claims 20, loader 1 none on rank 0 and 3 on rank 1), then `validate` on the same loaders, `test`
-(2 and 5 batches) and `predict` (3 and 1). Each step logs its batch's mean feature with sync_dist
-and runs the model (a collective forward under ZeRO-3 and FSDP). <out>/rank<r>.json: per stage the
-batch ids the batch hooks saw and how many times the step ran, the epoch values logged, and
-`predict`'s outputs.
+(2 and 11 batches: two windows of agreement) and `predict` (3 and 1). Each step logs its batch's
+mean feature with sync_dist and runs the model (a collective forward under ZeRO-3 and FSDP).
+<out>/rank<r>.json: per stage the batch ids the batch hooks saw and how many times the step ran,
+the epoch values logged, and `predict`'s outputs.
 """
 
 import json
@@ -163,7 +163,7 @@ def evaluate(opts: dict) -> None:
     trainer.fit(model, train, val())
     fit_metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     validated = trainer.validate(model, val())
-    tested = trainer.test(model, DataLoader(Stream([2, 5], offset=200), batch_size=BATCH))
+    tested = trainer.test(model, DataLoader(Stream([2, 11], offset=200), batch_size=BATCH))
     predicted = trainer.predict(model, DataLoader(Stream([3, 1], offset=300), batch_size=BATCH))
     result = {
         "fit": fit_metrics,

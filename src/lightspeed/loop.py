@@ -1020,8 +1020,8 @@ def eval_batches(
     fit). The caller has put the module in eval mode.
 
     A loader without an exact length (an IterableDataset, a generator, a `len()` that estimates)
-    may end at another batch on each rank: the ranks agree before each batch whether any still has
-    one (data/epoch_windows.EvalBatches), and all step until the last rank's stream ends, so no
+    may end at another batch on each rank: the ranks agree once per window of batches how many each
+    holds (data/epoch_windows.EvalBatches), and all step until the last rank's stream ends, so no
     batch is dropped and no rank is left in a collective. A rank whose stream has ended waits at
     the next agreement, or, where the step itself is collective (`forward_is_collective`, or a
     value logged per step with sync_dist), runs `shadow_step` on its last batch; one line on rank 0

@@ -16,14 +16,13 @@ with the others (its stream is not restarted); one line on rank 0 names the rank
     for batch_idx, batch, has in EvalBatches(loader, n, None if exact else agree):  # evaluation
         ...  # has: this rank's own batch; else it waits, or runs a shadow step on `batch`
 
-Evaluation drops nothing: every rank's batches run, the ranks agreeing before each batch whether
-any still has one; a rank whose stream has ended keeps stepping with the others (loop.py decides
-whether it waits or runs a shadow forward) until all have ended.
+Evaluation drops nothing: every rank's batches run, the ranks agreeing once per window of
+batches how many each holds; a rank whose stream has ended keeps stepping with the others (loop.py
+decides whether it waits or runs a shadow forward) until all have ended.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -186,21 +185,27 @@ def _ended(rank: int, ran_out: bool, fetched: int, claimed: int | None) -> str:
     return f"rank {rank} ran out after {fetched} batches ({length})"
 
 
+EVAL_WINDOW = 8  # evaluation batches fetched per agreement (benchmarks/epoch_end_vote.py)
+
+
 class EvalBatches:
     """One evaluation loader's batches on this rank, ended on every rank together: `for batch_idx,
     batch, has in EvalBatches(loader, n, agree)`, at most `n` batches per rank.
 
     `agree` None: every rank has the same count (a loader with an exact length: the
     DistributedSampler evens the ranks), so each rank runs its batches with no collective; `has` is
-    always True. Otherwise `agree(has)` is a collective returning the fewest and the most batches
-    any rank has in hand (0 or 1; distributed.host_min_max), made before each batch: while any rank
-    has one, every rank gets a turn, `has` False where its own stream has ended. Then `batch` is
-    None (the caller steps on its last batch, or waits), except at batch 0 on a rank whose stream
-    was empty from the start: there it is a peer's first batch (gathered from every rank once, on
-    every rank alike), so even that rank has a batch to step on. The loop ends on every rank after
-    the same turn, when no rank has a batch left.
+    always True. Otherwise the ranks agree once per window of `EVAL_WINDOW` batches: each fetches
+    up to that many, and `agree(count)` (a collective: distributed.host_min_max) gives the fewest
+    and the most any rank holds; every rank then takes `most` turns, `has` False on the turns past
+    its own batches. Then `batch` is None (the caller steps on its last batch, or waits), except on
+    the first turn of a rank whose stream was empty from the start: there it is a peer's first
+    batch (gathered from every rank once, on every rank alike), so even that rank has a batch to
+    step on. The loop ends on every rank after the same turn, when a window comes back short on
+    every rank. Between agreements the ranks run at their own pace (one agreement per batch would
+    make every batch wait for the slowest rank); a window's batches wait in host memory.
 
-    `uneven` (alike on every rank): some turn found a rank without a batch; `shortfall` says which.
+    `uneven` (alike on every rank): some window found ranks holding different counts; `shortfall`
+    says which ranks ran short.
     """
 
     def __init__(self, loader: Any, n: int | float, agree: Callable[[int], tuple[int, int]] | None):
@@ -210,28 +215,40 @@ class EvalBatches:
         self.uneven = False
 
     def __iter__(self) -> Iterator[tuple[int, Any, bool]]:
-        batches = iter(self.loader)
-        for batch_idx in itertools.count():
-            has, batch = False, None
-            if batch_idx < self.n and not self.ran_out:
-                batch = next(batches, _ENDED)
-                has, self.ran_out = batch is not _ENDED, batch is _ENDED
-                batch = batch if has else None
-            if self.agree is None:
-                if not has:
-                    return
-                self.taken = self.turns = batch_idx + 1
-                yield batch_idx, batch, True
-                continue
-            fewest, most = self.agree(int(has))
+        batches, agree = iter(self.loader), self.agree
+        if agree is None:
+            while self.turns < self.n and (batch := next(batches, _ENDED)) is not _ENDED:
+                self.taken = self.turns = self.turns + 1
+                yield self.turns - 1, batch, True
+            return
+        size = EVAL_WINDOW
+        while True:
+            window = self._fetch(batches, size)
+            fewest, most = agree(len(window))
             if most == 0:
                 return
-            if fewest == 0 and batch_idx == 0:  # a rank has nothing to step on: a peer's first
-                firsts = gather_objects(batch if has else _NoBatch())
-                batch = batch if has else next(b for b in firsts if not isinstance(b, _NoBatch))
-            self.uneven = self.uneven or fewest == 0
-            self.taken, self.turns = self.taken + has, batch_idx + 1
-            yield batch_idx, batch, has
+            borrowed = None
+            if fewest == 0 and self.turns == 0:  # a rank has nothing to step on: a peer's first
+                firsts = gather_objects(window[0] if window else _NoBatch())
+                borrowed = next(b for b in firsts if not isinstance(b, _NoBatch))
+            self.uneven = self.uneven or fewest != most
+            for i in range(most):
+                has = i < len(window)
+                batch = window[i] if has else borrowed if self.turns == 0 else None
+                self.turns, self.taken = self.turns + 1, self.taken + has
+                yield self.turns - 1, batch, has
+            if most < size:  # every rank's stream (or limit) ended inside this window
+                return
+
+    def _fetch(self, batches: Iterator, size: int) -> list:
+        """Up to `size` more batches of this rank's stream, within its limit `n`."""
+        window: list = []
+        while len(window) < size and self.taken + len(window) < self.n and not self.ran_out:
+            batch = next(batches, _ENDED)
+            self.ran_out = batch is _ENDED
+            if not self.ran_out:
+                window.append(batch)
+        return window
 
     def shortfall(self, name: str) -> str:
         """Collective (every rank alike, when `uneven`): which ranks ran short of the others, by
