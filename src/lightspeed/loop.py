@@ -345,6 +345,7 @@ def follow_fork(run: Run, before: Any) -> None:
     """When a fork of `before` was set up (strategy="auto"), checkpoints and teardown follow it."""
     if run.strategy is not before and run.process is not None:
         checkpointer = Checkpointer(run.strategy, run.callbacks, run.global_rank, run.world_size)
+        checkpointer.pending = run.process.checkpointer.pending  # a load's checksum verdict to come
         run.process = dataclasses.replace(run.process, checkpointer=checkpointer)
         atexit.register(run.strategy.teardown)  # runs before the parent's: LIFO
 
