@@ -4,6 +4,7 @@ training cannot fit: the forecast's device and host peaks against the measured o
     python benchmarks/planner_families.py                 # one GPU, each family under its cap
     python benchmarks/planner_families.py --only llama,gpt2
     python benchmarks/planner_families.py --cpu           # tiny configs, 2 CPU ranks (plumbing)
+    python benchmarks/planner_families.py --parallel 2    # two families at a time (peaks as alone)
 
 The families, each built from a config as its users write it (no downloads): a Hugging Face
 Llama-style decoder (LlamaForCausalLM), GPT-2, an encoder-decoder (T5), a vision transformer (HF
@@ -20,6 +21,11 @@ it held before the model was built, its libraries loaded), seconds per step. The
 the strategy the run ended with (after any fallback) at the micro-batch it trained with, from the
 same probe the run used (one probe: the run's `inspect_model` is handed the benchmark's facts).
 Also shown: plain training's forecast ("single"), which the cap rules out.
+
+After the table, each family's micro-batch trials: the size, whether it ran, and on a GPU the bytes
+allocated before the trial and after its release (a failed trial must leave nothing behind: issue
+38's GPT-2 trial left 3.5 GiB). `--parallel N` runs N families at once: each has its own process and
+cap, so the memory figures are those of a run alone; the seconds per step are not.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -237,6 +244,7 @@ def child(family: str, cpu: bool, spec: dict) -> dict:
     facts = inspect_model(model, sample, precision, "cpu" if cpu else "cuda")
     # The run probes once: its own inspect_model gets these facts (the same probe, the same sample).
     micro_batch.inspect_model = lambda *a, **k: facts
+    trial_rows, plans = record_trials(cpu), record_plans()
     plain = forecast_candidate(build_candidates(devices)[0], facts, devices, precision, 1)
     timing = Timing()
     name = spec.get("strategy", "auto")  # a plan tried by hand: planner_speed.py
@@ -284,8 +292,50 @@ def child(family: str, cpu: bool, spec: dict) -> dict:
         "tokens_per_sample": facts.tokens_per_sample,
         "losses": timing.losses,
         "seconds": time.perf_counter() - start,
+        "trials": trial_rows,
+        "plans": plans,
         "rank0": trainer.is_global_zero,
     }
+
+
+def record_trials(cpu: bool) -> list[list]:
+    """Wraps the micro-batch trials (`micro_batch.try_steps`) to keep [size, ran, note, allocated
+    before, allocated after] for each; on a GPU also prints them as they end."""
+    rows: list[list] = []
+    trial = micro_batch.try_steps
+
+    def recorded(plan, strategy, module, size, step):
+        before = 0 if cpu else torch.cuda.memory_allocated()
+        ran, freed, note = trial(plan, strategy, module, size, step)
+        after = 0 if cpu else torch.cuda.memory_allocated()
+        rows.append([size, ran, note, before, after])
+        if not cpu:
+            print(
+                f"trial {size}: {'ran' if ran else 'failed'}; allocated {before / GIB:.3f} GiB "
+                f"before, {after / GIB:.3f} GiB after its release",
+                flush=True,
+            )
+        return ran, freed, note
+
+    micro_batch.try_steps = recorded
+    return rows
+
+
+def record_plans(top: int = 6) -> list[list]:
+    """Wraps `strategy="auto"`'s choice (`micro_batch.auto_choice`) to keep the plans that fit, in
+    rank order, as [name, micro-batch, forecast tokens/s, forecast device bytes]: the chosen one,
+    then its fallbacks (the first `top`)."""
+    rows: list[list] = []
+    choose = micro_batch.auto_choice
+
+    def recorded(*args, **kwargs):
+        choice = choose(*args, **kwargs)
+        for f in (choice.forecast, *choice.fallbacks)[:top]:
+            rows.append([f.candidate.name, f.micro_batch, f.tokens_per_s, f.device_total])
+        return choice
+
+    micro_batch.auto_choice = recorded
+    return rows
 
 
 def live_at_peak(snapshot: dict, top: int = 30) -> str:
@@ -341,6 +391,20 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def trials_text(rows: list[dict]) -> str:
+    """Each family's micro-batch trials, one line each: size, ran or not, the allocated bytes
+    before and after (GPU), and whether they came back to the value before."""
+    out = ["micro-batch trials (allocated before -> after the trial's release):"]
+    for r in rows:
+        for size, ran, note, before, after in r.get("trials", []):
+            back = "back" if abs(after - before) <= 2**20 else f"+{(after - before) / GIB:.3f} GiB"
+            out.append(
+                f"  {r['family']:6s} {size:4d} {'ran   ' if ran else 'failed'} "
+                f"{before / GIB:6.3f} -> {after / GIB:6.3f} GiB ({back})  {note[:70]}"
+            )
+    return "\n".join(out)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", default=",".join(FAMILIES))
@@ -349,6 +413,7 @@ def main() -> None:
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--out", help="folder for planner_families.json")
     p.add_argument("--history", help="families whose live blocks at the peak go to --out")
+    p.add_argument("--parallel", type=int, default=1, help="families run at once")
     args = p.parse_args()
     if args.child:
         spec = json.loads(args.child)
@@ -356,17 +421,21 @@ def main() -> None:
         if row.pop("rank0"):
             print("RESULT " + json.dumps(row), flush=True)
         return
-    rows = []
-    for family in args.only.split(","):
+
+    def one(family: str) -> dict:
         spec = {"family": family, **GPU[family]}
         if args.history and family in args.history.split(",") and args.out:
             spec["history"] = str(Path(args.out, f"history_{family}.txt"))
         if args.cpu:  # tiny models; the budget comes from their forecast (cpu_budget)
             spec.update(seq=16, samples=8)
         cmd = [sys.executable, __file__, "--child", json.dumps(spec)] + (["--cpu"] * args.cpu)
-        rows.append(run_child(cmd, family, args.limit))
-        print(table(rows[-1:]).splitlines()[-1], flush=True)
-    text = table(rows)
+        row = run_child(cmd, family, args.limit)
+        print(table([row]).splitlines()[-1], flush=True)
+        return row
+
+    with ThreadPoolExecutor(max(1, args.parallel)) as pool:
+        rows = list(pool.map(one, args.only.split(",")))
+    text = table(rows) + "\n\n" + trials_text(rows)
     print("\n" + text, flush=True)
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
@@ -397,6 +466,7 @@ def run_child(cmd: list[str], family: str, limit: float) -> dict:
         out, _ = proc.communicate()
         return {"family": family, "error": f"over {limit:.0f} s", "log": out[-3000:]}
     sys.stdout.write("".join(f"  [{family}] {line}\n" for line in out.splitlines()[-60:]))
+    sys.stdout.flush()
     for line in out.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])

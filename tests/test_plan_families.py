@@ -378,3 +378,115 @@ def test_a_plan_on_four_devices_lists_fsdp_with_tensor_parallelism_divided_by_tp
     assert rows["fsdp_tp4"].activations < tp2.activations
     fsdp_tp = planned_strategy("fsdp_tp2", 4, module)
     assert fsdp_tp.name == "fsdp_tp2" and fsdp_tp.tp == 2
+
+
+# A micro-batch trial under DeepSpeed whose setup or backward raises torch's out-of-memory error.
+# DeepSpeed runs for real (one CPU rank); a torch dispatch mode raises the error at the first
+# allocation of the flat bf16 buffer ZeRO's setup builds ("setup"), or at the third matrix product
+# of the backward ("backward"), as the caching allocator would, and keeps a weak reference to every
+# tensor made meanwhile. In its own process: DeepSpeed's global state stays out of the test's.
+TRIAL_SCRIPT = """
+import functools, gc, json, sys, weakref
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.data import DataLoader
+
+import lightspeed as ls
+import lightspeed.loop
+from lightspeed.plan import micro_batch as mb
+from lightspeed.runtime.launch import read_dist_info
+
+
+class Blocks(ls.LightningModule):
+    def __init__(self, batch_size=4):
+        super().__init__()
+        self.batch_size = batch_size
+        self.embed = torch.nn.Embedding(64, 64)
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(64, 64) for _ in range(6))
+        self.head = torch.nn.Linear(64, 64)
+
+    def training_step(self, batch, batch_idx):
+        h = self.embed(batch)
+        for b in self.blocks:
+            h = torch.relu(b(h))
+        return torch.nn.functional.cross_entropy(self.head(h).flatten(0, 1), batch.flatten())
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    def train_dataloader(self):
+        return DataLoader(torch.randint(0, 64, (64, 16)), batch_size=self.batch_size)
+
+
+class OutOfMemoryAt(TorchDispatchMode):
+    def __init__(self, where, flat_bytes):
+        super().__init__()
+        self.where, self.flat_bytes, self.products, self.raised = where, flat_bytes, 0, False
+        self.made = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor):
+            self.made.append(weakref.ref(out))
+            if not self.raised and self.where == "setup":
+                self.raised = out.untyped_storage().nbytes() >= self.flat_bytes
+            in_backward = torch._C._current_graph_task_id() != -1
+            if not self.raised and self.where == "backward" and in_backward:
+                self.products += func is torch.ops.aten.mm.default
+                self.raised = self.products == 3
+            if self.raised and self.where != "done":
+                self.where = "done"
+                raise torch.OutOfMemoryError(f"{func}: no memory left (injected)")
+        return out
+
+
+def engines():
+    kinds = ("DeepSpeedEngine", "DeepSpeedZeroOptimizer")
+    return sum(type(o).__name__ in kinds for o in gc.get_objects())
+
+
+trainer = ls.Trainer(strategy="deepspeed_stage_2", devices=1, accelerator="cpu",
+                     micro_batch="auto", precision="bf16-mixed", max_steps=1, logger=False,
+                     enable_checkpointing=False, enable_progress_bar=False,
+                     enable_model_summary=False)
+module = Blocks()
+plan = mb.plan_micro_batch(module, None, trainer.strategy, 1, trainer.config.plan)
+trainer.strategy.connect(trainer.config.run_spec(True), read_dist_info(), torch.device("cpu"))
+step = functools.partial(lightspeed.loop.trial_step, trainer._run)
+flat = sum(p.numel() for p in module.parameters()) * 2  # ZeRO's flat bf16 copy
+out = {}
+for where in ("setup", "backward"):
+    mode = OutOfMemoryAt(where, 0.9 * flat)
+    with mode:
+        ran, freed, note = mb.try_steps(plan, trainer.strategy, module, 4, step)
+    alive = [r() for r in mode.made]
+    alive = [t for t in alive if t is not None and t.untyped_storage().nbytes() > 0]
+    out[where] = dict(ran=ran, freed=freed, note=note, made=len(mode.made), alive=len(alive),
+                      alive_bytes=sum(t.untyped_storage().nbytes() for t in alive),
+                      engines=engines())
+    del alive, mode
+ran, freed, note = mb.try_steps(plan, trainer.strategy, module, 4, step)
+out["next"] = dict(ran=ran, freed=freed, engines=engines())
+print("RESULT " + json.dumps(out), flush=True)
+"""
+
+
+@pytest.mark.skipif(not HAS_DEEPSPEED, reason="deepspeed is not installed")
+def test_a_deepspeed_trial_that_runs_out_of_memory_leaves_no_tensor_alive(tmp_path):
+    """Issue 38: a failed DeepSpeed trial on one H200 left 3.5 GiB allocated and every smaller
+    trial failed after it. A backward that raises left its graph alive, held from C++ (DeepSpeed's
+    hooks on the loss), and through the trial's saved-tensor hook the engine, its optimizer and the
+    activations: the trial's saved tensors are now boxed and let go (fallback.SavedBoxes)."""
+    (tmp_path / "trial_oom.py").write_text(TRIAL_SCRIPT)
+    run = launch([str(tmp_path / "trial_oom.py")], tmp_path, nproc=1)
+    assert run.returncode == 0, f"{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
+    out = json.loads(next(x for x in run.stdout.splitlines() if x.startswith("RESULT "))[7:])
+    for where in ("setup", "backward"):
+        r = out[where]
+        assert not r["ran"] and r["freed"] and "out of memory" in r["note"], r
+        assert r["made"] > 50, r  # DeepSpeed built (and the step ran) before the error
+        # not one tensor made during the trial is alive: the flat buffers, the fp32 partition,
+        # the activations, ZeRO's bucket; and no engine or ZeRO optimizer object
+        assert r["alive"] == 0 and r["alive_bytes"] == 0 and r["engines"] == 0, (where, r)
+    assert out["next"] == {"ran": True, "freed": True, "engines": 0}

@@ -35,6 +35,9 @@ from __future__ import annotations
 
 import copy
 import gc
+import sys
+import traceback
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -61,6 +64,9 @@ __all__ = [
     "restore",
     "release_device_memory",
     "plan_hint",
+    "SavedBoxes",
+    "strip_tensors",
+    "drop_traceback",
 ]
 
 OUT_OF_MEMORY = (torch.OutOfMemoryError, MemoryError)
@@ -131,7 +137,9 @@ def set_up_or_fall_back(
         except Exception as e:
             if not is_out_of_memory(e):
                 raise
-            error = e
+            # its frames hold the half-built attempt (an engine) through the release below; the
+            # last candidate's error keeps them, for the user's traceback
+            error = e if i + 1 == len(names) else drop_traceback(e)
         # One verdict for every rank: a rank that set up frees its attempt when another did not.
         if all_ranks_ok(error is None):
             return attempt, FirstSteps(name, tuple(names[i + 1 :]), kept, start, budget)
@@ -186,17 +194,20 @@ class FirstSteps:
             self.at_first_step = rng_state()
             detach_from(self.kept, module)
         meter, out, error = _Meter(strategy, self.budget), None, None
+        saved = SavedBoxes(meter.pack)
         try:
-            with torch.autograd.graph.saved_tensors_hooks(meter.pack, lambda t: t):
+            with saved.hooks():
                 out = step()
             error = meter.over()
         except Exception as e:
             if not is_out_of_memory(e):
                 raise
             error = f"out of memory: {str(e).splitlines()[0][:120]}"
+            drop_traceback(e)
         # Outside the except block: the traceback no longer holds the failed step's tensors.
         if not all_ranks_ok(error is None):
             del out
+            saved.empty()  # the failed step's graph may outlive it (SavedBoxes)
             raise StepsOutOfMemory(error or "another rank ran out of memory")
         self.left -= 1
         if self.left == 0:
@@ -218,6 +229,10 @@ class FirstSteps:
         Raises StepsOutOfMemory when no plan is left."""
         step = FIRST_STEPS - self.left + 1
         assert self.kept is not None, "the first steps are over: nothing to restore"
+        # Called while the loop handles StepsOutOfMemory: that error's frames (the failed step's
+        # loop, its strategy) would keep the failed plan alive through its release.
+        if (handled := sys.exc_info()[1]) is not None:
+            drop_traceback(handled)
         release(failed, module, self.kept)
         set_rng_state(self.start)
         line = f"strategy='auto': {self.name} ran out of memory in step {step} ({why})"
@@ -233,6 +248,92 @@ class FirstSteps:
         return strategy, first
 
 
+class _Box:
+    """One saved tensor, as the graph holds it (SavedBoxes)."""
+
+    __slots__ = ("tensor", "__weakref__")
+
+    def __init__(self, tensor: torch.Tensor):
+        self.tensor: torch.Tensor | None = tensor
+
+
+class SavedBoxes:
+    """The `saved_tensors_hooks` of a guarded step (a micro-batch trial's, a plan's first steps):
+    every tensor autograd saves is handed to the graph in a box, and `empty()` lets go of them all.
+
+    A backward that raises can leave its graph alive after every Python reference to it is gone:
+    under DeepSpeed (0.19), whose engine hangs hooks on the loss that close over the loss and the
+    engine, a failed backward's graph stayed reachable from C++ alone (on CPU, with an
+    out-of-memory error raised in the backward: the engine, its optimizer, the saved activations;
+    on one H200 a failed GPT-2 trial left 3.5 GiB allocated). Emptying the boxes returns the
+    activations all the same. The pack hook holds `count` (a bound method) weakly, and the boxes
+    weakly: a graph that completes frees its saved tensors as before, and a leaked one holds no
+    strategy or engine through these hooks."""
+
+    def __init__(self, count: Callable[[torch.Tensor], Any] | None = None):
+        self._count = weakref.WeakMethod(count) if count is not None else None  # type: ignore[arg-type]
+        self._boxes: list[weakref.ref[_Box]] = []
+
+    def pack(self, t: torch.Tensor) -> _Box:
+        count = self._count() if self._count is not None else None
+        if count is not None:
+            count(t)  # may raise (a host budget passed): before the box exists
+        box = _Box(t)
+        self._boxes.append(weakref.ref(box))
+        return box
+
+    @staticmethod
+    def unpack(box: _Box) -> torch.Tensor:
+        assert box.tensor is not None, "a saved tensor was let go (SavedBoxes.empty) before use"
+        return box.tensor
+
+    def hooks(self) -> Any:
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+
+    def empty(self) -> None:
+        """Lets go of every tensor still saved in a box (a failed step's graph is never run)."""
+        for ref in self._boxes:
+            if (box := ref()) is not None:
+                box.tensor = None
+        self._boxes.clear()
+
+
+def strip_tensors(module: torch.nn.Module) -> None:
+    """Drops the storage of a discarded module's parameters and buffers, their gradients and
+    DeepSpeed partitions: for when the objects themselves may outlive it (a failed backward's
+    graph holds its parameters). Parameters another module shares keep their storage there (only
+    this module's objects are emptied)."""
+    for p in module.parameters():
+        try:
+            p.grad = None
+            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        except (RuntimeError, TypeError):  # a wrapper's parameter class that refuses (DTensor)
+            continue
+        if getattr(p, "ds_tensor", None) is not None:
+            p.ds_tensor = None  # type: ignore[attr-defined]
+    for b in module.buffers():
+        try:
+            b.data = torch.empty(0, dtype=b.dtype, device=b.device)
+        except (RuntimeError, TypeError):
+            continue
+
+
+def drop_traceback(error: BaseException) -> BaseException:
+    """`error` without the frames its traceback holds (nor those of the errors it chained): the
+    locals of every finished frame are cleared (a failed setup's half-built engine, a failed step's
+    tensors) and the traceback dropped. Frames still running are left as they are. Returns
+    `error`."""
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if e.__traceback__ is not None:
+            traceback.clear_frames(e.__traceback__)
+            e.__traceback__ = None
+        e = e.__cause__ or e.__context__
+    return error
+
+
 class _Meter:
     """On CPU with a budget: the bytes a step's saved tensors add (once per storage, weights
     excluded) to what the strategy held before it, and what it holds after it."""
@@ -241,15 +342,14 @@ class _Meter:
         self.strategy, self.budget, self.seen = strategy, budget, set()
         self.total = sum(measure(strategy).values()) if budget is not None else 0
 
-    def pack(self, t: torch.Tensor) -> torch.Tensor:
+    def pack(self, t: torch.Tensor) -> None:
         if self.budget is None or t.device.type != "cpu":
-            return t
+            return
         storage = t.untyped_storage()
         is_weight = t.requires_grad and t.grad_fn is None
         if not is_weight and storage._cdata not in self.seen:
             self.seen.add(storage._cdata)
             self.total += storage.nbytes()
-        return t
 
     def over(self) -> str | None:
         if self.budget is None:
@@ -353,6 +453,10 @@ def release(attempt: Any, module: torch.nn.Module, kept: torch.nn.Module) -> Non
         attempt.teardown()
     except Exception:  # noqa: BLE001 - a half-built engine may fail to tear down; it is dropped
         pass
+    # The attempt's parameter objects (the snapshot holds others, over the original storage) may
+    # outlive it in a failed backward's graph: their storage (a DeepSpeed flat buffer's views, a
+    # device copy) goes now.
+    strip_tensors(module)
     restore(module, kept)
     gc.collect()  # the attempt's engine and copies sit in reference cycles
     release_device_memory()

@@ -49,7 +49,13 @@ from lightspeed.core.optimizer import parse_optimizers
 from lightspeed.errors import ConfigError
 from lightspeed.perf.kernels import repeated_blocks
 from lightspeed.plan.chart import gib
-from lightspeed.plan.fallback import release_device_memory
+from lightspeed.plan.fallback import (
+    SavedBoxes,
+    drop_traceback,
+    is_out_of_memory,
+    release_device_memory,
+    strip_tensors,
+)
 from lightspeed.plan.forecast import (
     Candidate,
     auto_choice,
@@ -434,24 +440,32 @@ def try_steps(
 ) -> tuple[bool, bool, str]:
     """Builds a copy of `module` on a fork of `strategy`, runs STEPS_PER_TRIAL real training steps
     (`step`) at micro-batch `size`, then frees everything. Returns (ran on every rank, the copy was
-    collected, a note)."""
+    collected, a note). On CUDA the note ends with the bytes allocated before the trial and after
+    its release ("allocated 1.20 GiB -> 1.20 GiB")."""
     cuda = strategy.device.type == "cuda"
     baseline = torch.cuda.memory_allocated(strategy.device) if cuda else 0
     twin, trial = copy.deepcopy(module), strategy.fork()
     stand_in(twin, module, trial)  # the twin's step sees the trial's optimizers once it is set up
-    alive, note, ran = weakref.ref(twin), "", True
+    alive, note, ran, saved = weakref.ref(twin), "", True, []
     try:
         trial.configure_model(twin)
         trial.setup(twin, lambda m=twin: parse_optimizers(m.configure_optimizers()), size)
         budget = None if cuda else plan.device_bytes
-        peak = _steps(trial, twin, batch_of(plan.raw, size), budget, step)
+        peak = _steps(trial, twin, batch_of(plan.raw, size), budget, step, saved)
         if cuda and peak > plan.device_bytes:
             ran, note = False, f"peak {gib(peak)} over {gib(plan.device_bytes)}"
         note = note or f"peak {gib(peak)}"
-    except (torch.OutOfMemoryError, HostBudgetExceeded) as e:
+    except Exception as e:
+        if not (is_out_of_memory(e) or isinstance(e, HostBudgetExceeded)):
+            raise
         ran, note = False, f"out of memory: {str(e).splitlines()[0][:60]}"
+        drop_traceback(e)  # its frames: the failed step's tensors, a half-built engine
     # Outside the except block: its traceback no longer holds the failed step's frames and tensors.
+    for boxes in saved:  # a failed backward's graph may outlive it (fallback.SavedBoxes)
+        boxes.empty()
     trial.teardown()  # a fork's: frees what the trial built, keeps the process group
+    if not ran:  # its parameter objects may outlive it in that graph: their storage goes now
+        strip_tensors(twin)
     del twin, trial
     # Held in reference cycles (a full collection costs ~1 s when large): the copy, or after an
     # out-of-memory error the failed step's graph, which frames caught in the error's traceback
@@ -460,21 +474,13 @@ def try_steps(
         gc.collect()
     if (held := alive()) is not None:  # still held from outside (ZeRO-3's autograd functions)
         strip_tensors(held)
+    left = 0
     if cuda:  # the cache returned, cuBLAS's workspaces too (they can pin a freed segment)
         release_device_memory()
-        left = torch.cuda.memory_allocated(strategy.device) - baseline
-        note += f"; {gib(left)} left allocated" if left > 2**20 else ""
-    return _min_over_ranks(ran), (not cuda or left <= 2**20) and not _holds_tensors(alive()), note
-
-
-def strip_tensors(module: torch.nn.Module) -> None:
-    """Drops the storage of a discarded module's parameters, their gradients and DeepSpeed
-    partitions, for when the module object itself cannot be collected."""
-    for p in module.parameters():
-        p.grad = None
-        p.data = torch.empty(0, dtype=p.dtype, device=p.device)
-        if getattr(p, "ds_tensor", None) is not None:
-            p.ds_tensor = None  # type: ignore[attr-defined]
+        after = torch.cuda.memory_allocated(strategy.device)
+        left = after - baseline
+        note += f"; allocated {gib(baseline)} -> {gib(after)}"
+    return _min_over_ranks(ran), left <= 2**20 and not _holds_tensors(alive()), note
 
 
 def _holds_tensors(module: torch.nn.Module | None) -> bool:
@@ -486,17 +492,26 @@ def _holds_tensors(module: torch.nn.Module | None) -> bool:
     )
 
 
-def _steps(trial: Any, twin: Any, batch: Any, budget: float | None, step: TrialStep) -> int:
+def _steps(
+    trial: Any,
+    twin: Any,
+    batch: Any,
+    budget: float | None,
+    step: TrialStep,
+    saved: list[SavedBoxes],
+) -> int:
     """STEPS_PER_TRIAL training steps (`step`: the loop's train window); returns the peak bytes
     (CUDA: the allocator's peak; CPU: the measured model states (`memory.measure`) plus the bytes
     autograd saves). On CPU raises HostBudgetExceeded as soon as a saved tensor, or the gradients,
-    take the total past `budget`."""
+    take the total past `budget`. Each step's saved tensors are boxed (`saved` gets the boxes), so
+    that a failed step's can be let go."""
     if torch.cuda.is_available() and trial.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(trial.device)
     peak = 0
     for _ in range(STEPS_PER_TRIAL):
         meter = _TrialMeter(trial, budget)
-        with torch.autograd.graph.saved_tensors_hooks(meter.pack, lambda t: t):
+        saved.append(boxes := SavedBoxes(meter.pack))
+        with boxes.hooks():
             step(twin, trial, batch, [meter])
         peak = max(peak, meter.peak)
     if trial.device.type == "cuda":
@@ -514,7 +529,7 @@ class _TrialMeter(Callback):
         self.strategy, self.budget, self.seen = strategy, budget, set()
         self.total = self.peak = sum(measure(strategy).values())
 
-    def pack(self, t: torch.Tensor) -> torch.Tensor:
+    def pack(self, t: torch.Tensor) -> None:
         storage = t.untyped_storage()
         is_weight = (t.requires_grad and t.grad_fn is None) or is_weight_derived(t)
         if t.device.type == "cpu" and not is_weight and storage._cdata not in self.seen:
@@ -522,7 +537,6 @@ class _TrialMeter(Callback):
             self.total += storage.nbytes()
             if self.budget is not None and self.total > self.budget:
                 raise HostBudgetExceeded(f"{gib(self.total)} held, budget {gib(self.budget)}")
-        return t
 
     def on_after_backward(self, trainer: Any, module: Any) -> None:
         self.peak = max(self.peak, self.total, sum(measure(self.strategy).values()))

@@ -289,6 +289,12 @@ class ProbeTrainer:
     def callback_metrics(self) -> dict:
         return self.metrics.latest
 
+    def __deepcopy__(self, memo: dict) -> ProbeTrainer:
+        """Shared, not copied, as a Module's Trainer is: FSDP's and ZeRO-3's plain twin of a trial's
+        copy (`configure_with_plain_twin`) deep-copies the module, and the trial's strategy this
+        holds cannot be copied once connected (its process group)."""
+        return self
+
     def __getattr__(self, name: str) -> Any:
         real = self.__dict__.get("_trainer")
         if real is None or name.startswith("_"):
