@@ -2,7 +2,7 @@
 step in training, per batch in evaluation.
 
     .venv/bin/python benchmarks/epoch_end_vote.py [--calls 2000] [--steps 60] [--repeats 3]
-        [--evaluation-only]
+        [--evaluation-only] [--size tiny|small]
 
 A training loader without an exact length (an IterableDataset) makes the ranks agree before each
 optimizer step on how many micro-batches all of them have: one `distributed.host_min_max`, an
@@ -127,9 +127,9 @@ class StepTimer(ls.Callback):
         self.stamp()
 
 
-def fit_once(kind: str, steps: int, out: str) -> None:
+def fit_once(kind: str, steps: int, out: str, size: str = "small") -> None:
     """One fit on 2 ranks (the Trainer starts the second); rank 0 writes its step times."""
-    cfg = SIZES["small"]
+    cfg = SIZES[size]
     torch.manual_seed(0)
     # per rank: `steps` batches of 16; the map-style loader gets a DistributedSampler
     data = RandomTokens(cfg.vocab_size, cfg.block_size, 16 * (steps + WARMUP) * 2)
@@ -154,9 +154,9 @@ def fit_once(kind: str, steps: int, out: str) -> None:
         Path(out).write_text(json.dumps(diffs))
 
 
-def validate_once(kind: str, batches: int, out: str) -> None:
+def validate_once(kind: str, batches: int, out: str, size: str = "small") -> None:
     """One validate on 2 ranks; rank 0 writes its times per batch."""
-    cfg = SIZES["small"]
+    cfg = SIZES[size]
     torch.manual_seed(0)
     per_rank = 16 * (batches + WARMUP)
     data = RandomTokens(cfg.vocab_size, cfg.block_size, per_rank * (2 if kind == "map" else 1))
@@ -180,14 +180,15 @@ def validate_once(kind: str, batches: int, out: str) -> None:
 
 
 def step_times(
-    steps: int, repeats: int, entry: str = "--fit", kinds: tuple = ("map", "stream")
+    steps: int, repeats: int, entry: str, kinds: tuple, size: str
 ) -> dict[str, list[float]]:
     found: dict[str, list[float]] = {kind: [] for kind in kinds}
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(repeats):
             for kind in found:
                 out = os.path.join(tmp, f"{kind}.json")
-                cmd = [sys.executable, __file__, entry, kind, "--steps", str(steps), "--out", out]
+                cmd = [sys.executable, __file__, entry, kind, "--out", out]
+                cmd += ["--steps", str(steps), "--size", size]
                 subprocess.run(cmd, check=True, cwd=tmp, stdout=subprocess.DEVNULL)
                 found[kind] += json.loads(Path(out).read_text())
     return found
@@ -202,9 +203,9 @@ def fit_tables(args: argparse.Namespace, where: str) -> None:
     for name, sec in calls.items():
         table.add_row(name, f"{sec * 1e6:.1f}", f"{sec / calls['barrier']:.2f}")
     Console().print(table)
-    times = step_times(args.steps, args.repeats)
+    times = step_times(args.steps, args.repeats, "--fit", ("map", "stream"), args.size)
     mapped, streamed = (statistics.median(times[k]) for k in ("map", "stream"))
-    table = Table(title=f"DDP fit of the small GPT, batch 16 per rank ({where})")
+    table = Table(title=f"DDP fit of the {args.size} GPT, batch 16 per rank ({where})")
     for col in ("training loader", "median ms/step", "steps timed", "ratio to map-style"):
         table.add_column(col, justify="right")
     table.add_row(
@@ -227,23 +228,25 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--evaluation-only", action="store_true", help="part 3 alone")
+    p.add_argument("--size", choices=("tiny", "small"), default="small", help="the GPT's size")
     p.add_argument("--fit", choices=("map", "stream"), help=argparse.SUPPRESS)
     p.add_argument("--validate", choices=("map", "stream", "stream1"), help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.fit:
-        fit_once(args.fit, args.steps, args.out)
+        fit_once(args.fit, args.steps, args.out, args.size)
         return
     if args.validate:
-        validate_once(args.validate, args.steps, args.out)
+        validate_once(args.validate, args.steps, args.out, args.size)
         return
     where = "2 GPUs, NCCL" if ON_GPU else f"CPU, gloo ({os.cpu_count()} cores)"
     if not args.evaluation_only:
         fit_tables(args, where)
-    times = step_times(args.steps, args.repeats, "--validate", ("map", "stream", "stream1"))
+    kinds = ("map", "stream", "stream1")
+    times = step_times(args.steps, args.repeats, "--validate", kinds, args.size)
     # the mean, not the median: a window's wait falls on one batch in EVAL_WINDOW
     medians = {kind: statistics.mean(found) for kind, found in times.items()}
-    table = Table(title=f"DDP validate of the small GPT, batch 16 per rank ({where})")
+    table = Table(title=f"DDP validate of the {args.size} GPT, batch 16 per rank ({where})")
     for col in ("validation loader", "mean ms/batch", "batches timed", "ratio to map-style"):
         table.add_column(col, justify="right")
     names = {
