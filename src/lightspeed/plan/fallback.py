@@ -262,13 +262,13 @@ class SavedBoxes:
     every tensor autograd saves is handed to the graph in a box, and `empty()` lets go of them all.
 
     A backward that raises can leave its graph alive after every Python reference to it is gone:
-    under DeepSpeed (0.19), whose engine hangs hooks on the loss that close over the loss and the
-    engine, a failed backward's graph stayed reachable from C++ alone (on CPU, with an
-    out-of-memory error raised in the backward: the engine, its optimizer, the saved activations;
-    on one H200 a failed GPT-2 trial left 3.5 GiB allocated). Emptying the boxes returns the
-    activations all the same. The pack hook holds `count` (a bound method) weakly, and the boxes
-    weakly: a graph that completes frees its saved tensors as before, and a leaked one holds no
-    strategy or engine through these hooks."""
+    under DeepSpeed (0.19) a failed backward's graph stayed alive with no Python referrer (plain
+    torch with the same failure frees it), and through a pack hook bound to the trial's meter it
+    held the engine, its optimizer and the saved activations (on CPU, with an out-of-memory error
+    injected in the backward; on one H200 a failed GPT-2 trial left 3.5 GiB allocated). Emptying
+    the boxes returns the activations all the same. The pack hook holds `count` (a bound method)
+    weakly, and the boxes weakly: a graph that completes frees its saved tensors as before, and a
+    leaked one holds no strategy or engine through these hooks."""
 
     def __init__(self, count: Callable[[torch.Tensor], Any] | None = None):
         self._count = weakref.WeakMethod(count) if count is not None else None  # type: ignore[arg-type]
