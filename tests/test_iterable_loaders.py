@@ -1,5 +1,6 @@
 """Loaders without an exact length (issue 39): an IterableDataset trains under every strategy, the
-ranks' streams end their epochs together, a StatefulDataLoader resumes mid-epoch.
+ranks' streams end their epochs together, a StatefulDataLoader resumes mid-epoch; evaluation over
+streams of different lengths per rank ends together and drops no batch.
 
     OMP_NUM_THREADS=1 .venv/bin/python -m pytest -q tests/test_iterable_loaders.py
 
@@ -7,7 +8,8 @@ The multi-rank runs (tests/iterable_script.py, 2 gloo ranks): rank 0 streams 20 
 rank 1 13, accumulation 2, two epochs, validation every 4 batches. Every rank must stop after
 rank 1's 13th batch (7 steps per epoch, the 7th a window of one micro-batch on both ranks), with
 the same per-step losses under every strategy (relative 1e-5: DeepSpeed reduces in another order;
-observed ≤ 1.5e-6).
+observed ≤ 1.5e-6). The evaluation runs (`eval`: fit, validate, test and predict in one job per
+strategy) are described in tests/iterable_script.py.
 """
 
 from __future__ import annotations
