@@ -55,10 +55,12 @@ def _one_device(root, **opts) -> dict:
     return {**json.loads((root / "out.json").read_text()), "root": root}
 
 
-def _launched(tmp, jobs: dict[str, dict], timeout: float = 400) -> dict[str, dict]:
-    """The `jobs` (name -> tp_script options, devices=2) as one launched job of 2 ranks."""
-    given = [_opts(tmp / name, devices=2, **opts) for name, opts in jobs.items()]
-    run = launch([str(SCRIPT), json.dumps({"jobs": given})], tmp, "python", 1, timeout=timeout)
+def _launched(tmp, jobs: dict[str, dict], timeout: float = 400, ranks: int = 2) -> dict[str, dict]:
+    """The `jobs` (name -> tp_script options) as one launched job of 2 ranks (the Trainer starts
+    the second), or of `ranks` under torchrun."""
+    devices, launcher, nproc = (2, "python", 1) if ranks == 2 else ("auto", "torchrun", ranks)
+    given = [_opts(tmp / name, devices=devices, **opts) for name, opts in jobs.items()]
+    run = launch([str(SCRIPT), json.dumps({"jobs": given})], tmp, launcher, nproc, timeout=timeout)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-5000:]
     outs = {name: json.loads((tmp / name / "out.json").read_text()) for name in jobs}
     return {name: {**out, "root": tmp / name, "stdout": run.stdout} for name, out in outs.items()}
@@ -155,16 +157,19 @@ def test_a_tp2_checkpoint_consolidates_into_the_plain_module(runs, ref, tmp_path
 
 @pytest.mark.slow
 def test_the_other_stages_and_a_zero3_checkpoint_resumed_under_tp2(runs, ref, tmp_path):
+    offload = {"deepspeed": {"stage": 2, "tp": 2, "offload_optimizer": "cpu"}}
     first = _launched(
         tmp_path,
         {
             "ds3": dict(model="gpt", strategy="deepspeed_stage_3", batch=2, ckpt_every=HALF),
             "gpt-ds1": dict(model="gpt", strategy="deepspeed_stage_1_tp2"),
             "llama-ds2": dict(model="llama", strategy="deepspeed_stage_2_tp2"),
+            "gpt-offload": dict(model="gpt", strategy=offload),  # DeepSpeedCPUAdam's steps
         },
     )
     assert_close_losses(first["gpt-ds1"]["losses"], ref["gpt"]["losses"], RTOL, "gpt ds1 tp2")
     assert_close_losses(first["llama-ds2"]["losses"], ref["llama"]["losses"], RTOL, "llama ds2")
+    assert_close_losses(first["gpt-offload"]["losses"], ref["gpt"]["losses"], RTOL, "offload")
     ckpt = first["ds3"]["root"] / "ckpt" / f"step={HALF}.ckpt"
     out = _launched(
         tmp_path / "then",
@@ -185,8 +190,8 @@ def test_bad_input_is_refused_before_launch():
         ls.Trainer(strategy=ls.DeepSpeed(stage=1, tp=4), devices=2, accelerator="cpu")
     with pytest.raises(ConfigError, match=r"DeepSpeed\(stage=3, tp=2\) is not offered.*FSDP"):
         ls.DeepSpeed(stage=3, tp=2)
-    with pytest.raises(ConfigError, match=r"offload with tp=2 is not offered"):
-        ls.DeepSpeed(stage=2, tp=2, offload_optimizer="cpu")
+    with pytest.raises(ConfigError, match=r"offload_optimizer='nvme' with tp=2 is not offered"):
+        ls.DeepSpeed(stage=2, tp=2, offload_optimizer="nvme", nvme_path="/tmp")
     with pytest.raises(ConfigError, match=r"DeepSpeed\(tp=0\) is not valid: use a positive int"):
         ls.DeepSpeed(tp=0)
     with pytest.raises(ConfigError, match=r"tp=2\) contradicts .*autotp_size=4"):
@@ -243,3 +248,15 @@ def test_plans_deepspeed_cannot_take_are_config_errors():
         ],
         "partition_type": "column",
     }
+
+
+@pytest.mark.slow
+def test_zero2_x_tp_2x2_on_4_ranks(tmp_path):
+    # 2 data-parallel groups of 2 TP ranks (torchrun: the Trainer refuses 4 local ranks on 2 cores):
+    # the data-parallel ranks read different batches (rank // tp), ZeRO-2 halves the optimizer state
+    # and master weights over them; the global batch is 2 x 4, one device's is 8.
+    one = _one_device(tmp_path / "one", model="gpt", batch=8)
+    out = _launched(tmp_path, {"2x2": dict(model="gpt", strategy="deepspeed_stage_2_tp2")}, ranks=4)
+    assert_close_losses(out["2x2"]["losses"], one["losses"], RTOL, "gpt 2x2 vs one device")
+    for rank in out["2x2"]["ranks"]:
+        assert 2 * rank["measure"]["master"] == rank["measure"]["params"]  # fp32 master: half

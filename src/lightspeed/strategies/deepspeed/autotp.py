@@ -53,11 +53,11 @@ LEFT_WHOLE = {"replicate", "embedding_rowwise"}  # replicated on every TP rank u
 WRAPPED = r"\.(?:_checkpoint_wrapped_module\.)?"  # activation checkpointing's level, if applied
 
 
-def check_tp(tp: int, stage: int, offloaded: bool, user_config: dict) -> int:
+def check_tp(tp: int, stage: int, offload: str | None, user_config: dict) -> int:
     """The tensor-parallel degree: `tp`, or the user config's `tensor_parallel.autotp_size` when
     `tp` is 1. Raises ConfigError for a degree that is not a positive int, one contradicting the
-    config's, ZeRO-3 or offload with tp > 1, or a config `partition_config` / `preset_model`
-    (the plan is `DeepSpeed(tp_plan=...)`'s)."""
+    config's, ZeRO-3 or NVMe offload with tp > 1 (the optimizer offloaded to "cpu" is tested), or
+    a config `partition_config` / `preset_model` (the plan is `DeepSpeed(tp_plan=...)`'s)."""
     section = user_config.get("tensor_parallel") or {}
     autotp = section.get("autotp_size", 0)
     check_degree(tp, None, "DeepSpeed")
@@ -77,10 +77,10 @@ def check_tp(tp: int, stage: int, offloaded: bool, user_config: dict) -> int:
             f'not tested with AutoTP). Use DeepSpeed(stage=2, tp={tp}), or FSDP(tp={tp}) ("fsdp_tp'
             f'{tp}") to shard the parameters too.'
         )
-    if offloaded:
+    if offload == "nvme":
         raise ConfigError(
-            f"DeepSpeed offload with tp={tp} is not offered: lightspeed runs DeepSpeed's AutoTP "
-            "with the optimizer on the device only. Drop offload_optimizer, or use tp=1."
+            f"DeepSpeed offload_optimizer='nvme' with tp={tp} is not offered (untested with "
+            "DeepSpeed's AutoTP): use offload_optimizer='cpu' or None, or tp=1."
         )
     for key in ("partition_config", "preset_model"):
         if section.get(key) is not None:

@@ -153,8 +153,8 @@ class DeepSpeed:
         ConfigError: bad stage, offload or leaf_modules, nvme without nvme_path, a missing or
             invalid config file; in `check` clipping by value, 16-mixed off CUDA, or
             gradient_clip_val with manual optimization; later, a config key contradicting a
-            Trainer flag. With tp > 1 (autotp.check_tp, build_plan): stage 3, offload, a config
-            plan, manual optimization, a Hugging Face Conv1D or sizes tp does not divide.
+            Trainer flag. With tp > 1 (autotp.check_tp, build_plan): stage 3, NVMe offload, a
+            config plan, manual optimization, a Hugging Face Conv1D or sizes tp does not divide.
     """
 
     stage: Literal[1, 2, 3] = 2
@@ -216,8 +216,7 @@ class DeepSpeed:
         self.config = self.user_config = read_config(self.config) or {
             "zero_optimization": {"stage": self.stage}
         }
-        offloaded = bool(self.offload_optimizer or self.offload_params)
-        self.tp = check_tp(self.tp, self.stage, offloaded, self.user_config)
+        self.tp = check_tp(self.tp, self.stage, self.offload_optimizer, self.user_config)
         self.deepcompile = wants_deepcompile(
             self.deepcompile,
             self.user_config,
