@@ -90,6 +90,7 @@ def runs(tmp_path_factory, ref):
                 resume=str(ref["gpt"]["root"] / "ckpt" / f"step={HALF}.ckpt"),
             ),
             "gpt-from-own": dict(model="gpt", strategy="deepspeed_stage_2_tp2", resume=own),
+            "gpt-validate": dict(model="gpt", strategy="deepspeed_stage_2_tp2", validate=own),
         },
     )
 
@@ -127,6 +128,13 @@ def test_resume_tp2_natively_and_from_one_device(runs):
     straight = runs["gpt-ds2"]["losses"][2 * HALF :]
     assert runs["gpt-from-own"]["losses"] == straight  # exact: same layout, same ranks
     assert_close_losses(runs["gpt-from-one"]["losses"], straight, RTOL, "single -> tp2")
+
+
+def test_validate_from_a_tp2_checkpoint_under_tp2_and_on_one_device(runs, tmp_path):
+    # an evaluation-only engine (no optimizer) loads its TP rank's cut of the merged weights
+    ckpt = str(runs["gpt-ds2"]["root"] / "ckpt" / f"step={HALF}.ckpt")
+    one = _one_device(tmp_path, model="gpt", validate=ckpt)["val_loss"]
+    assert abs(runs["gpt-validate"]["val_loss"] / one - 1) <= RTOL
 
 
 def test_resume_a_tp2_checkpoint_on_one_device(runs, tmp_path):

@@ -8,7 +8,8 @@ or {"tp": 2, ...}: FSDP(**it); {"deepspeed": {...}}: DeepSpeed(**it)), devices (
 torchrun), batch (per data-parallel rank), steps, accumulate, clip, root, out (rank 0's JSON),
 ckpt_every (a checkpoint every k steps in root/ckpt, named step=k), resume (a checkpoint
 directory), save_to (a directory: the final checkpoint), consolidate (a path: rank 0 writes
-save_to's safetensors file there); jobs (a list of these: each fit in turn, in the same ranks).
+save_to's safetensors file there), validate (a checkpoint: `trainer.validate` from it on the
+data, instead of fit); jobs (a list of these: each in turn, in the same ranks).
 The model is built in configure_model from a config: nothing is downloaded. The result holds the
 per-step global-mean losses, and per rank the bytes of the parameters (`strategy.measure()`), of
 the parameters tensor parallelism split as DTensors (local, and whole), each parameter's local
@@ -108,6 +109,14 @@ class CausalLM(ls.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=1e-2)
 
 
+class Validating(CausalLM):
+    """For `validate` runs only (a fit with a validation_step and no val loader warns)."""
+
+    def validation_step(self, batch, batch_idx):
+        (ids,) = batch
+        self.log("val_loss", self._loss(ids), sync_dist=True)
+
+
 class ByHand(CausalLM):
     """The user's own plan, as Lightning's ModelParallelStrategy users write it."""
 
@@ -152,7 +161,8 @@ def main(opts: dict) -> None:
     ls.seed_everything(0)
     ids = torch.randint(0, VOCAB, (256, SEQ), generator=torch.Generator().manual_seed(0))
     data = DataLoader(TensorDataset(ids), batch_size=opts.get("batch", 4))
-    module = (ByHand if opts.get("hook") else CausalLM)(opts["model"], opts.get("kv_heads", 2))
+    kind = ByHand if opts.get("hook") else Validating if opts.get("validate") else CausalLM
+    module = kind(opts["model"], opts.get("kv_heads", 2))
     strategy = opts.get("strategy", "single")
     if isinstance(strategy, dict) and "deepspeed" in strategy:
         strategy = ls.DeepSpeed(**strategy["deepspeed"])
@@ -184,6 +194,11 @@ def main(opts: dict) -> None:
         seed=0,
         default_root_dir=opts["root"],
     )
+    if opts.get("validate"):  # only validate, from that checkpoint: rank 0 writes {"val_loss": ...}
+        results = trainer.validate(module, data, ckpt_path=opts["validate"])
+        if trainer.is_global_zero:
+            Path(opts["out"]).write_text(json.dumps(results[0]))
+        return
     trainer.fit(module, data, ckpt_path=opts.get("resume"))
     facts = {
         "measure": trainer.strategy.measure(),
