@@ -8,7 +8,8 @@ accumulated micro-batches, clipped at norm 1.0, against one device on the same g
 default cells share one launched job whose two ranks run, one fit after another: lightspeed's GPT
 (fused qkv, tied head: the default plan) under deepspeed_stage_2_tp2 with a checkpoint at step 15,
 a Hugging Face Llama (GQA, rotary: its own tp_plan) under deepspeed_stage_1_tp2, the GPT under
-deepspeed_stage_2_tp2 resumed from one device's step-15 checkpoint, and from its own.
+deepspeed_stage_2_tp2 resumed from one device's step-15 checkpoint and from its own, and validated
+from its own. Its step-15 checkpoint also resumes, validates and consolidates on one device.
 
 Tolerance: relative 1e-5 per step in fp32, test_tensor_parallel.py's (observed: GPT 1.1e-7, Llama
 2.6e-6): a split matmul sums half the features on each rank and all-reduces the halves, so only the
