@@ -5,15 +5,16 @@ Options: model ("gpt": lightspeed's GPT, fused qkv and tied head; "llama": HF Ll
 its own tp_plan; "gpt2": HF GPT-2, Conv1D, fused c_attn, no tp_plan), kv_heads (llama), hook (the
 GPT's MLPs split by hand in configure_tensor_parallel, attention left whole), strategy (a name, or
 {"tp": 2, ...}: FSDP(**it); {"deepspeed": {...}}: DeepSpeed(**it)), devices ("auto" under torchrun),
-accelerator ("cpu" unless given), batch (per data-parallel rank), steps, accumulate, clip, root, out
-(rank 0's JSON), ckpt_every (a checkpoint every k steps in root/ckpt, named step=k), resume (a
-checkpoint directory), save_to (a directory: the final checkpoint), consolidate (a path: rank 0
-writes save_to's safetensors file there), validate (a checkpoint: `trainer.validate` from it on the
-data, instead of fit); jobs (a list of these: each in turn, in the same ranks). The model is built
-in configure_model from a config: nothing is downloaded. The result holds the per-step global-mean
-losses, and per rank the bytes of the parameters (`strategy.measure()`), of the parameters tensor
-parallelism split as DTensors (local, and whole), each parameter's local elements by name, and the
-bytes of the tensors the first forward saved for the backward.
+accelerator ("cpu" unless given), precision ("32-true" unless given), batch (per data-parallel
+rank), steps, accumulate, clip, root, out (rank 0's JSON), ckpt_every (a checkpoint every k steps in
+root/ckpt, named step=k), resume (a checkpoint directory), save_to (a directory: the final
+checkpoint), consolidate (a path: rank 0 writes save_to's safetensors file there), validate (a
+checkpoint: `trainer.validate` from it on the data, instead of fit); jobs (a list of these: each in
+turn, in the same ranks). The model is built in configure_model from a config: nothing is
+downloaded. The result holds the per-step global-mean losses, and per rank the bytes of the
+parameters (`strategy.measure()`), of the parameters tensor parallelism split as DTensors (local,
+and whole), each parameter's local elements by name, and the bytes of the tensors the first forward
+saved for the backward.
 """
 
 from __future__ import annotations
@@ -177,6 +178,7 @@ def main(opts: dict) -> None:
         max_steps=opts.get("steps", 6),
         accumulate_grad_batches=opts.get("accumulate", 1),
         gradient_clip_val=opts.get("clip"),
+        precision=opts.get("precision", "32-true"),
         logger=False,
         enable_progress_bar=False,
         enable_checkpointing=bool(opts.get("ckpt_every")),
