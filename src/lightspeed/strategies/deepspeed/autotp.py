@@ -21,24 +21,16 @@ replicated here.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from lightspeed.checkpoint.layouts import Portable
 from lightspeed.errors import ConfigError
-from lightspeed.strategies.tensor_parallel import (
-    Plan,
-    check_degree,
-    check_plan,
-    default_plan,
-    describe,
-    expand,
-    hf_plan,
-    is_conv1d,
-    untie,
-)
+
+if TYPE_CHECKING:
+    from lightspeed.strategies.tensor_parallel import Plan
 
 # lightspeed's style names (tensor_parallel.STYLES) -> DeepSpeed's TPLayerSpec fields
 SPECS: dict[str, dict[str, Any]] = {
@@ -51,6 +43,8 @@ SPECS: dict[str, dict[str, Any]] = {
 }
 LEFT_WHOLE = {"replicate", "embedding_rowwise"}  # replicated on every TP rank under DeepSpeed
 WRAPPED = r"\.(?:_checkpoint_wrapped_module\.)?"  # activation checkpointing's level, if applied
+# strategies/tensor_parallel.py is imported where a plan is built or tp > 1 checked: it imports
+# torch's DTensor (about half a second), which `import lightspeed` and a rank without tp skip.
 
 
 def check_tp(tp: int, stage: int, offload: str | None, user_config: dict) -> int:
@@ -60,7 +54,10 @@ def check_tp(tp: int, stage: int, offload: str | None, user_config: dict) -> int
     a config `partition_config` / `preset_model` (the plan is `DeepSpeed(tp_plan=...)`'s)."""
     section = user_config.get("tensor_parallel") or {}
     autotp = section.get("autotp_size", 0)
-    check_degree(tp, None, "DeepSpeed")
+    if tp != 1:
+        import lightspeed.strategies.tensor_parallel as tpl
+
+        tpl.check_degree(tp, None, "DeepSpeed")
     if isinstance(autotp, int) and autotp > 1:
         if tp not in (1, autotp):
             raise ConfigError(
@@ -101,6 +98,8 @@ def build_plan(module: nn.Module, tp: int, given: Plan | None) -> tuple[Plan, li
             hook), a style DeepSpeed's AutoTP cannot take, a Hugging Face Conv1D (GPT-2) in the
             plan, nothing to split, or sizes and head counts tp does not divide.
     """
+    import lightspeed.strategies.tensor_parallel as tpl
+
     if _overrides_tp_hook(module):
         raise ConfigError(
             f"{type(module).__name__}.configure_tensor_parallel(mesh) is FSDP(tp)'s hook (torch's "
@@ -108,20 +107,20 @@ def build_plan(module: nn.Module, tp: int, given: Plan | None) -> tuple[Plan, li
             f"DeepSpeed(tp={tp}, tp_plan={{path: style}}), or use FSDP(tp={tp})."
         )
     if given is not None:
-        plan, origin = expand(module, given, "DeepSpeed(tp_plan=...)", strict=True), "tp_plan="
-    elif (found := hf_plan(module)) is not None:
-        plan = expand(module, found[0], f"{found[1]}.tp_plan", strict=False)
+        plan, origin = tpl.expand(module, given, "DeepSpeed(tp_plan=...)", strict=True), "tp_plan="
+    elif (found := tpl.hf_plan(module)) is not None:
+        plan = tpl.expand(module, found[0], f"{found[1]}.tp_plan", strict=False)
         origin = f"the Hugging Face tp_plan of {found[1]}"
     else:
-        plan, origin = default_plan(module), "the default plan for common shapes"
-    plan, tied = untie(module, plan)
+        plan, origin = tpl.default_plan(module), "the default plan for common shapes"
+    plan, tied = tpl.untie(module, plan)
     for path, style in plan.items():
         if style not in SPECS and style not in LEFT_WHOLE:
             raise ConfigError(
                 f"{origin}: {path!r}: style {style!r} is not offered under DeepSpeed's AutoTP: use "
                 f"one of {', '.join(sorted(SPECS))}, or FSDP(tp={tp})."
             )
-        if is_conv1d(module.get_submodule(path)):
+        if tpl.is_conv1d(module.get_submodule(path)):
             raise ConfigError(
                 f"{path!r} is a Hugging Face Conv1D (GPT-2's layers): DeepSpeed's AutoTP training "
                 f"splits nn.Linear only (DeepSpeed 0.19.8). Use FSDP(tp={tp}) for this model."
@@ -133,8 +132,8 @@ def build_plan(module: nn.Module, tp: int, given: Plan | None) -> tuple[Plan, li
             f"{origin}: name the projections with DeepSpeed(tp_plan={{path: 'colwise' | "
             "'rowwise'}})."
         )
-    check_plan(module, plan, tp, origin)
-    lines = describe(plan, tp, origin, tied)
+    tpl.check_plan(module, plan, tp, origin)
+    lines = tpl.describe(plan, tp, origin, tied)
     lines[0] = lines[0].replace("tensor parallel:", "tensor parallel (DeepSpeed AutoTP):")
     return plan, lines
 
