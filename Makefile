@@ -10,8 +10,10 @@ $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	# The CPU build of torch lies on disk; name it first so nothing pulls a CUDA build.
-	$(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q "$(TORCH)" -e ".[test,trackers]"
+	# --no-compile: no bytecode for the thousands of modules never imported (torch, transformers, ...);
+	# Python writes it for those that are, on first import.
+	$(BIN)/python -m pip install -q --no-compile "$(TORCH)"
+	$(BIN)/python -m pip install -q --no-compile "$(TORCH)" -e ".[test,trackers]"
 	touch $@
 
 venv: $(BIN)/.installed
@@ -20,8 +22,11 @@ demo: venv
 	$(BIN)/lightspeed demo
 
 # DeepSpeed JIT-compiles its CPU ops (about a minute each, once per environment, cached in
-# ~/.cache/torch_extensions). Build them here, in one process, so no test waits on a compile.
+# ~/.cache/torch_extensions). Build them here, one process per op (each has its own build lock),
+# beside the lint, so no test waits on a compile.
 DS_OPS := CPUAdamBuilder ShareMemCommBuilder FusedAdamBuilder
+LOAD_OP := import sys; from deepspeed.accelerator import get_accelerator as acc; \
+	acc().create_op_builder(sys.argv[1]).load(); print("DeepSpeed op ready:", sys.argv[1])
 
 # The report test renders report.html in headless Chromium (Debian's package). It is installed here when apt-get
 # can (root, Debian); otherwise that one test is skipped with its reason and the rest runs.
@@ -48,9 +53,10 @@ lint: venv
 	$(BIN)/ruff format --check src
 	$(BIN)/pyright
 
-test: venv chromium lint lightning-ref
-	$(BIN)/python -c "import sys; from deepspeed.accelerator import get_accelerator as acc; \
-	[acc().create_op_builder(n).load() for n in sys.argv[1:]]; print('DeepSpeed ops ready')" $(DS_OPS)
+test: venv chromium lightning-ref
+	@pids=""; for op in $(DS_OPS); do $(BIN)/python -c '$(LOAD_OP)' $$op & pids="$$pids $$!"; done; \
+	$(MAKE) --no-print-directory lint; lint=$$?; built=0; \
+	for p in $$pids; do wait $$p || built=1; done; test $$lint = 0 -a $$built = 0
 	$(BIN)/python -m pytest -q -x -n 2 --dist loadfile --durations=25 tests
 
 clean:
