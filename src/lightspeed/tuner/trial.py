@@ -166,6 +166,8 @@ class TrialRuns:
         t = self.trainer
         run = t._run  # the Trainer's run state (run.py): the trials moved its loop position
         _, state, _ = run.process.checkpointer.load(self.saved, with_optimizer=True)
+        # The checksum pass the load left beside it, settled before clean_up deletes the files
+        run.process.checkpointer.settle()
         run.loop.global_step, run.loop.epoch = self._at["step"], self._at["epoch"]
         t.should_stop = False
         if t.datamodule is not None and state.get("datamodule"):
