@@ -271,7 +271,8 @@ class SavedBoxes:
     leaked one holds no strategy or engine through these hooks."""
 
     def __init__(self, count: Callable[[torch.Tensor], Any] | None = None):
-        self._count = weakref.WeakMethod(count) if count is not None else None  # type: ignore[arg-type]
+        # a bound method (the meter's), held weakly
+        self._count = weakref.WeakMethod(count) if count is not None else None  # type: ignore
         self._boxes: list[weakref.ref[_Box]] = []
 
     def pack(self, t: torch.Tensor) -> _Box:
