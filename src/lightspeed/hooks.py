@@ -18,9 +18,9 @@ from lightspeed.callbacks import (
     LearningRateMonitor,
     ModelCheckpoint,
     ModelSummary,
-    RichProgressBar,
     Timer,
 )
+from lightspeed.callbacks.progress.rich_progress import DefaultProgressBar
 from lightspeed.callbacks.rich_model_summary import default_model_summary
 from lightspeed.callbacks.run_metrics import RunMetrics
 from lightspeed.config import Limits, Output
@@ -54,12 +54,15 @@ def warn_unknown_hooks(module: Module, callbacks: list[Callback]) -> None:
     as `backward`, `optimizer_step`) that a Module or Callback subclass defines and lightspeed never
     calls (a Lightning hook not implemented here, or a typo): it would be silently ignored."""
     for obj, base in [(module, Module), *((cb, Callback) for cb in callbacks)]:
+        # lightspeed's own classes (RichProgressBar.configure_columns) call their methods
+        own = [c for c in type(obj).__mro__ if c.__module__.partition(".")[0] == "lightspeed"]
         for cls in type(obj).__mro__:
-            if cls is base or not issubclass(cls, base):
+            if cls in own or not issubclass(cls, base):
                 continue
             for name in vars(cls):
                 hook_like = name.startswith(("on_", "configure_")) or name in LIGHTNING_OVERRIDES
-                if hook_like and not hasattr(base, name) and callable(vars(cls)[name]):
+                known = hasattr(base, name) or any(name in vars(c) for c in own)
+                if hook_like and not known and callable(vars(cls)[name]):
                     warnings.warn(
                         f"{cls.__name__}.{name} is not a hook lightspeed calls: it will never run. "
                         "Known hooks are the on_*/configure_* methods of "
@@ -146,7 +149,7 @@ def trainer_callbacks(given: Any, limits: Limits, output: Output) -> list[Callba
     bars = [c for c in callbacks if getattr(c, "is_progress_bar", False)]
     if output.enable_progress_bar and not bars:
         # lightspeed's own bar, as trainer.progress_bar_callback (Lightning always has one)
-        callbacks.append(RichProgressBar())
+        callbacks.append(DefaultProgressBar())
     return callbacks
 
 

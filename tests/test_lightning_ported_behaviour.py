@@ -1,0 +1,103 @@
+"""More behaviour Lightning's own tests (../shared/lightning-tests) check, built here: the
+RichProgressBar's stages and metrics, ...
+
+.venv/bin/python -m pytest -q tests/test_lightning_ported_behaviour.py
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import warnings
+
+import lightspeed as ls
+from lightspeed.callbacks.progress.rich_progress import DefaultProgressBar, RichProgressBarTheme
+from test_trainer import Regress, make_trainer, regression_data
+
+
+# ------------------------------------------------------------------ RichProgressBar
+class ShowsLoss(Regress):
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.log("shown", loss, prog_bar=True)
+        return loss
+
+
+def test_rich_progress_bar_draws_a_task_per_stage_and_the_metrics_beside_training(tmp_path):
+    bar = ls.RichProgressBar(
+        theme=RichProgressBarTheme(metrics_format=".2e"), console_kwargs={"file": io.StringIO()}
+    )
+    trainer = make_trainer(
+        tmp_path,
+        max_epochs=2,
+        limit_train_batches=3,
+        limit_val_batches=2,
+        num_sanity_val_steps=1,
+        enable_progress_bar=True,
+        callbacks=[bar],
+    )
+    trainer.fit(ShowsLoss(), regression_data(), regression_data())
+    assert trainer.progress_bar_callback is bar and bar._progress_stopped
+    sanity, train, val = bar.progress.tasks  # the previous validation's task was replaced
+    assert (sanity.completed, sanity.total, sanity.visible) == (1, 1, False)
+    assert (train.completed, train.total, train.description) == (3, 3, "Epoch 1/1 ")
+    assert (val.completed, val.total, val.visible) == (2, 2, False)  # hidden after validation
+    assert train.id == bar.train_progress_bar_id and val.id == bar.val_progress_bar_id
+
+    shown = str(bar.progress.columns[-1]._renderable_cache[train.id][1])
+    assert shown == f"shown: {trainer.progress_bar_metrics['shown']:.2e}"
+    assert str(bar.progress.columns[-1].render(val)) == ""  # beside the training bar only
+    assert "Epoch 1/1" in bar.progress.console.file.getvalue()
+    pickle.dumps(bar)  # the rich objects stay behind
+
+    trainer.validate(Regress(), regression_data())  # a new Progress for the new stage
+    (task,) = bar.progress.tasks
+    assert (task.completed, task.total, task.visible) == (2, 2, True)
+
+
+def test_rich_progress_bar_subclass_columns_and_descriptions():
+    from rich.progress import TextColumn
+
+    column = TextColumn("mine")
+
+    class Mine(ls.RichProgressBar):
+        def configure_columns(self, trainer):
+            return [column]
+
+    bar = Mine(console_kwargs={"file": io.StringIO()})
+    bar._init_progress(trainer=None)
+    assert bar.progress.columns[0] is column and len(bar.progress.columns) == 2  # + metrics
+    bar.teardown(None, None, "fit")
+
+    class Trainer:
+        max_epochs = 12
+
+    bar._trainer = Trainer()
+    assert bar._get_train_description(3) == "Epoch 3/11"
+    assert len(bar._get_train_description(0)) == len(bar.validation_description)
+
+
+def test_the_default_bar_leaves_drawing_to_lightspeeds_own(tmp_path):
+    trainer = make_trainer(tmp_path, max_steps=2, enable_progress_bar=True)
+    trainer.fit(Regress(), regression_data())
+    bar = trainer.progress_bar_callback
+    assert isinstance(bar, DefaultProgressBar) and isinstance(bar, ls.RichProgressBar)
+    assert bar.progress is None and bar.train_progress_bar_id is None
+
+
+def test_methods_of_lightspeeds_callbacks_are_known_hooks_to_a_subclass(tmp_path):
+    from rich.progress import TextColumn
+
+    class Mine(ls.RichProgressBar):
+        def configure_columns(self, trainer):  # RichProgressBar calls it: no warning
+            return [TextColumn("mine")]
+
+        def on_train_epoch_strat(self, trainer, module):  # a typo: said
+            pass
+
+    trainer = make_trainer(tmp_path, max_steps=1, enable_progress_bar=True, callbacks=[Mine()])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(Regress(), regression_data())
+    said = [str(w.message) for w in caught if "is not a hook" in str(w.message)]
+    assert len(said) == 1 and said[0].startswith("Mine.on_train_epoch_strat")
