@@ -243,6 +243,36 @@ def run_workload(
     return json.loads(out.read_text())
 
 
+def run_jobs(
+    tmp_path: Path,
+    jobs: dict[str, dict],
+    timeout: float = 600,
+    launcher: str = "python",
+    nproc: int = 2,
+) -> dict[str, dict]:
+    """Runs tests/workload.py once for several option sets (`jobs`: name -> options), one fit after
+    another in the same ranks: one interpreter start-up and one rendezvous for them all, where each
+    run of its own pays both (about 2 s of CPU per rank, more with DeepSpeed's import). Each job
+    runs in tmp_path/name (its root, unless given), so a later job can name an earlier one's
+    checkpoint there. Returns name -> rank 0's result, with "root"."""
+    given = []
+    for name, opts in jobs.items():
+        root = Path(opts.get("root", tmp_path / name))
+        root.mkdir(parents=True, exist_ok=True)
+        given.append({**opts, "root": str(root), "out": str(root / "result.json")})
+    run = launch(
+        [str(WORKLOAD), json.dumps({"jobs": given})], tmp_path, launcher, nproc, None, timeout
+    )
+    if run.returncode != 0:
+        raise AssertionError(
+            f"workload jobs failed ({run.returncode}):\n{run.stdout[-3000:]}\n{run.stderr[-6000:]}"
+        )
+    return {
+        name: {**json.loads(Path(job["out"]).read_text()), "root": Path(job["root"])}
+        for name, job in zip(jobs, given)
+    }
+
+
 class SharedRuns:
     """Workload runs made once and shared: `runs(**opts)` is `run_workload(root, **opts)` for a
     folder of its own, made by the first caller with these exact options; later callers (in any

@@ -2,7 +2,8 @@
 
 It trains the tiny GPT with the Trainer (which starts its own ranks for devices > 1, or joins
 torchrun's), records the per-step global-mean losses, and rank 0 writes them with other facts to the
-JSON file `out`. Options (all optional except out): strategy, devices, max_steps, max_epochs,
+JSON file `out`; `{"jobs": [options, ...]}` runs several option sets one after another in the same
+ranks (helpers.run_jobs). Options (all optional except out): strategy, devices, max_steps, max_epochs,
 accumulate, clip, clip_algo, precision, batch_size, ckpt_every, resume ("last" or a path), root,
 seed, limit_train_batches, shuffle, predict, validate, test, consolidate (a path), fail_rank (raise
 on that rank at step 3), dropout, num_nodes, progress (show the progress bar), fused (the module's
@@ -387,5 +388,7 @@ def main(opts: dict) -> None:
 
 if __name__ == "__main__":
     # The deepspeed launcher appends --local_rank=N to the script's arguments; the options are the
-    # other one.
-    main(json.loads(next(a for a in sys.argv[1:] if not a.startswith("--local_rank"))))
+    # other one. {"jobs": [options, ...]}: several runs, one after another, in the same ranks.
+    given = json.loads(next(a for a in sys.argv[1:] if not a.startswith("--local_rank")))
+    for job in given.get("jobs", [given]):
+        main(job)
