@@ -10,6 +10,8 @@ import io
 import pickle
 import warnings
 
+import torch
+
 import lightspeed as ls
 from lightspeed.callbacks.progress.rich_progress import DefaultProgressBar, RichProgressBarTheme
 from test_trainer import Regress, make_trainer, regression_data
@@ -101,3 +103,38 @@ def test_methods_of_lightspeeds_callbacks_are_known_hooks_to_a_subclass(tmp_path
         trainer.fit(Regress(), regression_data())
     said = [str(w.message) for w in caught if "is not a hook" in str(w.message)]
     assert len(said) == 1 and said[0].startswith("Mine.on_train_epoch_strat")
+
+
+# ------------------------------------------------------------------ optimizers
+def test_lightning_optimizer_is_an_instance_of_the_optimizer_it_wraps():
+    from lightspeed.core.optimizer import LightningOptimizer
+
+    adam = torch.optim.Adam(torch.nn.Linear(2, 2).parameters())
+    wrapped = LightningOptimizer(adam)
+    assert isinstance(wrapped, (LightningOptimizer, torch.optim.Adam, torch.optim.Optimizer))
+    assert not isinstance(wrapped, torch.optim.SGD) and type(wrapped) is LightningOptimizer
+    again = pickle.loads(pickle.dumps(wrapped))
+    assert type(again) is LightningOptimizer and again.state_dict() == adam.state_dict()
+
+
+def test_the_same_optimizer_and_scheduler_objects_fit_twice(tmp_path):
+    class SameObjects(Regress):
+        def __init__(self):
+            super().__init__()
+            self.opt = torch.optim.SGD(self.parameters(), lr=1.0)
+            self.sched = torch.optim.lr_scheduler.StepLR(self.opt, step_size=1, gamma=0.5)
+
+        def configure_optimizers(self):
+            return {
+                "optimizer": self.opt,
+                "lr_scheduler": {"scheduler": self.sched, "interval": "step"},
+            }
+
+    model = SameObjects()
+    for fit in range(2):
+        trainer = make_trainer(tmp_path, max_steps=2, optimizer_kernels="fused")
+        trainer.fit(model, regression_data())
+        stepped = trainer.strategy.optimizers[0]
+        assert model.sched.optimizer is stepped  # the scheduler drives this fit's optimizer
+        assert model.sched.last_epoch == 2 * (fit + 1)
+        assert stepped.param_groups[0]["lr"] == 0.5 ** (2 * (fit + 1))

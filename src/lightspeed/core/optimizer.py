@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from lightspeed.errors import ConfigError
+from lightspeed.perf.kernels import unbind_rebuilt
 from lightspeed.specs import SchedulerConfig
 from lightspeed.utilities.rank_zero import rank_zero_warn
 
@@ -246,6 +247,7 @@ def parse_optimizers(
         configs = _configure_schedulers_automatic_opt(schedulers, monitor)
     else:
         configs = _configure_schedulers_manual_opt(schedulers)
+    unbind_rebuilt(configs)  # objects returned again: not the previous fit's fused optimizers
     _validate_optimizers_attached(optimizers, configs)
     _validate_scheduler_api(configs, model)
     return optimizers, configs
@@ -365,5 +367,20 @@ class LightningOptimizer:
             raise AttributeError(name)
         return getattr(self._optimizer, name)
 
+    # `isinstance(wrapper, torch.optim.Adam)` holds for an Adam inside, as for Lightning's wrapper:
+    # isinstance falls back to `__class__` (the proxy idiom of unittest.mock and wrapt);
+    # `type(wrapper)` stays LightningOptimizer. Pickling then goes through __reduce__: pickle's
+    # default refuses an object whose `__class__` is not its type.
+    @property
+    def __class__(self) -> type:  # type: ignore[override]
+        return type(self._optimizer)
+
+    def __reduce__(self) -> tuple:
+        return _rewrapped, (self._optimizer, self._strategy)
+
     def __repr__(self) -> str:
         return f"Lightning{self._optimizer!r}"
+
+
+def _rewrapped(optimizer: Any, strategy: Any) -> LightningOptimizer:
+    return LightningOptimizer._to_lightning_optimizer(optimizer, strategy)

@@ -18,6 +18,7 @@ import inspect
 import os
 import sys
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any, Literal, cast
 
@@ -33,6 +34,11 @@ warnings.filterwarnings(
 )
 
 FUSABLE = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)
+
+# The optimizer each rebuilt one replaced. A `configure_optimizers` that returns the same optimizer
+# and scheduler objects at every fit finds its scheduler pointed at the previous fit's rebuilt
+# optimizer; `unbind_rebuilt` points it back. Weak: a rebuilt optimizer goes with its fit.
+_REBUILT_FROM: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def apply_fused_optimizers(
@@ -87,6 +93,7 @@ def apply_fused_optimizers(
         out.append(new or opt)
         if new is not None:
             rebind_schedulers(schedulers, opt, new)
+            _REBUILT_FROM[new] = opt
             replaced.append(f"torch.optim.{type(opt).__name__} -> {_describe(new)}")
     if not replaced:
         return out, None
@@ -213,12 +220,34 @@ def rebind_schedulers(schedulers: list, old: Any, new: Any) -> None:
     SequentialLR or ChainedScheduler) that drives `old` at `new`. Schedulers keep their own state
     (step count, base lrs) and only read and write `optimizer.param_groups`, whose keys the rebuilt
     optimizer carries over."""
-    stack = [getattr(s, "scheduler", s) for s in schedulers]
-    while stack:
-        sched = stack.pop()
+    for sched in _all_schedulers(schedulers):
         if getattr(sched, "optimizer", None) is old:
             sched.optimizer = new
+
+
+def unbind_rebuilt(schedulers: list) -> None:
+    """Points every scheduler that drives an optimizer rebuilt by an earlier fit back at the
+    user's optimizer it replaced (see `_REBUILT_FROM`), which takes over the rebuilt one's state
+    and hyper-parameters (the scheduled lr): the new fit goes on from there, as with one object."""
+    for sched in _all_schedulers(schedulers):
+        rebuilt = getattr(sched, "optimizer", None)
+        if rebuilt is None or rebuilt not in _REBUILT_FROM:  # False for no weak reference
+            continue
+        original = sched.optimizer = _REBUILT_FROM[rebuilt]
+        state = rebuilt.state_dict()
+        for group in state["param_groups"]:
+            group.pop("fused", None)  # the user's choice (None) stays
+        original.load_state_dict(state)
+
+
+def _all_schedulers(schedulers: list) -> list:
+    """The schedulers (SchedulerConfigs unwrapped) and, within them, SequentialLR's and
+    ChainedScheduler's children."""
+    stack, out = [getattr(s, "scheduler", s) for s in schedulers], []
+    while stack:
+        out.append(sched := stack.pop())
         stack.extend(getattr(sched, "_schedulers", []))
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
