@@ -26,32 +26,69 @@ import pytest
 import torch
 
 import lightspeed as ls
-from helpers import ROOT, assert_close_losses, run_workload
+from helpers import ROOT, assert_close_losses, run_jobs, run_workload
 from lightspeed.errors import ConfigError
 
 RUN = dict(devices=2, batch_size=2, accumulate=2, clip=1.0, max_epochs=2, limit_train_batches=5)
 PARITY_RTOL, RESUME_RTOL = 1e-5, 1e-6
+PARITY_DEFAULT = ("deepspeed_stage_1", "ac_stage_3", "unpinned_stage_3_offload")
+
+
+STEP2 = "checkpoints/epoch=0-step=2.ckpt"
+HOOK = {
+    "zero_optimization": {"reduce_bucket_size": 12345, "allgather_bucket_size": 23456},
+    "optimizer": {"type": "SGD", "params": {"lr": 0.05, "momentum": 0.9}},
+}
+
+
+def parity_opts(strategy: str) -> dict:
+    # ac_stage_N goes through the object form with activation checkpointing.
+    # unpinned_stage_3_offload is how the largest model was trained on one H200
+    # (docs/benchmarks.md): ZeRO-3, optimizer offloaded, pageable host buffers.
+    if strategy.startswith("ac_"):
+        return dict(ds={"stage": int(strategy[-1]), "ac": True}, **RUN)
+    if strategy == "unpinned_stage_3_offload":
+        return dict(ds={"stage": 3, "offload_optimizer": "cpu", "pin_memory": False}, **RUN)
+    return dict(strategy=strategy, **RUN)
 
 
 @pytest.fixture(scope="module")
-def ddp(tmp_path_factory):
-    return run_workload(tmp_path_factory.mktemp("ddp"), strategy="ddp", **RUN)
-
-
-@pytest.fixture(scope="module")
-def stage3(tmp_path_factory):
-    """The stage-3 run doubles as the checkpoint run: saves at steps 2, 4, 6, validates, probes the
-    outputs."""
-    root = tmp_path_factory.mktemp("stage3")
-    out = run_workload(
-        root,
-        strategy="deepspeed_stage_3",
-        ckpt_every=2,
-        validate=True,
-        probe=str(root / "probe.pt"),
-        **RUN,
+def runs(tmp_path_factory) -> dict[str, dict]:
+    """The 2-rank runs of the default tests below, in one launched job (helpers.run_jobs): the
+    ranks start once for eight fits. The stage-3 run doubles as the checkpoint run: saves at steps
+    2, 4, 6, validates, probes the outputs; a fit resumes from its step 2 and an evaluation-only
+    run validates its last checkpoint. Name -> rank 0's result, with "root"."""
+    tmp = tmp_path_factory.mktemp("deepspeed")
+    stage3 = tmp / "stage3"
+    return run_jobs(
+        tmp,
+        {
+            "ddp": dict(strategy="ddp", **RUN),
+            "stage3": dict(
+                strategy="deepspeed_stage_3",
+                ckpt_every=2,
+                validate=True,
+                probe=str(stage3 / "probe.pt"),
+                **RUN,
+            ),
+            "resumed": dict(strategy="deepspeed_stage_3", resume=str(stage3 / STEP2), **RUN),
+            "evaluated": dict(
+                strategy="deepspeed_stage_3", fit=False, resume=str(stage3 / "checkpoints"), **RUN
+            ),
+            **{name: parity_opts(name) for name in PARITY_DEFAULT},
+            "hook": dict(strategy="deepspeed_stage_2", devices=2, max_steps=2, ds_hook=HOOK),
+        },
     )
-    return root, out
+
+
+@pytest.fixture(scope="module")
+def ddp(runs):
+    return runs["ddp"]
+
+
+@pytest.fixture(scope="module")
+def stage3(runs):
+    return runs["stage3"]["root"], runs["stage3"]
 
 
 def test_stage3_parity_sharding_and_steps(ddp, stage3):
@@ -77,21 +114,11 @@ def test_stage3_parity_sharding_and_steps(ddp, stage3):
         "unpinned_stage_3_offload",
     ],
 )
-def test_parity_with_ddp(tmp_path, ddp, strategy):
-    # ac_stage_N goes through the object form with activation checkpointing: recomputation must not
-    # change
-    # losses, also under stage 3, where the recomputed forward gathers the partitioned parameters
-    # again.
-    # unpinned_stage_3_offload is how the largest model was trained on one H200
-    # (docs/benchmarks.md): ZeRO-3,
-    # optimizer offloaded, pageable host buffers. (The string form "deepspeed_stage_2_offload" is in
-    # test_strategies.)
-    opts = dict(strategy=strategy)
-    if strategy.startswith("ac_"):
-        opts = dict(ds={"stage": int(strategy[-1]), "ac": True})
-    elif strategy == "unpinned_stage_3_offload":
-        opts = dict(ds={"stage": 3, "offload_optimizer": "cpu", "pin_memory": False})
-    out = run_workload(tmp_path, **opts, **RUN)
+def test_parity_with_ddp(tmp_path, runs, ddp, strategy):
+    # ac_stage_N: recomputation must not change losses, also under stage 3, where the recomputed
+    # forward gathers the partitioned parameters again. (The string form
+    # "deepspeed_stage_2_offload" is in test_strategies.)
+    out = runs.get(strategy) or run_workload(tmp_path, **parity_opts(strategy))
     assert out["global_step"] == 6 == out["deepspeed"]["global_steps"]
     assert_close_losses(out["losses"], ddp["losses"], PARITY_RTOL, f"{strategy} vs ddp")
     if strategy.endswith("offload"):
@@ -123,29 +150,23 @@ def test_consolidate_loads_into_plain_gpt(stage3, tmp_path):
         assert torch.equal(model.eval()(probe["x"]), probe["logits"])
 
 
-def test_resume_is_exact_and_evaluation_only_engine(stage3, tmp_path):
+def test_resume_is_exact_and_evaluation_only_engine(runs, stage3):
     root, straight = stage3
-    step2 = next((root / "checkpoints").glob("*step=2.ckpt"))
-    resumed = run_workload(tmp_path, strategy="deepspeed_stage_3", resume=str(step2), **RUN)
+    assert sorted((root / "checkpoints").glob("*step=2.ckpt")) == [root / STEP2]
+    resumed = runs["resumed"]
     assert resumed["global_step"] == 6 == resumed["deepspeed"]["global_steps"]
     assert_close_losses(
         resumed["losses"], straight["losses"][4:], RESUME_RTOL, "resumed vs straight"
     )
     # validate without fit: an engine without an optimizer, weights merged from the ZeRO shards
-    evaluated = run_workload(
-        tmp_path, strategy="deepspeed_stage_3", fit=False, resume=str(root / "checkpoints"), **RUN
-    )
+    evaluated = runs["evaluated"]
     assert evaluated["deepspeed"]["optimizers"] == 0
     got, want = evaluated["validate"][0]["val_loss"], straight["validate"][0]["val_loss"]
     assert abs(got - want) <= 1e-6 * abs(want), (got, want)
 
 
-def test_configure_deepspeed_hook_changes_buckets_and_optimizer(tmp_path):
-    hook = {
-        "zero_optimization": {"reduce_bucket_size": 12345, "allgather_bucket_size": 23456},
-        "optimizer": {"type": "SGD", "params": {"lr": 0.05, "momentum": 0.9}},
-    }
-    out = run_workload(tmp_path, strategy="deepspeed_stage_2", devices=1, max_steps=2, ds_hook=hook)
+def test_configure_deepspeed_hook_changes_buckets_and_optimizer(runs):
+    out = runs["hook"]
     zero = out["deepspeed"]["config"]["zero_optimization"]
     assert (zero["reduce_bucket_size"], zero["allgather_bucket_size"]) == (12345, 23456)
     assert out["deepspeed"]["optimizer"] == "SGD" and out["deepspeed"]["lr"] == [0.05]
