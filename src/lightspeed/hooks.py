@@ -14,8 +14,6 @@ from typing import Any
 
 from lightspeed.callbacks import (
     Callback,
-    EarlyStopping,
-    LearningRateMonitor,
     ModelCheckpoint,
     ModelSummary,
     Timer,
@@ -123,15 +121,12 @@ def checked_callbacks(callbacks: Any, enable_progress_bar: bool = True) -> list[
 
 
 def trainer_callbacks(given: Any, limits: Limits, output: Output) -> list[Callback]:
-    """The Trainer's callbacks: those given (checked), less checkpointing, early stopping and LR
-    monitoring under fast_dev_run (as Lightning), plus a ModelCheckpoint (`enable_checkpointing`),
-    RunMetrics (lr, throughput, memory; the report), a Timer for `max_time` (unless one is given),
-    a ModelSummary (`enable_model_summary`) and lightspeed's bar (`enable_progress_bar`, unless a
-    bar callback is given)."""
-    off = (ModelCheckpoint, EarlyStopping, LearningRateMonitor) if limits.fast_dev_run else ()
-    callbacks = [
-        c for c in checked_callbacks(given, output.enable_progress_bar) if not isinstance(c, off)
-    ]
+    """The Trainer's callbacks: those given (checked; under fast_dev_run ModelCheckpoint and
+    EarlyStopping stay and do nothing, as Lightning's), plus a ModelCheckpoint
+    (`enable_checkpointing`), RunMetrics (lr, throughput, memory; the report), a Timer for
+    `max_time` (unless one is given), a ModelSummary (`enable_model_summary`) and lightspeed's bar
+    (`enable_progress_bar`, unless a bar callback is given)."""
+    callbacks = checked_callbacks(given, output.enable_progress_bar)
     if output.enable_checkpointing and not any(isinstance(c, ModelCheckpoint) for c in callbacks):
         callbacks.append(ModelCheckpoint())
     if not any(isinstance(c, RunMetrics) for c in callbacks):

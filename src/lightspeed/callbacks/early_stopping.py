@@ -78,6 +78,8 @@ class EarlyStopping(Callback):
             self._check(trainer)
 
     def _check(self, trainer: Trainer) -> None:
+        if trainer.fast_dev_run:  # a trial run of the code: it does not stop early
+            return
         # Rank 0's value decides for every rank (as Lightning reduces the decision): ranks that
         # stopped at
         # different epochs would leave the others waiting in a collective.

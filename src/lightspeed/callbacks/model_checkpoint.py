@@ -254,6 +254,8 @@ class ModelCheckpoint(Callback):
         return None, keep, path, score
 
     def _save(self, trainer: Trainer) -> None:
+        if trainer.fast_dev_run:  # a trial run of the code: nothing saved (Lightning's rule)
+            return
         # Rank 0 decides for every rank: metrics differ between ranks (a val_loss logged without
         # sync_dist), but
         # saving is collective and every rank must write into the same directory.
