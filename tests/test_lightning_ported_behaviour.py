@@ -138,3 +138,10 @@ def test_the_same_optimizer_and_scheduler_objects_fit_twice(tmp_path):
         assert model.sched.optimizer is stepped  # the scheduler drives this fit's optimizer
         assert model.sched.last_epoch == 2 * (fit + 1)
         assert stepped.param_groups[0]["lr"] == 0.5 ** (2 * (fit + 1))
+
+
+# ------------------------------------------------------------------ logging
+def test_info_lines_reach_a_handler_as_lightnings_do(tmp_path, caplog):
+    # lightspeed's logger is at INFO (Lightning's level): a handler set up (caplog's) gets its info
+    make_trainer(tmp_path, max_time={"seconds": 5}, callbacks=[ls.Timer()])
+    assert "callbacks list already contains a Timer" in caplog.text

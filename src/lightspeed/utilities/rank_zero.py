@@ -22,6 +22,8 @@ from lightspeed.runtime.launch import read_dist_info
 
 F = TypeVar("F", bound=Callable[..., Any])
 log = logging.getLogger("lightspeed")
+if log.level == logging.NOTSET:  # unless the user chose one: Lightning's INFO, so that its info
+    log.setLevel(logging.INFO)  # lines reach the handlers set up (none by default: not printed)
 
 
 class _RankZeroOnly:
