@@ -10,6 +10,7 @@ import io
 import pickle
 import warnings
 
+import pytest
 import torch
 
 import lightspeed as ls
@@ -145,3 +146,22 @@ def test_info_lines_reach_a_handler_as_lightnings_do(tmp_path, caplog):
     # lightspeed's logger is at INFO (Lightning's level): a handler set up (caplog's) gets its info
     make_trainer(tmp_path, max_time={"seconds": 5}, callbacks=[ls.Timer()])
     assert "callbacks list already contains a Timer" in caplog.text
+
+
+def test_log_refuses_a_key_that_names_the_dataloader_idx(tmp_path):
+    class Suffixed(Regress):
+        def training_step(self, batch, batch_idx):
+            self.log("foo/dataloader_idx_0", 1.0)
+            return super().training_step(batch, batch_idx)
+
+    with pytest.raises(ls.ConfigError, match="`self.log` with the key `foo/dataloader_idx_0`"):
+        make_trainer(tmp_path, max_steps=1).fit(Suffixed(), regression_data())
+
+    class Unsuffixed(Regress):  # the loop adds no suffix: the name is the user's to choose
+        def training_step(self, batch, batch_idx):
+            self.log("foo/dataloader_idx_0", 1.0, add_dataloader_idx=False)
+            return super().training_step(batch, batch_idx)
+
+    trainer = make_trainer(tmp_path, max_steps=1)
+    trainer.fit(Unsuffixed(), regression_data())
+    assert "foo/dataloader_idx_0" in trainer.callback_metrics

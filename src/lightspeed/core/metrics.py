@@ -148,7 +148,14 @@ class MetricStore:
         fx = {"avg": "mean", "add": "sum"}.get(fx.lower(), fx.lower())  # Lightning's spellings
         if fx not in _REDUCE:
             raise ConfigError(
-                f"reduce_fx={reduce_fx!r} is not valid for {name!r}: use one of {sorted(_REDUCE)}."
+                f"reduce_fx={reduce_fx!r} is not valid for {name!r}: use one of {sorted(_REDUCE)}. "
+                "Only `self.log(..., reduce_fx={min,max,mean,sum})` are supported; for another "
+                "reduction, log a `torchmetrics.Metric`."
+            )
+        if add_dataloader_idx and "/dataloader_idx_" in name:  # the suffix is the loop's to add
+            raise ConfigError(
+                f"You called `self.log` with the key `{name}` but it should not contain "
+                "information about `dataloader_idx` when `add_dataloader_idx=True`."
             )
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
             raise ConfigError(
@@ -330,8 +337,8 @@ def _as_tensor(name: str, value: Any, device: torch.device) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
             raise ConfigError(
-                f"self.log({name!r}, ...) got a tensor of shape {tuple(value.shape)}: "
-                "log scalars (one element)."
+                f"self.log({name!r}, ...) got a tensor of shape {tuple(value.shape)}: the tensor "
+                f"must have a single element (log scalars, e.g. `self.log({name!r}, t.mean())`)."
             )
         return value.detach().reshape(())
     if isinstance(value, (int, float, bool)):
