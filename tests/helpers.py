@@ -277,7 +277,8 @@ class SharedRuns:
     """Workload runs made once and shared: `runs(**opts)` is `run_workload(root, **opts)` for a
     folder of its own, made by the first caller with these exact options; later callers (in any
     process) read its result. The result gains "root", the run's folder (its checkpoints); a string
-    option may name a file there as "{root}/name".
+    option may name a file there as "{root}/name". `runs.jobs({name: opts, ...})` makes several runs
+    the same way in one launched job (run_jobs), each in the folder's sub-folder `name`.
 
     Each run has a lock file: two processes never make the same run, and one waits only for the run
     it needs. The folder must belong to one pytest session (conftest's `shared_run`), so that every
@@ -290,6 +291,13 @@ class SharedRuns:
 
     def __call__(self, **opts) -> dict:
         return self._get(opts, wait=True)
+
+    def jobs(self, jobs: dict[str, dict]) -> dict[str, dict]:
+        """The runs of `jobs` (name -> options), made once in one launched job: name -> result,
+        each with its own "root" (a sub-folder of the bundle's folder, which "{root}" names)."""
+        got = self._get({"jobs": jobs}, wait=True)
+        assert got is not None
+        return {name: {**r, "root": Path(r["root"])} for name, r in got["jobs"].items()}
 
     def all(self, many: list[dict]) -> list[dict]:
         """The runs of `many`, making first those no other process is making: a process that goes
@@ -317,15 +325,28 @@ class SharedRuns:
                 if not done.exists():
                     root.mkdir(exist_ok=True)
                     (root / "shared-options.json").write_text(key)
-                    given = {
-                        k: v.replace("{root}", str(root)) if isinstance(v, str) else v
-                        for k, v in opts.items()
-                    }
-                    (root / "shared-result.tmp").write_text(json.dumps(run_workload(root, **given)))
+                    given = _fill_root(opts, str(root))
+                    if "jobs" in given:
+                        made = run_jobs(root, given["jobs"])
+                        result = {
+                            "jobs": {n: {**r, "root": str(r["root"])} for n, r in made.items()}
+                        }
+                    else:
+                        result = run_workload(root, **given)
+                    (root / "shared-result.tmp").write_text(json.dumps(result))
                     (root / "shared-result.tmp").rename(done)
         except Timeout:
             return None
         return {**json.loads(done.read_text()), "root": root}
+
+
+def _fill_root(value, root: str):
+    """`value` with "{root}" in its strings (also those of nested dicts) replaced by `root`."""
+    if isinstance(value, str):
+        return value.replace("{root}", root)
+    if isinstance(value, dict):
+        return {k: _fill_root(v, root) for k, v in value.items()}
+    return value
 
 
 def free_port(slurm: bool = False) -> int:

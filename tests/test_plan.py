@@ -3,10 +3,10 @@ and the CLI.
 
 The accuracy test: the forecast's model-state terms (params, grads, optim, master) for the tiny GPT
 on 2 ranks match what `lightspeed.runtime.memory.measure` reports on the busiest rank after a real
-fit, within 5%, for every strategy. The 2-rank runs happen once per module (fixture `measured`); the
-strategy `auto` picks under a budget is trained there for 3 steps. The fp32 fits are
-tests/test_strategies.py's conformance runs (30 steps, then evaluation, prediction and a save), made
-once per session for both files; the half-precision layouts are fits of 3 steps.
+fit, within 5%, for every strategy. The 2-rank runs happen once per module (fixture `measured`), in
+one launched job (helpers.run_jobs: the ranks start once): the strategy `auto` picks under a budget,
+then every strategy in fp32 and the half-precision layouts, each a fit of 3 steps (the optimizer
+states exist after the first).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import lightspeed as ls
-from helpers import run_workload
+from helpers import run_jobs
 from lightspeed.demos.gpt import SIZES, ByteWindows, stdlib_corpus
 from lightspeed.plan.chart import write_chart
 from lightspeed.plan.forecast import (
@@ -75,11 +75,9 @@ def _budget_ruling_out_ddp(facts) -> float:
 
 
 @pytest.fixture(scope="module")
-def measured(tmp_path_factory, facts, shared_run):
+def measured(tmp_path_factory, facts):
     """Per strategy, rank 0's result of a 2-rank fit with memory=True (busiest rank's bytes in
     'bytes')."""
-    from test_strategies import conformance_run
-
     picked, _ = auto_strategy(
         gpt(),
         2,
@@ -90,36 +88,27 @@ def measured(tmp_path_factory, facts, shared_run):
         batch=sample_batch(),
         show=False,
     )
-    # The same budget through the Trainer: strategy="auto" plans before the ranks start, then
-    # trains.
-    out = {
-        "auto_pick": picked,
-        "auto_run": run_workload(
-            tmp_path_factory.mktemp("auto"),
+    jobs = {
+        # The same budget through the Trainer: strategy="auto" plans before the ranks start (the
+        # first job), then trains.
+        "auto": dict(
             strategy="auto",
             devices=2,
             max_steps=3,
             batch_size=1,  # the micro-batch planned for
             memory_budget=_budget_ruling_out_ddp(facts),
         ),
-    }
-    fp32 = [name for name, precision in RUNS if precision == "32-true"]
-    # Made once for both files; `all` makes first the runs the other worker is not making
-    # (test_strategies.py).
-    runs = dict(zip(fp32, shared_run.all([conformance_run(name) for name in fp32])))
-    for name, precision in RUNS:
-        if precision == "32-true":
-            result = runs[name]
-        else:
-            result = run_workload(
-                tmp_path_factory.mktemp(name),
-                strategy=name,
-                devices=2,
-                max_steps=3,
-                memory=True,
-                precision=precision,
-                timeout=600,
+        **{
+            f"{name}-{precision}": dict(
+                strategy=name, devices=2, max_steps=3, memory=True, precision=precision
             )
+            for name, precision in RUNS
+        },
+    }
+    runs = run_jobs(tmp_path_factory.mktemp("measured"), jobs)
+    out = {"auto_pick": picked, "auto_run": runs["auto"]}
+    for name, precision in RUNS:
+        result = runs[f"{name}-{precision}"]
         result["bytes"] = {c: max(rank[c] for rank in result["memory"]) for c in CATEGORIES}
         out[name, precision] = result
     return out

@@ -55,11 +55,9 @@ RESUME_RTOL = 1e-6
 WEIGHT_RTOL = 1e-4
 
 
-def conformance_run(strategy: str) -> dict:
-    """The options of a strategy's run (tests/workload.py). memory=True: after everything else, one
-    more forward/backward and `lightspeed.runtime.memory.measure` on each rank; tests/test_plan.py
-    compares those bytes with the memory forecast, so the same runs serve both files (conftest's
-    `shared_run`)."""
+def conformance_run(strategy: str, root: str = "{root}") -> dict:
+    """The options of a strategy's run (tests/workload.py); `root` is the run's folder ("{root}":
+    the shared run's own)."""
     devices = 1 if strategy == "single" else 2
     return dict(
         strategy=strategy,
@@ -74,17 +72,49 @@ def conformance_run(strategy: str) -> dict:
         predict=True,
         limit_predict_batches=3,
         ckpt_every=RESUME_AT,
-        save_to="{root}/final",
-        consolidate="{root}/final.safetensors",
-        memory=devices > 1,
-        launcher="in-process" if devices == 1 else "python",
+        save_to=f"{root}/final",
+        consolidate=f"{root}/final.safetensors",
     )
+
+
+def resume_run(strategy: str, ckpt: str) -> dict:
+    """The options of the run that resumes a strategy's run from its step-15 checkpoint `ckpt`."""
+    devices = 1 if strategy == "single" else 2
+    return dict(
+        strategy=strategy,
+        devices=devices,
+        batch_size=8 // (devices * ACCUM),
+        accumulate=ACCUM,
+        clip=1.0,
+        max_steps=STEPS,
+        resume=ckpt,
+    )
+
+
+CKPT = f"checkpoints/epoch=0-step={RESUME_AT}.ckpt"
+# The 2-rank strategies of the default cells: their runs and resumes in one launched job
+# (helpers.run_jobs: the ranks start once for eight fits), made once per session for this file and
+# tests/test_verified_checkpoints.py (conftest's `shared_run`).
+BUNDLED = [s for s in STRATEGIES if s not in REPEATS]
+BUNDLE = {
+    **{s: conformance_run(s, root=f"{{root}}/{s}") for s in BUNDLED},
+    **{f"{s}-resumed": resume_run(s, f"{{root}}/{s}/{CKPT}") for s in BUNDLED},
+}
+
+
+def strategy_run(shared_run, strategy: str) -> dict:
+    """A strategy's run, made once per session: the bundle's, or one of its own (single: in this
+    process)."""
+    if strategy in BUNDLED:
+        return shared_run.jobs(BUNDLE)[strategy]
+    launcher = "in-process" if strategy == "single" else "python"
+    return shared_run(**conformance_run(strategy), launcher=launcher)
 
 
 @pytest.fixture(scope="module")
 def runs(shared_run):
     """Trains each strategy once per session, on first use; the tests below share the results."""
-    return lambda strategy: shared_run(**conformance_run(strategy))
+    return lambda strategy: strategy_run(shared_run, strategy)
 
 
 @pytest.mark.parametrize("strategy", cells(STRATEGIES))
@@ -97,7 +127,7 @@ def test_conformance(runs, strategy):
     assert 0 < r["validate"][0]["val_loss"] < r["losses"][0]
     assert 0 < r["test"][0]["test_loss"] < r["losses"][0]
     assert r["predict_batches"] == 3
-    ckpt = r["root"] / "checkpoints" / f"epoch=0-step={RESUME_AT}.ckpt"
+    ckpt = r["root"] / CKPT
     if strategy in ("single", "ddp", "ddp_sharded"):  # Lightning's one file
         assert torch.load(ckpt, weights_only=True)["global_step"] == RESUME_AT
     else:  # a directory, as Lightning's sharded strategies write
@@ -125,22 +155,16 @@ def test_parity_with_single_device(runs, strategy):
 
 
 @pytest.mark.parametrize("strategy", cells(["single", *STRATEGIES]))
-def test_resume_continues_exactly(runs, strategy, tmp_path):
+def test_resume_continues_exactly(runs, shared_run, strategy, tmp_path):
     """Resuming from the step-15 checkpoint replays steps 16..30 with the same losses."""
     r = runs(strategy)
-    ckpt = r["root"] / "checkpoints" / f"epoch=0-step={RESUME_AT}.ckpt"
-    devices = 1 if strategy == "single" else 2
-    resumed = run_workload(
-        tmp_path,
-        strategy=strategy,
-        devices=devices,
-        batch_size=8 // (devices * ACCUM),
-        accumulate=ACCUM,
-        clip=1.0,
-        max_steps=STEPS,
-        resume=str(ckpt),
-        launcher="in-process" if devices == 1 else "python",
-    )
+    if strategy in BUNDLED:
+        resumed = shared_run.jobs(BUNDLE)[f"{strategy}-resumed"]
+    else:
+        launcher = "in-process" if strategy == "single" else "python"
+        resumed = run_workload(
+            tmp_path, **resume_run(strategy, str(r["root"] / CKPT)), launcher=launcher
+        )
     assert resumed["global_step"] == STEPS
     assert_close_losses(
         resumed["losses"], r["losses"][RESUME_AT * ACCUM :], RESUME_RTOL, f"{strategy} resumed"

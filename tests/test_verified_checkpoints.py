@@ -143,13 +143,9 @@ def test_damage_engines_would_fail_on_is_named_first(
     # A copy of the step-15 checkpoint of tests/test_strategies.py's 2-rank run (made once per
     # session).
     from test_checksummed_resume import beside_the_load
-    from test_strategies import RESUME_AT, conformance_run
+    from test_strategies import CKPT, RESUME_AT, strategy_run
 
-    saved = (
-        shared_run(**conformance_run(strategy))["root"]
-        / "checkpoints"
-        / f"epoch=0-step={RESUME_AT}.ckpt"
-    )
+    saved = strategy_run(shared_run, strategy)["root"] / CKPT
     ckpt = tmp_path / "ckpt"
     shutil.copytree(saved, ckpt)
     file = next(p for p in ckpt.rglob(victim))
