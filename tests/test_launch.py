@@ -242,33 +242,44 @@ def test_sys_exit_status_of_rank_zero_is_the_launchers(python_ranks):
         assert run.returncode == want, (code, run.returncode, run.stderr[-3000:])
 
 
-@pytest.mark.parametrize("launcher", ["python", "torchrun", "slurm"])
+# A user's OMP_NUM_THREADS stands whatever the launcher (lightspeed's one check, before any
+# launcher's rule): the python cells show it; the torchrun and slurm cells of a given value repeat
+# that path and are slow.
+@pytest.mark.parametrize(
+    "launcher, given",
+    [
+        ("python", None),
+        ("python", "other"),
+        ("torchrun", None),
+        pytest.param("torchrun", "other", marks=pytest.mark.slow),
+        ("slurm", None),
+        pytest.param("slurm", "other", marks=pytest.mark.slow),
+    ],
+)
 def test_local_ranks_share_the_cpus_and_a_users_omp_num_threads_stands(
-    tmp_path, python_ranks, launcher
+    tmp_path, python_ranks, launcher, given
 ):
     # Two ranks on one host: each gets the CPUs it may use divided by the local ranks (Lightning's
-    # rule), in
-    # torch's pool and in OMP_NUM_THREADS for what it starts; under SLURM, --cpus-per-task when it
-    # is given; a
-    # user's OMP_NUM_THREADS is left as it is. (torchrun sets OMP_NUM_THREADS=1 itself when it is
-    # unset: there the
-    # rank sees a value it must keep.)
+    # rule), in torch's pool and in OMP_NUM_THREADS for what it starts; under SLURM,
+    # --cpus-per-task when it is given; a user's OMP_NUM_THREADS (given="other") is left as it is.
+    # (torchrun sets OMP_NUM_THREADS=1 itself when it is unset: there the rank sees a value it must
+    # keep.)
     cpus, share, other = _thread_counts()
     if cpus < 2:
         pytest.skip(
             "one CPU: every share is 1 thread, so the share cannot be told from a user's value"
         )
-    unset = {"python": share, "torchrun": 1, "slurm": other}[launcher]
-    for given, want in ((None, unset), (str(other), other)):
-        if (
-            launcher == "python"
-        ):  # the runs of the fixture (one of them exits with status 3, after training)
-            run = python_ranks[given, () if given is None else ("3",)]
-        else:
-            run = _ranks(tmp_path, launcher, given)
-            assert run.returncode == 0, run.stderr[-3000:]
-        lines = sorted(line for line in run.stdout.splitlines() if line.startswith("threads:"))
-        assert lines == [f"threads: rank={r} torch={want} omp={want}" for r in range(2)], (
-            given,
-            run.stdout[-2000:],
-        )
+    given = str(other) if given else None
+    want = other if given else {"python": share, "torchrun": 1, "slurm": other}[launcher]
+    if (
+        launcher == "python"
+    ):  # the runs of the fixture (one of them exits with status 3, after training)
+        run = python_ranks[given, () if given is None else ("3",)]
+    else:
+        run = _ranks(tmp_path, launcher, given)
+        assert run.returncode == 0, run.stderr[-3000:]
+    lines = sorted(line for line in run.stdout.splitlines() if line.startswith("threads:"))
+    assert lines == [f"threads: rank={r} torch={want} omp={want}" for r in range(2)], (
+        given,
+        run.stdout[-2000:],
+    )
