@@ -249,6 +249,7 @@ def run_jobs(
     timeout: float = 600,
     launcher: str = "python",
     nproc: int = 2,
+    extra_env: dict | None = None,
 ) -> dict[str, dict]:
     """Runs tests/workload.py once for several option sets (`jobs`: name -> options), one fit after
     another in the same ranks: one interpreter start-up and one rendezvous for them all, where each
@@ -261,7 +262,7 @@ def run_jobs(
         root.mkdir(parents=True, exist_ok=True)
         given.append({**opts, "root": str(root), "out": str(root / "result.json")})
     run = launch(
-        [str(WORKLOAD), json.dumps({"jobs": given})], tmp_path, launcher, nproc, None, timeout
+        [str(WORKLOAD), json.dumps({"jobs": given})], tmp_path, launcher, nproc, extra_env, timeout
     )
     if run.returncode != 0:
         raise AssertionError(

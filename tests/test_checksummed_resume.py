@@ -8,8 +8,8 @@ Without the check, flips in optimizer state resumed silently (the losses parted 
 
     PYTHONPATH=src .venv/bin/python -m pytest -q tests/test_checksummed_resume.py
 
-Each strategy trains once on 2 CPU ranks (gloo), saving at steps 2 and 4; each test flips one byte
-of a copy of the step-4 checkpoint and resumes from it.
+Each strategy trains once on 2 CPU ranks (gloo), saving at steps 2 and 4 (the four runs in one
+launched job); each test flips one byte of a copy of the step-4 checkpoint and resumes from it.
 """
 
 from __future__ import annotations
@@ -23,26 +23,23 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from helpers import run_workload
+from helpers import run_jobs, run_workload
 from lightspeed.checkpoint.integrity import files_read, rank_of
 
 STEPS = 4
 RUN = dict(devices=2, batch_size=2, max_steps=STEPS, ckpt_every=2)
 
 
+STRATEGIES = ["ddp", "deepspeed_stage_2", "deepspeed_stage_3", "fsdp"]
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """strategy -> the checkpoints folder of its run (made on first use)."""
-    made: dict[str, Path] = {}
-
-    def get(strategy: str) -> Path:
-        if strategy not in made:
-            root = tmp_path_factory.mktemp(strategy)
-            run_workload(root, strategy=strategy, **RUN)
-            made[strategy] = root / "checkpoints"
-        return made[strategy]
-
-    return get
+    """strategy -> the checkpoints folder of its run; the four runs in one launched job
+    (helpers.run_jobs: the ranks start once)."""
+    tmp = tmp_path_factory.mktemp("trained")
+    runs = run_jobs(tmp, {strategy: dict(strategy=strategy, **RUN) for strategy in STRATEGIES})
+    return lambda strategy: runs[strategy]["root"] / "checkpoints"
 
 
 def beside_the_load(tmp_path: Path) -> dict:
@@ -188,23 +185,37 @@ sys.addaudithook(_hook)
 """
 
 
-@pytest.mark.parametrize("strategy", ["deepspeed_stage_2", "deepspeed_stage_3", "fsdp"])
-def test_every_file_a_resume_opens_is_checked(tmp_path, trained, strategy):
-    # Each rank's Python-level opens during a clean resume (torch.load, DCP's reader, DeepSpeed),
-    # recorded by an audit hook; every file opened by any rank must be checked by some rank.
-    site = tmp_path / "site"
+AUDITED = ["deepspeed_stage_2", "deepspeed_stage_3", "fsdp"]
+
+
+@pytest.fixture(scope="module")
+def audited(tmp_path_factory, trained) -> Path:
+    """A clean resume of each of AUDITED's step-4 checkpoints, one after another in one launched job,
+    with an audit hook recording each rank's Python-level opens (torch.load, DCP's reader,
+    DeepSpeed) of files in a checkpoints folder. Returns the folder of the logs ("opened.<rank>")."""
+    tmp = tmp_path_factory.mktemp("audited")
+    site = tmp / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(_AUDIT)
-    log = tmp_path / "opened"
-    ckpt = trained(strategy) / f"epoch=0-step={STEPS}.ckpt"
     root = Path(__file__).resolve().parent.parent
-    run_workload(
-        tmp_path,
-        strategy=strategy,
-        **{**RUN, "max_steps": STEPS + 1, "ckpt_every": 0},
-        resume=str(ckpt),
-        extra_env={"PYTHONPATH": f"{site}:{root / 'src'}", "LIGHTSPEED_TEST_OPENED": str(log)},
-    )
+    jobs = {
+        strategy: dict(
+            strategy=strategy,
+            **{**RUN, "max_steps": STEPS + 1, "ckpt_every": 0},
+            resume=str(trained(strategy) / f"epoch=0-step={STEPS}.ckpt"),
+        )
+        for strategy in AUDITED
+    }
+    env = {"PYTHONPATH": f"{site}:{root / 'src'}", "LIGHTSPEED_TEST_OPENED": str(tmp / "opened")}
+    run_jobs(tmp, jobs, extra_env=env)
+    return tmp
+
+
+@pytest.mark.parametrize("strategy", AUDITED)
+def test_every_file_a_resume_opens_is_checked(audited, trained, strategy):
+    # Every file of the checkpoint opened by any rank during its clean resume must be checked by
+    # some rank.
+    ckpt = trained(strategy) / f"epoch=0-step={STEPS}.ckpt"
     meta = json.loads((ckpt / "meta.json").read_text())
     checked = {
         n
@@ -213,7 +224,7 @@ def test_every_file_a_resume_opens_is_checked(tmp_path, trained, strategy):
     }
     opened = {
         str(Path(p).relative_to(ckpt))
-        for f in tmp_path.glob("opened.[0-9]")
+        for f in audited.glob("opened.[0-9]")
         for p in f.read_text().split()
         if Path(p).is_relative_to(ckpt)
     }
