@@ -3,8 +3,9 @@ options>'`.
 
 Options: model ("gpt2": tied head; "llama": RMSNorm, rotary, untied), strategy, devices, out (JSON
 for rank 0), steps, export (a folder: rank 0 writes the consolidated weights there as
-model.safetensors + config.json, the layout `from_pretrained` reads). The model is built in
-configure_model, from a config: nothing is downloaded.
+model.safetensors + config.json, the layout `from_pretrained` reads); jobs (a list of these: each in
+turn, in the same ranks). The model is built in configure_model, from a config: nothing is
+downloaded.
 """
 
 from __future__ import annotations
@@ -105,4 +106,6 @@ def main(opts: dict) -> None:
 
 
 if __name__ == "__main__":
-    main(json.loads(sys.argv[1]))
+    given = json.loads(sys.argv[1])
+    for job in given.get("jobs", [given]):  # several fits, one after another, in the same ranks
+        main(job)

@@ -12,6 +12,7 @@ give the trained model's logits.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -34,10 +35,11 @@ STRATEGIES = [
 ]
 
 
-def _train(tmp_path, model: str, strategy: str, devices: int = 2, export: bool = False) -> dict:
+def _opts(tmp_path, model: str, strategy: str, devices: int = 2) -> dict:
     root = tmp_path / f"{model}-{strategy}"
     root.mkdir()
-    opts = {
+    export = dict(gpt2="deepspeed_stage_3", llama="fsdp")[model] == strategy
+    return {
         "model": model,
         "strategy": strategy,
         "devices": devices,
@@ -45,28 +47,57 @@ def _train(tmp_path, model: str, strategy: str, devices: int = 2, export: bool =
         "out": str(root / "out.json"),
         **({"export": str(root / "hf")} if export else {}),
     }
+
+
+def _launched(tmp_path, jobs: list[dict]) -> list[dict]:
+    """The 2-rank runs of `jobs` (hf_script options), one after another in one launched job."""
     run = launch(
-        [str(SCRIPT), json.dumps(opts)],
-        cwd=root,
+        [str(SCRIPT), json.dumps({"jobs": jobs})],
+        cwd=tmp_path,
         nproc=1,
-        timeout=240,
+        timeout=600,
         extra_env={"DS_ACCELERATOR": "cpu"},
     )
     assert run.returncode == 0, run.stderr[-4000:]
-    out = json.loads((root / "out.json").read_text())
-    out["root"] = root
-    return out
+    return [{**json.loads(Path(job["out"]).read_text()), "root": Path(job["root"])} for job in jobs]
+
+
+# The default cells' 2-rank runs.
+DEFAULT = [("gpt2", "ddp"), ("gpt2", "fsdp"), ("gpt2", "deepspeed_stage_2")]
+DEFAULT += [("gpt2", "deepspeed_stage_3"), ("llama", "fsdp"), ("llama", "deepspeed_stage_3")]
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
+    """One device's runs, in this process (no interpreter to start)."""
+    import hf_script
+
     tmp = tmp_path_factory.mktemp("hf-single")
-    return {m: _train(tmp, m, "single", devices=1) for m in ("gpt2", "llama")}
+    out = {}
+    for model in ("gpt2", "llama"):
+        opts = _opts(tmp, model, "single", devices=1)
+        hf_script.main(opts)
+        out[model] = json.loads(Path(opts["out"]).read_text())
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[tuple[str, str], dict]:
+    """The default cells' runs on 2 ranks, in one launched job: the ranks (and transformers'
+    import) start once for six fits."""
+    tmp = tmp_path_factory.mktemp("hf")
+    return dict(zip(DEFAULT, _launched(tmp, [_opts(tmp, m, s) for m, s in DEFAULT])))
+
+
+def _train(tmp_path, runs, model: str, strategy: str) -> dict:
+    if (model, strategy) in DEFAULT:
+        return runs[model, strategy]
+    return _launched(tmp_path, [_opts(tmp_path, model, strategy)])[0]  # a slow cell
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_gpt2_parity(tmp_path, reference, strategy):
-    out = _train(tmp_path, "gpt2", strategy, export=strategy == "deepspeed_stage_3")
+def test_gpt2_parity(tmp_path, reference, runs, strategy):
+    out = _train(tmp_path, runs, "gpt2", strategy)
     assert_close_losses(
         out["losses"], reference["gpt2"]["losses"], 1e-5, f"gpt2 {strategy} vs single"
     )
@@ -77,8 +108,8 @@ def test_gpt2_parity(tmp_path, reference, strategy):
 @pytest.mark.parametrize(
     "strategy", [pytest.param("ddp", marks=pytest.mark.slow), "fsdp", "deepspeed_stage_3"]
 )
-def test_llama_parity(tmp_path, reference, strategy):
-    out = _train(tmp_path, "llama", strategy, export=strategy == "fsdp")
+def test_llama_parity(tmp_path, reference, runs, strategy):
+    out = _train(tmp_path, runs, "llama", strategy)
     assert_close_losses(
         out["losses"], reference["llama"]["losses"], 1e-5, f"llama {strategy} vs single"
     )
