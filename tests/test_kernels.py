@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 import lightspeed as ls
-from helpers import assert_close_losses, run_workload
+from helpers import assert_close_losses, run_jobs
 from lightspeed.demos.gpt import GPT, SIZES, ByteWindows, GPTModule, stdlib_corpus
 from lightspeed.errors import ConfigError
 from lightspeed.perf.kernels import (
@@ -405,26 +405,34 @@ def test_trainer_compile_same_losses_and_a_step_that_recompiles_runs_as_written(
     assert_close_losses(appending, eager, rtol=1e-5, what="step given up vs eager")
 
 
+COMPILED = ["ddp", "fsdp", "deepspeed_stage_3"]
+
+
 @pytest.fixture(scope="module")
-def ddp_eager(shared_run):
-    return shared_run(strategy="ddp", devices=2, max_steps=6)[
-        "losses"
-    ]  # plain DDP, shared with other files
+def on_two_ranks(tmp_path_factory) -> dict[str, dict]:
+    """Eager DDP, then each of COMPILED with compile on, one after another in one launched job
+    (helpers.run_jobs: the ranks start once)."""
+    run = dict(devices=2, max_steps=6)
+    jobs = {"ddp_eager": dict(strategy="ddp", **run)}
+    for strategy in COMPILED:
+        jobs[strategy] = dict(strategy=strategy, compile={"backend": "aot_eager"}, **run)
+    return run_jobs(tmp_path_factory.mktemp("compiled"), jobs)
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "deepspeed_stage_3"])
-def test_compile_under_each_sharding_strategy_gives_ddps_losses(tmp_path, ddp_eager, strategy):
+@pytest.mark.parametrize("strategy", COMPILED)
+def test_compile_under_each_sharding_strategy_gives_ddps_losses(on_two_ranks, strategy):
     """compile on 2 gloo ranks: blocks compiled before DDP / FSDP2 / DeepSpeed wrap the model, the
     step around it compiled with their hooks outside its graph; per-step losses equal eager DDP's
     (rtol 1e-5). The graphs are captured as with inductor (dynamo, AOT autograd) but run by the
     "aot_eager" backend: inductor's C++ build on 2 ranks would cost a minute, and the tests above
     check its code on one device."""
-    res = run_workload(
-        tmp_path, strategy=strategy, devices=2, max_steps=6, compile={"backend": "aot_eager"}
-    )
+    res = on_two_ranks[strategy]
     assert res["step_fallback"] is None
     assert_close_losses(
-        res["losses"], ddp_eager, rtol=1e-5, what=f"{strategy} compile=True vs ddp eager"
+        res["losses"],
+        on_two_ranks["ddp_eager"]["losses"],
+        rtol=1e-5,
+        what=f"{strategy} compile=True vs ddp eager",
     )
 
 
