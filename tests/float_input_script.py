@@ -1,5 +1,5 @@
 """A float-input regression model: `python tests/float_input_script.py <out.json> <strategy>
-<precision>`.
+<precision>` (more triples of these: one run after another, in the same ranks).
 
 The batch is float features and float targets (no token ids), so under DeepSpeed's bf16 engine the
 strategy must cast them to the weights' dtype. Rank 0 writes the per-step global-mean losses and the
@@ -60,4 +60,6 @@ def main(out: str, strategy: str, precision: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    args = sys.argv[1:]
+    for i in range(0, len(args), 3):  # several runs, one after another, in the same ranks
+        main(*args[i : i + 3])

@@ -13,7 +13,8 @@ import dataclasses
 import pytest
 import torch
 
-from helpers import assert_close_losses, run_workload
+from helpers import assert_close_losses, run_jobs, run_workload
+from lightspeed.errors import ConfigError
 
 RTOL = 1e-5
 TRAIN = dict(
@@ -25,15 +26,54 @@ STEPS = (
 
 
 @pytest.fixture(scope="module")
-def ddp(shared_run):
-    return shared_run(strategy="ddp", max_steps=STEPS, **TRAIN)
+def runs(tmp_path_factory) -> dict[str, dict]:
+    """The 2-rank runs of the tests below, one after another in one launched job (helpers.run_jobs:
+    the ranks start once). "fsdp" is the 6-step run: parity with DDP, its initial weights (rank 0
+    saves them at fit start), and the uninterrupted run that "resumed" replays from the step-3 save
+    of "first"."""
+    tmp = tmp_path_factory.mktemp("fsdp")
+    ckpt = tmp / "first" / "ckpt"
+    six = dict(max_steps=STEPS, **TRAIN)
+    return run_jobs(
+        tmp,
+        {
+            "ddp": dict(strategy="ddp", **six),
+            "fsdp": dict(strategy="fsdp", init_weights=str(tmp / "fsdp" / "fsdp.pt"), **six),
+            "fsdp_grad_op": dict(strategy="fsdp_grad_op", **six),
+            # Explicit shard units, activation checkpointing, and a model built in __init__
+            # (already materialised).
+            "options": dict(
+                fsdp={"shard_classes": ["Block"], "activation_checkpointing": ["Block"]},
+                build_in_init=True,
+                **six,
+            ),
+            "offload": dict(fsdp={"cpu_offload": True}, **six),
+            "first": dict(
+                strategy="fsdp",
+                max_steps=3,
+                save_to=str(ckpt),
+                consolidate=str(tmp / "first" / "fsdp.safetensors"),
+                validate=True,
+                test=True,
+                predict=True,
+                limit_predict_batches=2,
+                **TRAIN,
+            ),
+            "resumed": dict(strategy="fsdp", max_steps=6, resume=str(ckpt), **TRAIN),
+            "ddp_fp16": dict(strategy="ddp", max_steps=5, precision="16-mixed", **TRAIN),
+            "fsdp_fp16": dict(strategy="fsdp", max_steps=5, precision="16-mixed", **TRAIN),
+        },
+    )
 
 
 @pytest.fixture(scope="module")
-def fsdp(shared_run):
-    """The 6-step FSDP run: parity with DDP, its initial weights (rank 0 saves them at fit start),
-    and the uninterrupted run that the resume tests replay."""
-    return shared_run(strategy="fsdp", max_steps=STEPS, init_weights="{root}/fsdp.pt", **TRAIN)
+def ddp(runs):
+    return runs["ddp"]
+
+
+@pytest.fixture(scope="module")
+def fsdp(runs):
+    return runs["fsdp"]
 
 
 def _plain_module():
@@ -44,7 +84,7 @@ def _plain_module():
     return module
 
 
-def test_parity_initial_weights_and_options(tmp_path, ddp, fsdp):
+def test_parity_initial_weights_and_options(tmp_path, runs, ddp, fsdp):
     single_init, fsdp_init = tmp_path / "single.pt", fsdp["root"] / "fsdp.pt"
     run_workload(
         tmp_path,
@@ -54,7 +94,7 @@ def test_parity_initial_weights_and_options(tmp_path, ddp, fsdp):
         init_weights=str(single_init),
         launcher="in-process",
     )
-    grad_op = run_workload(tmp_path, strategy="fsdp_grad_op", max_steps=STEPS, **TRAIN)
+    grad_op = runs["fsdp_grad_op"]
     assert (fsdp["strategy"], grad_op["strategy"]) == ("fsdp", "fsdp_grad_op")
     assert_close_losses(fsdp["losses"], ddp["losses"], RTOL, "fsdp vs ddp")
     assert_close_losses(grad_op["losses"], ddp["losses"], RTOL, "fsdp_grad_op vs ddp")
@@ -70,44 +110,27 @@ def test_parity_initial_weights_and_options(tmp_path, ddp, fsdp):
 
     # Explicit shard units, activation checkpointing, and a model built in __init__ (already
     # materialised).
-    opts = dict(
-        fsdp={"shard_classes": ["Block"], "activation_checkpointing": ["Block"]}, build_in_init=True
-    )
-    options = run_workload(tmp_path, max_steps=STEPS, **opts, **TRAIN)
     assert_close_losses(
-        options["losses"], ddp["losses"], RTOL, "fsdp(shard_classes, AC, built in __init__)"
+        runs["options"]["losses"], ddp["losses"], RTOL, "fsdp(shard_classes, AC, built in __init__)"
     )
 
 
-def test_cpu_offload_parity_with_ddp(tmp_path, ddp):
+def test_cpu_offload_parity_with_ddp(runs, ddp):
     # CPUOffloadPolicy on CPU ranks: shards, gradients and the optimizer step already live on the
-    # CPU, so the
-    # policy only changes where FSDP stages them; losses must match DDP (same tolerance, observed
-    # bit-identical).
-    offload = run_workload(tmp_path, max_steps=STEPS, fsdp={"cpu_offload": True}, **TRAIN)
+    # CPU, so the policy only changes where FSDP stages them; losses must match DDP (same
+    # tolerance, observed bit-identical).
+    offload = runs["offload"]
     assert offload["fsdp_offload_policy"] == "CPUOffloadPolicy"
     assert_close_losses(offload["losses"], ddp["losses"], RTOL, "fsdp(cpu_offload=True) vs ddp")
 
 
-def test_resume_evaluate_consolidate(tmp_path, fsdp):
-    straight = fsdp
-    ckpt, out = tmp_path / "ckpt", tmp_path / "fsdp.safetensors"
-    first = run_workload(
-        tmp_path,
-        strategy="fsdp",
-        max_steps=3,
-        save_to=str(ckpt),
-        consolidate=str(out),
-        validate=True,
-        test=True,
-        predict=True,
-        limit_predict_batches=2,
-        **TRAIN,
-    )
+def test_resume_evaluate_consolidate(tmp_path, runs, fsdp):
+    straight, first = fsdp, runs["first"]
+    ckpt, out = first["root"] / "ckpt", first["root"] / "fsdp.safetensors"
     assert first["validate"][0]["val_loss"] > 0 and first["test"][0]["test_loss"] > 0
     assert first["predict_batches"] == 2
     assert (ckpt / "dcp" / ".metadata").exists() and len(list((ckpt / "dcp").glob("*.distcp"))) == 2
-    resumed = run_workload(tmp_path, strategy="fsdp", max_steps=6, resume=str(ckpt), **TRAIN)
+    resumed = runs["resumed"]
     assert_close_losses(resumed["losses"], straight["losses"][6:], 1e-6, "resumed vs straight")
 
     # DCP reshards: the 2-rank checkpoint resumes on one process (one batch of 16 = two ranks'
@@ -139,35 +162,35 @@ def test_resume_evaluate_consolidate(tmp_path, fsdp):
     assert all(torch.equal(offline[k].float(), state[k]) for k in state)
 
 
-def _fails(tmp_path, **opts) -> str:
-    proc = run_workload(tmp_path, max_steps=1, devices=2, check=False, **opts)
-    assert proc.returncode != 0
-    assert "ConfigError" in proc.stderr, proc.stderr[-2000:]
-    return proc.stderr
-
-
 def test_bad_inputs(tmp_path):
-    err = _fails(tmp_path, fsdp={"shard_classes": ["GELU"]})
-    assert "hold no parameters" in err and "Block" in err  # names the candidates
-    err = _fails(tmp_path, fsdp={"activation_checkpointing": ["Conv1d"]})
-    assert "Conv1d" in err and "Candidate block classes: Block" in err
-    err = _fails(
-        tmp_path, strategy="fsdp", manual=True, precision="16-mixed"
-    )  # manual itself is accepted
-    assert (
-        "automatic_optimization=False with precision='16-mixed' is not supported by strategy 'fsdp'"
-        in err
+    # On 2 ranks: the error ends the job, with the ConfigError in its output.
+    proc = run_workload(
+        tmp_path, max_steps=1, devices=2, check=False, fsdp={"shard_classes": ["GELU"]}
     )
+    assert proc.returncode != 0 and "ConfigError" in proc.stderr, proc.stderr[-2000:]
+    assert "hold no parameters" in proc.stderr and "Block" in proc.stderr  # names the candidates
+    # The same checks on one device, in this process: the messages.
+    with pytest.raises(ConfigError, match="Conv1d.*Candidate block classes: Block"):
+        _one_device(tmp_path, fsdp={"activation_checkpointing": ["Conv1d"]})
+    with pytest.raises(  # manual itself is accepted
+        ConfigError,
+        match="automatic_optimization=False with precision='16-mixed' is not supported by "
+        "strategy 'fsdp'",
+    ):
+        _one_device(tmp_path, strategy="fsdp", manual=True, precision="16-mixed")
 
 
-def test_fp16_mixed_parity_with_ddp(tmp_path):
+def _one_device(tmp_path, **opts) -> dict:
+    return run_workload(tmp_path, max_steps=1, devices=1, launcher="in-process", **opts)
+
+
+def test_fp16_mixed_parity_with_ddp(runs):
     # 16-mixed: FSDP computes in fp16 with fp32 shards and a loss scaler, as DDP under autocast
-    # does. Both cast the
-    # same fp32 weights to fp16 per layer, so the losses agree to fp16 rounding; tolerance relative
-    # 1e-3.
-    ddp = run_workload(tmp_path, strategy="ddp", max_steps=5, precision="16-mixed", **TRAIN)
-    fsdp = run_workload(tmp_path, strategy="fsdp", max_steps=5, precision="16-mixed", **TRAIN)
-    assert_close_losses(fsdp["losses"], ddp["losses"], 1e-3, "fsdp vs ddp, 16-mixed")
+    # does. Both cast the same fp32 weights to fp16 per layer, so the losses agree to fp16
+    # rounding; tolerance relative 1e-3.
+    assert_close_losses(
+        runs["fsdp_fp16"]["losses"], runs["ddp_fp16"]["losses"], 1e-3, "fsdp vs ddp, 16-mixed"
+    )
 
 
 def test_bf16_mixed_reduces_in_bf16_and_tracks_ddp(tmp_path):
@@ -183,15 +206,12 @@ def test_bf16_mixed_reduces_in_bf16_and_tracks_ddp(tmp_path):
     policy = build_mp_policy("bf16-mixed")
     assert (policy.param_dtype, policy.reduce_dtype) == (torch.bfloat16, torch.bfloat16)
     assert build_mp_policy("16-mixed").reduce_dtype == torch.float32  # fp16 sums could overflow
-    losses = {}
-    for strategy in ("fsdp", "ddp"):
-        out = tmp_path / f"{strategy}.json"
-        run = launch(
-            [str(ROOT / "tests" / "float_input_script.py"), str(out), strategy, "bf16-mixed"],
-            tmp_path,
-        )
-        assert run.returncode == 0, run.stderr[-3000:]
-        losses[strategy] = json.loads(out.read_text())["losses"]
+    args = [a for s in ("fsdp", "ddp") for a in (str(tmp_path / f"{s}.json"), s, "bf16-mixed")]
+    run = launch([str(ROOT / "tests" / "float_input_script.py"), *args], tmp_path)  # both runs
+    assert run.returncode == 0, run.stderr[-3000:]
+    losses = {
+        s: json.loads((tmp_path / f"{s}.json").read_text())["losses"] for s in ("fsdp", "ddp")
+    }
     assert len(losses["fsdp"]) == 16
     for step, (a, b) in enumerate(zip(losses["fsdp"], losses["ddp"])):
         assert abs(a - b) <= 2e-2 * abs(b), (step, a, b)
