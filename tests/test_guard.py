@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 
-from helpers import run_workload
+from helpers import run_jobs, run_workload
 from lightspeed.runtime.guard import NonFiniteError, NonFiniteGuard
 
 
@@ -111,23 +111,37 @@ def test_nan_on_one_rank_stops_every_rank(tmp_path, strategy):
 
 
 # A NaN loss on rank 0 at step 3, skipped: test_skip_skips_on_every_rank's run is the host gate's
-# run of
-# test_fused_adamw_skips_on_the_device_like_the_host_gate (made once, conftest's shared_run).
+# run of test_fused_adamw_skips_on_the_device_like_the_host_gate.
 SKIP = dict(devices=2, max_steps=7, nan_at={"step": 3, "rank": 0}, on_nonfinite="skip")
+
+
+@pytest.fixture(scope="module")
+def skipping(tmp_path_factory) -> dict[str, dict]:
+    """The skipping runs of the default cells below (host gate and fused AdamW, under ddp and fsdp)
+    and the plain 6-step DDP run, one after another in one launched job (helpers.run_jobs)."""
+    jobs = {"ddp-plain": dict(strategy="ddp", devices=2, max_steps=6)}
+    for strategy in ("ddp", "fsdp"):
+        jobs[f"{strategy}-host"] = dict(strategy=strategy, **SKIP)
+        jobs[f"{strategy}-fused"] = dict(strategy=strategy, fused=True, **SKIP)
+    return run_jobs(tmp_path_factory.mktemp("skipping"), jobs)
 
 
 @pytest.mark.parametrize(
     "strategy", ["ddp", pytest.param("deepspeed_stage_2", marks=pytest.mark.slow)]
 )
-def test_skip_skips_on_every_rank(shared_run, strategy):
-    res = shared_run(strategy=strategy, **SKIP)
+def test_skip_skips_on_every_rank(skipping, shared_run, strategy):
+    if strategy == "ddp":
+        res, ref = skipping["ddp-host"], skipping["ddp-plain"]
+    else:
+        res, ref = (
+            shared_run(strategy=strategy, **SKIP),
+            shared_run(devices=2, strategy=strategy, max_steps=6),
+        )
     assert res["global_step"] == 7 and res["skipped_steps"] == 1 and res["finite_weights"]
     losses = res["losses"]
     assert math.isnan(losses[3]) and all(math.isfinite(v) for i, v in enumerate(losses) if i != 3)
     # Before the fault the run is an unguarded run's twin (the guard changes nothing on finite
-    # steps); the
-    # unguarded run is the plain 6-step run other files compare against.
-    ref = shared_run(devices=2, strategy=strategy, max_steps=6)
+    # steps).
     assert losses[:3] == ref["losses"][:3]
 
 
@@ -231,12 +245,11 @@ def test_one_gpu_reads_the_verdict_a_step_later(tmp_path):
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_fused_adamw_skips_on_the_device_like_the_host_gate(tmp_path, shared_run, strategy):
+def test_fused_adamw_skips_on_the_device_like_the_host_gate(skipping, strategy):
     """torch's fused AdamW gets the verdict as its `found_inf` flag (no host read before the step):
     the skipped step leaves weights and optimizer state as the host gate does, so the runs agree at
     every step (2 ranks)."""
-    device = run_workload(tmp_path, fused=True, strategy=strategy, **SKIP)
-    host = shared_run(strategy=strategy, **SKIP)
+    device, host = skipping[f"{strategy}-fused"], skipping[f"{strategy}-host"]
     assert device["global_step"] == 7 and device["skipped_steps"] == 1 and device["finite_weights"]
     assert math.isnan(device["losses"][3])
     finite = [(a, b) for a, b in zip(device["losses"], host["losses"]) if math.isfinite(b)]
