@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 import torch
 
-from helpers import assert_close_losses, run_workload
+from helpers import assert_close_losses, run_jobs, run_workload
 from lightspeed.errors import ConfigError
 
 RTOL = 1e-6
@@ -22,24 +22,37 @@ RTOL = 1e-6
 TRAIN = dict(devices=2, accumulate=2, clip=1.0, warmup=3)
 
 
-def test_parity_resume_on_one_rank_and_consolidate(tmp_path, shared_run):
-    ddp = shared_run(strategy="ddp", max_steps=6, **TRAIN)  # tests/test_fsdp.py's reference too
-    zero = run_workload(tmp_path, strategy="ddp_sharded", max_steps=6, **TRAIN)
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, dict]:
+    """The 2-rank runs of the tests below, one after another in one launched job (helpers.run_jobs:
+    the ranks start once)."""
+    tmp = tmp_path_factory.mktemp("zero1")
+    return run_jobs(
+        tmp,
+        {
+            "ddp": dict(strategy="ddp", max_steps=6, **TRAIN),
+            "zero": dict(strategy="ddp_sharded", max_steps=6, **TRAIN),
+            "saved": dict(
+                strategy="ddp_sharded",
+                max_steps=3,
+                save_to=str(tmp / "saved" / "ckpt"),
+                consolidate=str(tmp / "saved" / "zero1.safetensors"),
+                **TRAIN,
+            ),
+            "ddp-plain": dict(strategy="ddp", devices=2, max_steps=6),
+            "manual": dict(strategy="ddp_sharded", devices=2, max_steps=6, manual=True),
+        },
+    )
+
+
+def test_parity_resume_on_one_rank_and_consolidate(tmp_path, runs):
+    ddp, zero = runs["ddp"], runs["zero"]
     assert zero["strategy"] == "ddp_sharded"
     assert_close_losses(zero["losses"], ddp["losses"], RTOL, "ddp_sharded vs ddp")
 
-    ckpt, out = tmp_path / "ckpt", tmp_path / "zero1.safetensors"
-    run_workload(
-        tmp_path,
-        strategy="ddp_sharded",
-        max_steps=3,
-        save_to=str(ckpt),
-        consolidate=str(out),
-        **TRAIN,
-    )
+    ckpt, out = runs["saved"]["root"] / "ckpt", runs["saved"]["root"] / "zero1.safetensors"
     # The consolidated optimizer state loads on any world size: resume on one process with the same
-    # global batch
-    # (one batch of 16 = two ranks' batches of 8, the same samples).
+    # global batch (one batch of 16 = two ranks' batches of 8, the same samples).
     single = run_workload(
         tmp_path,
         strategy="single",
@@ -61,21 +74,26 @@ def test_parity_resume_on_one_rank_and_consolidate(tmp_path, shared_run):
     plain.load_state_dict(load_file(str(out)), strict=True)
 
 
-def test_manual_optimization_matches_automatic(tmp_path, shared_run):
-    auto = shared_run(strategy="ddp", devices=2, max_steps=6)  # plain DDP, shared with other files
-    manual = run_workload(tmp_path, strategy="ddp_sharded", devices=2, max_steps=6, manual=True)
+def test_manual_optimization_matches_automatic(runs):
     assert_close_losses(
-        manual["losses"], auto["losses"], RTOL, "ddp_sharded manual vs ddp automatic"
+        runs["manual"]["losses"],
+        runs["ddp-plain"]["losses"],
+        RTOL,
+        "ddp_sharded manual vs ddp automatic",
     )
 
 
 def test_optimizer_that_is_not_a_torch_optimizer_is_refused(tmp_path):
-    proc = run_workload(
-        tmp_path, strategy="ddp_sharded", devices=2, max_steps=1, duck_optimizer=True, check=False
-    )
-    assert proc.returncode != 0
-    assert "ConfigError" in proc.stderr and "needs a torch.optim.Optimizer" in proc.stderr
-    assert "DuckSGD" in proc.stderr
+    # In this process, on a world of one: the same setup check as on 2 ranks.
+    with pytest.raises(ConfigError, match="needs a torch.optim.Optimizer.*DuckSGD"):
+        run_workload(
+            tmp_path,
+            strategy="ddp_sharded",
+            devices=1,
+            max_steps=1,
+            duck_optimizer=True,
+            launcher="in-process",
+        )
 
 
 def test_rebuilt_optimizer_keeps_class_groups_and_scheduler(tmp_path):
