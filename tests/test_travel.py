@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import assert_close_losses, run_workload
+from helpers import assert_close_losses, run_jobs, run_workload
 from lightspeed.checkpoint.layouts import check_model, read_portable
 from lightspeed.errors import ConfigError
 
@@ -69,8 +69,16 @@ def assert_losses_continue(
 def assert_state_travels(tmp: Path, ckpt: Path, source: str, strategy: str, devices: int) -> None:
     """Loaded under `strategy` on `devices` ranks and saved again, the checkpoint holds the saved
     weights and optimizer state; resumed again, training goes on."""
-    out = tmp / f"to-{strategy}{devices}"
-    resume(out, ckpt, strategy, devices, max_steps=K, save_to=str(out / "again"))
+    out, on = tmp / f"to-{strategy}{devices}", tmp / f"on-{strategy}{devices}"
+    again = dict(max_steps=K, save_to=str(out / "again"))
+    if devices == 1 and strategy.startswith("deepspeed"):
+        # DeepSpeed on one device runs in a process of its own: both resumes in one (run_jobs).
+        one = dict(strategy=strategy, resume=str(ckpt), devices=1, **OPTS)
+        jobs = {out.name: dict(one, **again), on.name: dict(one, max_steps=K + 2)}
+        run = run_jobs(tmp, jobs, nproc=1)[on.name]
+    else:
+        resume(out, ckpt, strategy, devices, **again)
+        run = resume(on, ckpt, strategy, devices, max_steps=K + 2)
     before, after = read_portable(ckpt, source), read_portable(out / "again", strategy)
     assert before["model"].keys() == after["model"].keys()
     for name, t in before["model"].items():
@@ -89,13 +97,36 @@ def assert_state_travels(tmp: Path, ckpt: Path, source: str, strategy: str, devi
             )
     lrs = [[g["lr"] for g in p["optim"]["param_groups"]] for p in (before, after)]
     assert lrs[0] == pytest.approx(lrs[1])
-    run = resume(tmp / f"on-{strategy}{devices}", ckpt, strategy, devices, max_steps=K + 2)
     assert run["global_step"] == K + 2 and len(run["losses"]) == 2 and run["finite_weights"]
 
 
-def test_ddp_checkpoint_resumes_under_deepspeed_and_on_one_rank(tmp_path):
-    ckpt, reference = saved(tmp_path / "ddp", "ddp")
-    assert_losses_continue(tmp_path, ckpt, reference, "deepspeed_stage_2")
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> tuple[Path, dict[str, dict]]:
+    """The 2-rank runs of the two tests below, one after another in one launched job
+    (helpers.run_jobs: the ranks start once): DDP and ZeRO-2 each save at step K of N, then each
+    checkpoint resumes under the other test's strategy. Returns (the folder, name -> result)."""
+    tmp = tmp_path_factory.mktemp("travel")
+    run = dict(devices=2, max_steps=N, **OPTS)
+    ckpt = {s: str(tmp / s / "checkpoints" / f"epoch=0-step={K}.ckpt") for s in ("ddp", "ds2")}
+    jobs = {
+        "ddp": dict(strategy="ddp", ckpt_every=K, **run),
+        "ds2": dict(strategy="deepspeed_stage_2", ckpt_every=K, **run),
+        "to-deepspeed_stage_2": dict(strategy="deepspeed_stage_2", resume=ckpt["ddp"], **run),
+        "to-fsdp": dict(strategy="fsdp", resume=ckpt["ds2"], **run),
+    }
+    return tmp, run_jobs(tmp, jobs)
+
+
+def assert_resumed(runs: dict, source: str, strategy: str) -> None:
+    run, reference = runs[f"to-{strategy}"], runs[source]["losses"]
+    assert run["global_step"] == N and run["strategy"] == strategy
+    assert_close_losses(run["losses"], reference[K:], RTOL, f"{source} -> {strategy}")
+
+
+def test_ddp_checkpoint_resumes_under_deepspeed_and_on_one_rank(tmp_path, two_ranks):
+    folder, runs = two_ranks
+    ckpt = folder / "ddp" / "checkpoints" / f"epoch=0-step={K}.ckpt"
+    assert_resumed(runs, "ddp", "deepspeed_stage_2")
     assert_state_travels(tmp_path, ckpt, "ddp", "single", devices=1)
     # Evaluation with ckpt_path travels too: FSDP validates the DDP checkpoint as one device does
     # natively.
@@ -104,9 +135,10 @@ def test_ddp_checkpoint_resumes_under_deepspeed_and_on_one_rank(tmp_path):
     assert travelled[0] == pytest.approx(native[0], rel=1e-6) and native[0]
 
 
-def test_deepspeed_checkpoint_resumes_under_fsdp_and_on_one_rank(tmp_path):
-    ckpt, reference = saved(tmp_path / "ds2", "deepspeed_stage_2")
-    assert_losses_continue(tmp_path, ckpt, reference, "fsdp")
+def test_deepspeed_checkpoint_resumes_under_fsdp_and_on_one_rank(tmp_path, two_ranks):
+    folder, runs = two_ranks
+    ckpt = folder / "ds2" / "checkpoints" / f"epoch=0-step={K}.ckpt"
+    assert_resumed(runs, "ds2", "fsdp")
     # The case Lightning cannot resume (#19585): DeepSpeed saved on 2 ranks, resumed on 1.
     assert_state_travels(tmp_path, ckpt, "deepspeed_stage_2", "deepspeed_stage_2", devices=1)
 
