@@ -269,6 +269,7 @@ def child(family: str, cpu: bool, spec: dict) -> dict:
     trainer.fit(model)
     peak = torch.cuda.max_memory_allocated() if not cpu else 0
     if spec.get("history"):
+        Path(spec["history"]).parent.mkdir(parents=True, exist_ok=True)
         Path(spec["history"]).write_text(live_at_peak(torch.cuda.memory._snapshot()))
     candidate = micro_batch.candidate_of(trainer.strategy, devices)
     mb = model.batch_size
@@ -358,7 +359,11 @@ def live_at_peak(snapshot: dict, top: int = 30) -> str:
             live.pop(e["addr"], None)
     groups: dict[str, int] = {}
     for e in live.values():
-        frames = [f for f in e.get("frames", []) if "/torch/" not in f["filename"]][:3]
+        frames = [
+            f
+            for f in e.get("frames", [])
+            if f["filename"].endswith(".py") and "/torch/" not in f["filename"]
+        ][:4]
         key = " < ".join(f"{Path(f['filename']).name}:{f['line']} {f['name']}" for f in frames)
         groups[key] = groups.get(key, 0) + e["size"]
     lines = [f"peak in the trace {best / 2**30:.3f} GiB (event {best_at} of {len(events)})"]
