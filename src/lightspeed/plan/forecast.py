@@ -26,8 +26,9 @@ weights.
   precision), FSDP's gathered units, DeepSpeed's reduce bucket, stage 1's unpartitioned gradients.
 - host: host bytes per rank that offload keeps (fp32 master, moments and gradients; offloaded
 weights), pinned blocks rounded up to a power of two as torch's pinned allocator does.
-- transient peaks, each its own moment in `device_total`: setup (DeepSpeed ZeRO-1/2's flatten copy
-  of the half-precision weights, ZeRO-3's defragmenting copy and gathered block), the optimizer step
+- transient peaks, each its own moment in `device_total`: setup (ZeRO-3's defragmenting copy and
+  gathered block; ZeRO-1/2's flatten copy of the half-precision weights is shown but yields: it
+  is made on the host when the room under the process's cap lacks it), the optimizer step
   (its first call allocates the states while the gradients are held), a save that gathers (ZeRO-1's
   consolidated optimizer state on rank 0); and on the host `host_setup`: the CPU copy the model is
   built in, the probe's copy, DeepSpeed's half-precision cast and the offload buffers being filled.
@@ -254,6 +255,9 @@ class Forecast:
     working: int = 0  # the part of `activations` that is backward's working memory at its start
     late_buffers: bool = False  # `buffers` come with the first reduced gradient (DeepSpeed 1/2)
     setup_buffers: int = 0  # beside the weights while setup builds (flatten copy, gathered block)
+    # the setup copy goes to the host where the device lacks the room (DeepSpeed ZeRO-1/2's flatten,
+    # whose check sees the process's cap: strategies/deepspeed/room.py), so it never sets the peak
+    setup_yields: bool = False
     save_buffers: int = 0  # beside the model states while a save gathers (ZeRO-1's optimizer state)
     host_setup: int = 0  # host bytes while planning and setup run (the CPU copies, see the doc)
     micro_batch: int = 1  # per device, what the terms are forecast at
@@ -289,7 +293,7 @@ class Forecast:
         return max(
             backward,
             self.model_states + self.step_buffers,  # the step; its first call allocates the states
-            self.params + self.setup_buffers,  # setup, before any gradient or state exists
+            self.params + (0 if self.setup_yields else self.setup_buffers),  # setup
             self.model_states + self.save_buffers,  # a save that gathers
         )
 
@@ -475,10 +479,11 @@ def _deepspeed(
     # prefetched next.
     buffers = bucket + {1: (total - part) * wd, 2: 0, 3: 2 * facts.unit_numel * wd}[stage]
     grads, optim, master = part * wd, states * part * 4 + steps * len(facts.groups), part * 4
-    # Setup: ZeRO-1/2 flatten each group's weights into one buffer while the weights still exist
-    # (DeepSpeed 0.19 flattens on the device whenever the GPU reports the room, which a
-    # per-process cap does not lower); ZeRO-3 copies its partitions into flat sub-groups of at most
-    # 1e9 elements (on the host with offloaded weights) and gathers a block to initialise it.
+    # Setup: ZeRO-1/2 flatten each group's weights into one buffer while the weights still exist,
+    # on the device only when the room under the process's cap holds it, else on the host
+    # (room.py makes DeepSpeed's check see the cap): a moment that yields. ZeRO-3 copies its
+    # partitions into flat sub-groups of at most 1e9 elements (on the host with offloaded
+    # weights) and gathers a block to initialise it.
     if stage < 3:
         setup = max(sum(math.prod(s) for s in g) for g in facts.groups) * wd
     else:
@@ -498,6 +503,7 @@ def _deepspeed(
             buffers,
             step_buffers=step,
             setup_buffers=setup,
+            setup_yields=stage < 3,
             late_buffers=late,
         )
     if stage < 3:
@@ -518,6 +524,7 @@ def _deepspeed(
         buffers,
         host,
         setup_buffers=setup,
+        setup_yields=stage < 3,
         late_buffers=late,
     )
 

@@ -85,6 +85,7 @@ from lightspeed.strategies.deepspeed.quiet import (
     use_current_collectives,
     without_build_notes,
 )
+from lightspeed.strategies.deepspeed.room import room_under_cap
 from lightspeed.strategies.deepspeed.zero3 import (
     check_deepcompile_run,
     check_leaf_modules,
@@ -619,17 +620,20 @@ class DeepSpeed:
             destroy_engine(self.engine, module)  # an evaluation engine built before fit
         # AutoTP marks the model it split, so every engine of this run gets the same one
         self._runner = self._runner if self.tp > 1 and self._runner else StepRunner(module)
-        self.engine, ds_optimizer, _, _ = deepspeed.initialize(
-            model=self._runner,
-            optimizer=optimizer,
-            config=config,
-            dist_init_required=False,
-            # (DeepSpeed annotates model_parameters as a Module; it takes parameters)
-            model_parameters=cast(
-                Any,
-                [p for p in module.parameters() if p.requires_grad] if optimizer is None else None,
-            ),
-        )
+        with room_under_cap(self.device):  # ZeRO-1/2's flatten copy: on the device if it fits
+            self.engine, ds_optimizer, _, _ = deepspeed.initialize(
+                model=self._runner,
+                optimizer=optimizer,
+                config=config,
+                dist_init_required=False,
+                # (DeepSpeed annotates model_parameters as a Module; it takes parameters)
+                model_parameters=cast(
+                    Any,
+                    [p for p in module.parameters() if p.requires_grad]
+                    if optimizer is None
+                    else None,
+                ),
+            )
         drop_input_check(self.engine)
         self.optimizers = (
             [ds_optimizer] if build_optimizers is not None and ds_optimizer is not None else []
