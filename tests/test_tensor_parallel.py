@@ -2,7 +2,7 @@
 
     .venv/bin/python -m pytest -q -n 1 tests/test_tensor_parallel.py    # -m slow: the bigger cells
 
-Every run is tests/tp_script.py: 30 AdamW steps of 2 accumulated micro-batches, clipped at norm
+Every run is tests/tp_script.py: 12 AdamW steps of 2 accumulated micro-batches, clipped at norm
 1.0, on lightspeed's GPT (fused qkv, tied head: the default plan), a Hugging Face Llama (GQA,
 rotary: its own tp_plan, vocabulary-parallel embedding and head) and a Hugging Face GPT-2 (Conv1D,
 fused c_attn, no tp_plan: the default plan), each against one device on the same global batch.
@@ -15,6 +15,7 @@ device; everything else (data, initial weights, RNG, optimizer) is the same.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -27,8 +28,8 @@ pytest.importorskip("transformers")
 
 SCRIPT = ROOT / "tests" / "tp_script.py"
 RTOL = 1e-5
-TRAIN = dict(steps=30, accumulate=2, clip=1.0)
-HALF = 15  # the GPT tp=2 run saves a checkpoint here; resumes continue from it
+TRAIN = dict(steps=12, accumulate=2, clip=1.0)
+HALF = 6  # the GPT tp=2 run saves a checkpoint here; resumes continue from it
 
 
 def _run(root, nproc: int = 1, launcher: str = "python", **opts) -> dict:
@@ -45,10 +46,52 @@ def _run(root, nproc: int = 1, launcher: str = "python", **opts) -> dict:
     return {**json.loads((root / "out.json").read_text()), "root": root, "stdout": run.stdout}
 
 
+def _launched(tmp, jobs: dict[str, dict]) -> dict[str, dict]:
+    """The 2-rank runs of `jobs` (name -> tp_script options), one after another in one launched job
+    (the ranks start once); each result's "stdout" is its own part of the job's output."""
+    given = []
+    for name, opts in jobs.items():
+        (tmp / name).mkdir(parents=True, exist_ok=True)
+        given.append(
+            {**TRAIN, "root": str(tmp / name), "out": str(tmp / name / "out.json"), **opts}
+        )
+    run = launch([str(SCRIPT), json.dumps({"jobs": given})], tmp, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-5000:]
+    parts = re.split(r"\[tp_script job (\d+)\]\n", run.stdout)
+    said = ["" for _ in given]  # parts: text, number, text, number, text, ...
+    for number, text in zip(parts[1::2], parts[2::2]):
+        said[int(number)] += text
+    return {
+        name: {
+            **json.loads((tmp / name / "out.json").read_text()),
+            "root": tmp / name,
+            "stdout": out,
+        }
+        for name, out in zip(jobs, said)
+    }
+
+
+# The 2-rank runs of the default tests: one launched job (`runs` makes any other run on first use).
+ON_TWO_RANKS = {
+    "gpt-tp2": dict(model="gpt", strategy="fsdp_tp2", devices=2, ckpt_every=HALF),
+    "llama-tp2": dict(model="llama", strategy="fsdp_tp2", devices=2),
+    "gpt2-tp2": dict(model="gpt2", strategy="fsdp_tp2", devices=2),
+    "gpt-hook": dict(model="gpt", hook=True, strategy="fsdp_tp2", devices=2),
+    "gpt-tp2-again": dict(
+        model="gpt", strategy="fsdp_tp2", devices=2, resume=f"gpt-tp2/ckpt/step={HALF}.ckpt"
+    ),
+}
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Runs made once per module, by name."""
-    tmp, made = tmp_path_factory.mktemp("tp"), {}
+    tmp = tmp_path_factory.mktemp("tp")
+    jobs = {
+        k: {**v, "resume": str(tmp / v["resume"])} if "resume" in v else v
+        for k, v in ON_TWO_RANKS.items()
+    }
+    made = _launched(tmp, jobs)
 
     def get(name: str, **opts) -> dict:
         if name not in made:
@@ -123,7 +166,7 @@ def test_fsdp_x_tp_2x2_hf(runs, model):
 
 
 def test_the_users_own_plan_in_configure_tensor_parallel(runs):
-    out = runs("gpt-hook", model="gpt", hook=True, strategy="fsdp_tp2", devices=2)
+    out = runs("gpt-hook")
     assert "plan from ByHand.configure_tensor_parallel" in out["stdout"]
     assert_close_losses(out["losses"], single(runs, "gpt")["losses"], RTOL, "hook vs one device")
     assert out["ranks"][0]["split_local"] * 2 == out["ranks"][0]["split_whole"] > 0
@@ -134,7 +177,7 @@ def test_the_users_own_plan_in_configure_tensor_parallel(runs):
 def test_resume_under_the_same_tp_degree_and_on_one_device(runs, tmp_path):
     straight = tp2(runs, "gpt")
     ckpt = straight["root"] / "ckpt" / f"step={HALF}.ckpt"
-    again = _run(tmp_path / "tp2", model="gpt", strategy="fsdp_tp2", devices=2, resume=str(ckpt))
+    again = runs("gpt-tp2-again")  # from ckpt
     assert again["losses"] == straight["losses"][2 * HALF :]  # exact: same layout, same ranks
     one = _run(tmp_path / "one", model="gpt", resume=str(ckpt))  # tp 2 -> 1: the neutral form
     assert_close_losses(one["losses"], straight["losses"][2 * HALF :], RTOL, "tp2 -> single")

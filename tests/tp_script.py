@@ -223,5 +223,6 @@ def main(opts: dict) -> None:
 
 if __name__ == "__main__":
     given = json.loads(sys.argv[1])
-    for job in given.get("jobs", [given]):  # several fits, one after another, in the same ranks
+    for i, job in enumerate(given.get("jobs", [given])):  # several fits, in the same ranks
+        print(f"[tp_script job {i}]", flush=True)  # where its output starts (each rank says it)
         main(job)
