@@ -6,7 +6,8 @@ expects): rank r yields `lengths[r]` batches of 4 samples, drawn from a generato
 batch), so every strategy sees the same data. Options: out (a folder), strategy, lengths, claimed
 (the dataset's `__len__` in batches, the same on every rank: an estimate; absent: no `__len__`),
 stateful (torchdata's StatefulDataLoader), max_epochs, max_steps, accumulate, val_check_interval,
-ckpt_every (a checkpoint every N steps in <out>/ckpt), resume (a checkpoint path).
+ckpt_every (a checkpoint every N steps in <out>/ckpt), resume (a checkpoint path); jobs (a list of
+these: each in turn, in the same ranks, its output after a line "[iterable_script job <i>]").
 
 Each rank writes <out>/rank<r>.json: the loss and the batch ids of each step, global_step, the
 epochs run, validation batches run, `trainer.is_last_batch` per step, the training loader's
@@ -23,6 +24,7 @@ the epoch values logged, and `predict`'s outputs.
 """
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -224,4 +226,9 @@ def main(opts: dict) -> None:
 
 
 if __name__ == "__main__":
-    main(json.loads(sys.argv[1]))
+    given = json.loads(sys.argv[1])
+    for i, job in enumerate(given.get("jobs", [given])):  # several runs, in the same ranks
+        if int(os.environ.get("RANK", "0")) == 0:  # where the job's output starts (rank 0's)
+            print(f"[iterable_script job {i}]", flush=True)
+        Stream.restored = []
+        main(job)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -31,13 +32,52 @@ STEPS = 14  # 7 per epoch: 6 windows of 2, then rank 1's 13th batch alone
 RTOL = 1e-5
 
 
+def run_jobs(tmp_path, jobs: dict[str, dict]) -> dict[str, tuple[list[dict], str]]:
+    """Runs the script's `jobs` (name -> options) one after another in one launched job of 2 ranks
+    (they start once), each writing to tmp_path/name/out; returns name -> (each rank's record, its
+    part of the output)."""
+    given = []
+    for name, opts in jobs.items():
+        (tmp_path / name / "out").mkdir(parents=True, exist_ok=True)
+        given.append({"out": str(tmp_path / name / "out"), **opts})
+    run = launch([SCRIPT, json.dumps({"jobs": given})], tmp_path, timeout=600)
+    assert run.returncode == 0, run.stderr[-4000:]
+    parts = re.split(r"\[iterable_script job (\d+)\]\n", run.stdout)
+    said = ["" for _ in given]  # parts: text, number, text, number, text, ...
+    for number, text in zip(parts[1::2], parts[2::2]):
+        said[int(number)] += text
+    return {
+        name: ([json.loads((Path(job["out"]) / f"rank{r}.json").read_text()) for r in (0, 1)], out)
+        for name, job, out in zip(jobs, given, said)
+    }
+
+
 def run_script(tmp_path, **opts) -> tuple[list[dict], str]:
     """Runs the script on 2 ranks; returns each rank's record and rank 0's stdout."""
-    out = tmp_path / "out"
-    out.mkdir(exist_ok=True)
-    run = launch([SCRIPT, json.dumps({"out": str(out), **opts})], tmp_path, timeout=240)
-    assert run.returncode == 0, run.stderr[-4000:]
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)], run.stdout
+    return run_jobs(tmp_path, {"run": opts})["run"]
+
+
+UNSIZED = ["deepspeed_stage_3", "fsdp"]  # the default cells of the two matrices below
+UNEVEN = ["ddp", "deepspeed_stage_3", "fsdp"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, tuple[list[dict], str]]:
+    """Every default test's run, one after another in one launched job. "ddp": DDP over an
+    IterableDataset whose `__len__` claims 20 batches on each rank, through a StatefulDataLoader,
+    saving every 2 steps; "resumed": from its step-4 checkpoint."""
+    tmp = tmp_path_factory.mktemp("iterable")
+    ckpt = tmp / "ddp" / "out" / "ckpt" / "epoch=0-step=4.ckpt"
+    stateful = dict(strategy="ddp", claimed=20, stateful=True, **RUN)
+    return run_jobs(
+        tmp,
+        {
+            "ddp": dict(ckpt_every=2, **stateful),
+            "resumed": dict(resume=str(ckpt), **stateful),
+            **{f"unsized-{s}": dict(strategy=s, **RUN) for s in UNSIZED},
+            **{f"uneven-{s}": dict(strategy=s, eval=True) for s in UNEVEN},
+        },
+    )
 
 
 def check_epochs(ranks: list[dict]) -> None:
@@ -55,16 +95,13 @@ def check_epochs(ranks: list[dict]) -> None:
 
 
 @pytest.fixture(scope="module")
-def ddp(tmp_path_factory):
-    """DDP over an IterableDataset whose `__len__` claims 20 batches on each rank, through a
-    StatefulDataLoader, saving every 2 steps."""
-    tmp = tmp_path_factory.mktemp("ddp")
-    ranks, stdout = run_script(tmp, strategy="ddp", claimed=20, stateful=True, ckpt_every=2, **RUN)
-    return tmp, ranks, stdout
+def ddp(runs):
+    """(each rank's record, its output) of the run `runs` names "ddp"."""
+    return runs["ddp"]
 
 
 def test_a_short_rank_ends_the_epoch_for_all_under_ddp(ddp):
-    _, ranks, stdout = ddp
+    ranks, stdout = ddp
     check_epochs(ranks)
     notes = re.findall(r"train_dataloaders: .*", stdout)
     assert notes == [
@@ -78,15 +115,12 @@ def test_a_short_rank_ends_the_epoch_for_all_under_ddp(ddp):
 @pytest.mark.skipif(
     not __import__("importlib").util.find_spec("torchdata"), reason="torchdata not installed"
 )
-def test_a_stateful_loader_resumes_mid_epoch(ddp, tmp_path):
+def test_a_stateful_loader_resumes_mid_epoch(ddp, runs):
     """From the step-4 checkpoint (8 batches into epoch 0): each rank's StatefulDataLoader is
     restored at its own position (its dataset's load_state_dict sees 8 batches of 4 samples, no
     batch replayed) and the rest of the run is the uninterrupted one, loss for loss."""
-    before, full, _ = ddp
-    ckpt = before / "out" / "ckpt" / "epoch=0-step=4.ckpt"
-    ranks, _ = run_script(
-        tmp_path, strategy="ddp", claimed=20, stateful=True, resume=str(ckpt), **RUN
-    )
+    full, _ = ddp
+    ranks, _ = runs["resumed"]
     for rec, whole in zip(ranks, full):
         assert rec["restored"] == [8 * 4]
         assert rec["global_step"] == STEPS
@@ -97,9 +131,12 @@ def test_a_stateful_loader_resumes_mid_epoch(ddp, tmp_path):
     "strategy",  # ZeRO-2 repeats ZeRO-3's engine path and ddp's agreement: slow
     [pytest.param("deepspeed_stage_2", marks=pytest.mark.slow), "deepspeed_stage_3", "fsdp"],
 )
-def test_an_unsized_stream_trains_alike_under(strategy, ddp, tmp_path):
-    _, reference, _ = ddp
-    ranks, stdout = run_script(tmp_path, strategy=strategy, **RUN)
+def test_an_unsized_stream_trains_alike_under(strategy, ddp, runs, tmp_path):
+    reference, _ = ddp
+    if strategy in UNSIZED:
+        ranks, stdout = runs[f"unsized-{strategy}"]
+    else:
+        ranks, stdout = run_script(tmp_path, strategy=strategy, **RUN)
     check_epochs(ranks)
     assert "rank 1 ran out after 13 batches (it has no len())" in stdout
     for rec, ref in zip(ranks, reference):
@@ -123,7 +160,7 @@ def mean_of(ats) -> float:
     "strategy",
     ["ddp", "deepspeed_stage_3", "fsdp", pytest.param("deepspeed_stage_2", marks=pytest.mark.slow)],
 )
-def test_uneven_evaluation_streams_end_together_and_drop_nothing_under(strategy, tmp_path):
+def test_uneven_evaluation_streams_end_together_and_drop_nothing_under(strategy, runs, tmp_path):
     """One job (tests/iterable_script.py `evaluate`): fit's sanity check and validation over two
     loaders, then validate, test and predict, each stream a different length per rank (one empty
     on a rank, one behind a `__len__` that claims 20). Every rank ends each stage together; the
@@ -133,7 +170,10 @@ def test_uneven_evaluation_streams_end_together_and_drop_nothing_under(strategy,
     of batches steps with the others on its last batch (a shadow step: counted in `calls`, not
     seen by the hooks); under DDP and ZeRO-2 it waits, except for its first turn when its stream
     was empty."""
-    ranks, stdout = run_script(tmp_path, strategy=strategy, eval=True)
+    if strategy in UNEVEN:
+        ranks, stdout = runs[f"uneven-{strategy}"]
+    else:
+        ranks, stdout = run_script(tmp_path, strategy=strategy, eval=True)
     val = {
         "val_x/dataloader_idx_0": mean_of([0, 1, 2, 3, 1000, 1001]),  # limit_val_batches=4
         "val_x/dataloader_idx_1": mean_of([1100, 1101, 1102]),

@@ -20,6 +20,7 @@ saved for the backward.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -223,6 +224,7 @@ def main(opts: dict) -> None:
 
 if __name__ == "__main__":
     given = json.loads(sys.argv[1])
-    for i, job in enumerate(given.get("jobs", [given])):  # several fits, in the same ranks
-        print(f"[tp_script job {i}]", flush=True)  # where its output starts (each rank says it)
+    for i, job in enumerate(given.get("jobs", [given])):  # several runs, in the same ranks
+        if int(os.environ.get("RANK", "0")) == 0:  # where the job's output starts (rank 0's)
+            print(f"[tp_script job {i}]", flush=True)
         main(job)
