@@ -85,8 +85,7 @@ import lightspeed as ls
 from lightspeed.strategies import DeepSpeedStrategy, FSDPStrategy, DDPStrategy
 from test_trainer import regression_data
 
-name = sys.argv[1]
-out = {{"steps": {{}}}}
+outs = {{}}
 
 
 class Step(ls.Module):
@@ -131,41 +130,43 @@ def trainer(strategy, **kw):
                       enable_progress_bar=False, enable_checkpointing=False, **kw)
 
 
-for cls in (WithI, BatchOnly, BatchNb):
-    t = trainer(name, max_steps=3, limit_val_batches=1)
-    t.fit(cls(), regression_data(16), regression_data(8))
-    out["steps"][cls.__name__] = t.global_step
+for name in sys.argv[1:]:  # one strategy after another, in this process
+    out = outs[name] = {{"steps": {{}}}}
+    for cls in (WithI, BatchOnly, BatchNb):
+        t = trainer(name, max_steps=3, limit_val_batches=1)
+        t.fit(cls(), regression_data(16), regression_data(8))
+        out["steps"][cls.__name__] = t.global_step
 
-if name.startswith("deepspeed"):
-    seen = {{}}
+    if name.startswith("deepspeed"):
+        seen = {{}}
 
-    class Reads(ls.Callback):
-        def on_train_start(self, trainer, module):
-            s = trainer.strategy
-            sched = trainer.lr_scheduler_configs[0]
-            seen.update(
-                isinstance=isinstance(s, DeepSpeedStrategy) and not isinstance(s, (FSDPStrategy, DDPStrategy)),
-                zero_stage_3=s.zero_stage_3, engine=s.deepspeed_engine is s.model is trainer.model,
-                engine_type=type(s.model).__name__, micro_batch=s.config["train_micro_batch_size_per_gpu"],
-                scheduler=[type(sched.scheduler).__name__, sched.interval],
-                ranks=[s.world_size, s.global_rank, s.local_rank, s.is_global_zero, str(s.root_device)],
-                module=s.lightning_module is module, broadcast=s.broadcast(7),
-            )
+        class Reads(ls.Callback):
+            def on_train_start(self, trainer, module):
+                s = trainer.strategy
+                sched = trainer.lr_scheduler_configs[0]
+                seen.update(
+                    isinstance=isinstance(s, DeepSpeedStrategy) and not isinstance(s, (FSDPStrategy, DDPStrategy)),
+                    zero_stage_3=s.zero_stage_3, engine=s.deepspeed_engine is s.model is trainer.model,
+                    engine_type=type(s.model).__name__, micro_batch=s.config["train_micro_batch_size_per_gpu"],
+                    scheduler=[type(sched.scheduler).__name__, sched.interval],
+                    ranks=[s.world_size, s.global_rank, s.local_rank, s.is_global_zero, str(s.root_device)],
+                    module=s.lightning_module is module, broadcast=s.broadcast(7),
+                )
 
-    config = {{"optimizer": {{"type": "SGD", "params": {{"lr": 0.1}}}},
-              "scheduler": {{"type": "WarmupLR", "params": {{"warmup_min_lr": 0, "warmup_max_lr": 0.1,
-                                                             "warmup_num_steps": 10}}}}}}
-    stage = int(name[-1])
-    t = trainer(DeepSpeedStrategy(stage=stage, config=config), max_steps=3, callbacks=[Reads()])
-    t.fit(WithI(), regression_data(16))
-    sched = t.lr_scheduler_configs[0].scheduler
-    seen["after_3"] = [sched.last_batch_iteration, t.optimizers[0].param_groups[0]["lr"], sched.get_lr()[0]]
-    t.save_checkpoint("ckpt")
-    t = trainer(DeepSpeedStrategy(stage=stage, config=config), max_steps=5)
-    t.fit(WithI(), regression_data(16), ckpt_path="ckpt")
-    seen["resumed"] = t.lr_scheduler_configs[0].scheduler.last_batch_iteration
-    out["deepspeed"] = seen
-print("OUT" + json.dumps(out), flush=True)
+        config = {{"optimizer": {{"type": "SGD", "params": {{"lr": 0.1}}}},
+                  "scheduler": {{"type": "WarmupLR", "params": {{"warmup_min_lr": 0, "warmup_max_lr": 0.1,
+                                                                 "warmup_num_steps": 10}}}}}}
+        stage = int(name[-1])
+        t = trainer(DeepSpeedStrategy(stage=stage, config=config), max_steps=3, callbacks=[Reads()])
+        t.fit(WithI(), regression_data(16))
+        sched = t.lr_scheduler_configs[0].scheduler
+        seen["after_3"] = [sched.last_batch_iteration, t.optimizers[0].param_groups[0]["lr"], sched.get_lr()[0]]
+        t.save_checkpoint(f"ckpt-{{name}}")
+        t = trainer(DeepSpeedStrategy(stage=stage, config=config), max_steps=5)
+        t.fit(WithI(), regression_data(16), ckpt_path=f"ckpt-{{name}}")
+        seen["resumed"] = t.lr_scheduler_configs[0].scheduler.last_batch_iteration
+        out["deepspeed"] = seen
+print("OUT" + json.dumps(outs), flush=True)
 """
 
 STRATEGIES = [
@@ -180,20 +181,18 @@ STRATEGIES = [
 ]
 
 
-@pytest.mark.parametrize("name", STRATEGIES)
-def test_lightning_code_runs_under_every_strategy(tmp_path, name):
-    """`training_step(self, batch, i)`, `(self, batch)` and `(self, batch, batch_nb)` train under
-    every strategy (one process, a group of one); under DeepSpeed, Lightning's names read back and
-    a config's WarmupLR is stepped by the loop once per optimizer step (as DeepSpeed would), listed
-    in `lr_scheduler_configs` with interval "step", and resumed from a checkpoint."""
-    script = tmp_path / "lightning_code.py"
+@pytest.fixture(scope="module")
+def outs(tmp_path_factory) -> dict[str, dict]:
+    """SCRIPT run once for every strategy, one after another in one process: name -> its record."""
+    tmp = tmp_path_factory.mktemp("lightning_code")
+    script = tmp / "lightning_code.py"
     script.write_text(SCRIPT.format(tests=str(ROOT / "tests")))
     proc = subprocess.run(
-        [sys.executable, str(script), name],
-        cwd=tmp_path,
+        [sys.executable, str(script), *STRATEGIES],
+        cwd=tmp,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
         env={
             **os.environ,
             "PYTHONPATH": str(ROOT / "src"),
@@ -203,7 +202,17 @@ def test_lightning_code_runs_under_every_strategy(tmp_path, name):
     )
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("OUT")), None)
     assert proc.returncode == 0 and line, proc.stdout[-2000:] + proc.stderr[-4000:]
-    out = json.loads(line[3:])
+    return json.loads(line[3:])
+
+
+@pytest.mark.parametrize("name", STRATEGIES)
+def test_lightning_code_runs_under_every_strategy(outs, name):
+    """`training_step(self, batch, i)`, `(self, batch)` and `(self, batch, batch_nb)` train under
+    every strategy (one process, a group of one; the strategies one after another); under
+    DeepSpeed, Lightning's names read back and a config's WarmupLR is stepped by the loop once per
+    optimizer step (as DeepSpeed would), listed in `lr_scheduler_configs` with interval "step", and
+    resumed from a checkpoint."""
+    out = outs[name]
     assert out["steps"] == {"WithI": 3, "BatchOnly": 3, "BatchNb": 3}
     if name.startswith("deepspeed"):
         seen = out["deepspeed"]
