@@ -3,9 +3,8 @@ cleanly.
 
     .venv/bin/python -m pytest -q tests/test_lifecycle.py
 
-- Protocol calls are counted on every strategy in a validate -> fit -> test run (one process each, a
-group of
-  one): check once per entry point, connect and configure_model once, setup once per phase
+- Protocol calls are counted on every strategy in a validate -> fit -> test run (a group of one; the
+  strategies one after another in one process): check once per entry point, connect and configure_model once, setup once per phase
   (evaluation, then fit; test reuses fit's), teardown once (at exit), step once per optimizer step.
 - A `training_step` that raises on rank 1 of 2: rank 1's on_exception hooks run, rank 0's progress
 bar is
@@ -55,16 +54,16 @@ class Model(Regress):
     def configure_optimizers(self):  # an optimizer with state: torch's FSDP optimizer-state save steps a
         return torch.optim.AdamW(self.parameters(), lr=0.01)  # stateless SGD once to create state (segfaults)
 
-name = sys.argv[1]
-strategy = Counting(ls.build_strategy(name, 1))
-counts[name] = strategy.calls
-trainer = ls.Trainer(strategy=strategy, devices=1, accelerator="cpu", max_steps=4, logger=False,
-                     enable_progress_bar=False, enable_checkpointing=False, accumulate_grad_batches=2)
-model = Model()
-trainer.validate(model, regression_data(8))
-trainer.fit(model, regression_data(32))
-trainer.save_checkpoint("ckpt")
-trainer.test(model, regression_data(8))
+for name in sys.argv[1:]:  # one strategy after another, in this process
+    strategy = Counting(ls.build_strategy(name, 1))
+    counts[name] = strategy.calls
+    trainer = ls.Trainer(strategy=strategy, devices=1, accelerator="cpu", max_steps=4, logger=False,
+                         enable_progress_bar=False, enable_checkpointing=False, accumulate_grad_batches=2)
+    model = Model()
+    trainer.validate(model, regression_data(8))
+    trainer.fit(model, regression_data(32))
+    trainer.save_checkpoint(f"ckpt-{{name}}")
+    trainer.test(model, regression_data(8))
 """
 
 STRATEGIES = [
@@ -79,16 +78,18 @@ STRATEGIES = [
 ]
 
 
-@pytest.mark.parametrize("name", STRATEGIES)
-def test_protocol_calls_once_per_phase(tmp_path, name):
-    script = tmp_path / "count.py"
+@pytest.fixture(scope="module")
+def counts(tmp_path_factory) -> dict[str, dict]:
+    """COUNT_SCRIPT over every strategy, one after another in one process: name -> its counts."""
+    tmp = tmp_path_factory.mktemp("count")
+    script = tmp / "count.py"
     script.write_text(COUNT_SCRIPT.format(tests=str(ROOT / "tests")))
     proc = subprocess.run(
-        [sys.executable, str(script), name],
-        cwd=tmp_path,
+        [sys.executable, str(script), *STRATEGIES],
+        cwd=tmp,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
         env={
             **os.environ,
             "PYTHONPATH": str(ROOT / "src"),
@@ -98,7 +99,12 @@ def test_protocol_calls_once_per_phase(tmp_path, name):
     )
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("COUNTS")), None)
     assert proc.returncode == 0 and line, proc.stdout[-2000:] + proc.stderr[-4000:]
-    c = json.loads(line[len("COUNTS") :])[name]
+    return json.loads(line[len("COUNTS") :])
+
+
+@pytest.mark.parametrize("name", STRATEGIES)
+def test_protocol_calls_once_per_phase(counts, name):
+    c = counts[name]
     # 4 optimizer steps of 2 micro-batches; validation 2 batches of 4, test 2 batches of 4; one
     # save.
     once = {
