@@ -20,7 +20,7 @@ import pytest
 from helpers import ROOT, launch
 
 SCRIPT = r"""
-import json, sys
+import json, os, sys
 sys.path.insert(0, {tests!r})
 import torch
 import lightspeed as ls
@@ -33,41 +33,61 @@ class PerRankScore(Regress):
     def configure_optimizers(self):
         return torch.optim.AdamW(self.parameters(), lr=0.01)
 
-strategy, epochs, resume = sys.argv[1], int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else None
-ckpt = ls.ModelCheckpoint(monitor="score", mode="min", save_top_k=1, filename="{{epoch}}-{{score:.1f}}")
-stop = ls.EarlyStopping(monitor="score", mode="min", patience=1)
-trainer = ls.Trainer(strategy=strategy, devices=2, accelerator="cpu", max_epochs=epochs, limit_train_batches=2,
-                     limit_val_batches=1, logger=False, enable_progress_bar=False, callbacks=[ckpt, stop])
-trainer.fit(PerRankScore(), regression_data(32), regression_data(8), ckpt_path=resume)
-if trainer.is_global_zero:
-    print("RESULT" + json.dumps({{"epochs": trainer.current_epoch, "best": ckpt.best_model_path,
-                                 "step": trainer.global_step}}))
+for job in json.loads(sys.argv[1]):  # one run after another, in the same ranks, each in its folder
+    os.chdir(job["dir"])
+    ckpt = ls.ModelCheckpoint(monitor="score", mode="min", save_top_k=1, filename="{{epoch}}-{{score:.1f}}")
+    stop = ls.EarlyStopping(monitor="score", mode="min", patience=1)
+    trainer = ls.Trainer(strategy=job["strategy"], devices=2, accelerator="cpu", max_epochs=job["epochs"],
+                         limit_train_batches=2, limit_val_batches=1, logger=False, enable_progress_bar=False,
+                         callbacks=[ckpt, stop])
+    trainer.fit(PerRankScore(), regression_data(32), regression_data(8), ckpt_path=job.get("resume"))
+    if trainer.is_global_zero:
+        print("RESULT" + json.dumps({{"job": job["name"], "epochs": trainer.current_epoch,
+                                     "best": ckpt.best_model_path, "step": trainer.global_step,
+                                     "files": sorted(os.listdir("checkpoints"))}}))
 """
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "deepspeed_stage_2", "fsdp"])
-def test_checkpoint_and_stop_decided_on_rank0(tmp_path, strategy):
-    script = tmp_path / "decide.py"
+STRATEGIES = ["ddp", "deepspeed_stage_2", "fsdp"]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> tuple:
+    """Each strategy's run of 3 epochs, then its resume from `last` to 4, each in its strategy's
+    folder, one after another in one launched job (the ranks start once). Returns (the folder,
+    job name -> rank 0's result)."""
+    tmp = tmp_path_factory.mktemp("decisions")
+    script = tmp / "decide.py"
     script.write_text(SCRIPT.format(tests=str(ROOT / "tests")))
+    jobs = []
+    for strategy in STRATEGIES:
+        (tmp / strategy).mkdir()
+        where = dict(dir=str(tmp / strategy), strategy=strategy)
+        jobs += [dict(name=f"{strategy}-first", epochs=3, **where)]
+        jobs += [dict(name=f"{strategy}-resumed", epochs=4, resume="last", **where)]
+    done = launch(
+        [str(script), json.dumps(jobs)],
+        cwd=tmp,
+        nproc=1,
+        timeout=600,
+        extra_env={"DS_ACCELERATOR": "cpu"},
+    )
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT")]
+    assert done.returncode == 0 and len(lines) == len(jobs), (
+        done.stdout[-2000:] + done.stderr[-4000:]
+    )
+    return tmp, {r["job"]: r for r in (json.loads(ln[len("RESULT") :]) for ln in lines)}
 
-    def run(*args: str) -> dict:
-        done = launch(
-            [str(script), strategy, *args],
-            cwd=tmp_path,
-            nproc=1,
-            timeout=240,
-            extra_env={"DS_ACCELERATOR": "cpu"},
-        )
-        line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT")), None)
-        assert done.returncode == 0 and line, done.stdout[-2000:] + done.stderr[-4000:]
-        return json.loads(line[len("RESULT") :])
 
-    first = run("3")
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_checkpoint_and_stop_decided_on_rank0(results, strategy):
+    tmp, runs = results
+    first = runs[f"{strategy}-first"]
     assert first["epochs"] == 3  # rank 1's score never improves; rank 0's does, and rank 0 decides
     assert first["best"].endswith("epoch=2-score=8.0.ckpt")
-    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
-    assert names == ["epoch=2-score=8.0.ckpt", "last.ckpt"], (
-        names
-    )  # no leftover .tmp- folder from a rank's own name
-    resumed = run("4", "last")  # complete on both ranks: it resumes
+    # no leftover .tmp- folder from a rank's own name (listed by rank 0 after the fit)
+    assert first["files"] == ["epoch=2-score=8.0.ckpt", "last.ckpt"], first["files"]
+    resumed = runs[f"{strategy}-resumed"]  # complete on both ranks: it resumes
     assert resumed["epochs"] == 4 and resumed["step"] == 8
+    names = [p.name for p in (tmp / strategy / "checkpoints").iterdir()]  # after both runs
+    assert all(n.endswith(".ckpt") and not n.startswith(".") for n in names), names
