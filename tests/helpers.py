@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -255,7 +256,8 @@ def run_jobs(
     another in the same ranks: one interpreter start-up and one rendezvous for them all, where each
     run of its own pays both (about 2 s of CPU per rank, more with DeepSpeed's import). Each job
     runs in tmp_path/name (its root, unless given), so a later job can name an earlier one's
-    checkpoint there. Returns name -> rank 0's result, with "root"."""
+    checkpoint there. Returns name -> rank 0's result, with "root" and "stdout" (the job's part of
+    the output: what rank 0 printed from its start to the next job's)."""
     given = []
     for name, opts in jobs.items():
         root = Path(opts.get("root", tmp_path / name))
@@ -268,9 +270,13 @@ def run_jobs(
         raise AssertionError(
             f"workload jobs failed ({run.returncode}):\n{run.stdout[-3000:]}\n{run.stderr[-6000:]}"
         )
+    parts = re.split(r"\[workload job (\d+)\]\n", run.stdout)
+    said = ["" for _ in given]  # parts: text, number, text, number, text, ...
+    for number, text in zip(parts[1::2], parts[2::2]):
+        said[int(number)] += text
     return {
-        name: {**json.loads(Path(job["out"]).read_text()), "root": Path(job["root"])}
-        for name, job in zip(jobs, given)
+        name: {**json.loads(Path(job["out"]).read_text()), "root": Path(job["root"]), "stdout": out}
+        for name, job, out in zip(jobs, given, said)
     }
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import assert_close_losses, run_workload
+from helpers import assert_close_losses, run_jobs, run_workload
 from lightspeed.runtime.guard import NonFiniteError, NonFiniteGuard
 
 FAULT = dict(devices=2, batch_size=2, max_steps=5, ckpt_every=2, inf_grad_at={"step": 2, "rank": 1})
@@ -89,9 +89,19 @@ def _checkpoints(root: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def ddp_skip(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ddp-skip")
-    return run_workload(root, strategy="ddp", on_nonfinite="skip", **FAULT)
+def finished(tmp_path_factory) -> dict[str, dict]:
+    """The default cells' runs that end (DDP's and ZeRO-2's "skip", ZeRO-2's "warn"), one after
+    another in one launched job (helpers.run_jobs): "<strategy>-<policy>" -> rank 0's result."""
+    jobs = {
+        f"{strategy}-{policy}": dict(strategy=strategy, on_nonfinite=policy, **FAULT)
+        for strategy, policy in (("ddp", "skip"), (DS2, "skip"), (DS2, "warn"))
+    }
+    return run_jobs(tmp_path_factory.mktemp("finished"), jobs)
+
+
+@pytest.fixture(scope="module")
+def ddp_skip(finished):
+    return finished["ddp-skip"]
 
 
 @pytest.mark.parametrize(
@@ -113,12 +123,16 @@ def test_stop(tmp_path, strategy):
 @pytest.mark.parametrize(
     "strategy", [DS2, pytest.param(DS3, marks=slow), pytest.param("fsdp", marks=slow)]
 )
-def test_skip(tmp_path, strategy, ddp_skip):
-    res = run_workload(tmp_path, strategy=strategy, on_nonfinite="skip", **FAULT)
+def test_skip(tmp_path, strategy, finished, ddp_skip):
+    res = finished.get(f"{strategy}-skip")
+    if res is None:  # a slow cell
+        res = {**run_workload(tmp_path, strategy=strategy, on_nonfinite="skip", **FAULT)}
+        res["root"] = tmp_path
     for out in (res, ddp_skip):
         assert out["global_step"] == 5 and out["skipped_steps"] == 1 and out["finite_weights"]
     assert_close_losses(res["losses"], ddp_skip["losses"], 1e-5, f"{strategy} vs ddp under skip")
-    assert "epoch=0-step=4.ckpt" in _checkpoints(tmp_path) and _finite_checkpoint(tmp_path, strategy)
+    root = res["root"]
+    assert "epoch=0-step=4.ckpt" in _checkpoints(root) and _finite_checkpoint(root, strategy)
 
 
 @pytest.mark.parametrize(
@@ -130,21 +144,24 @@ def test_skip(tmp_path, strategy, ddp_skip):
         pytest.param("fsdp", marks=slow),
     ],
 )
-def test_warn(tmp_path, strategy, ddp_skip):
-    run = run_workload(tmp_path, strategy=strategy, on_nonfinite="warn", check=False, **FAULT)
-    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
-    import json
+def test_warn(tmp_path, strategy, finished, ddp_skip):
+    res = finished.get(f"{strategy}-warn")
+    if res is None:  # a slow cell
+        run = run_workload(tmp_path, strategy=strategy, on_nonfinite="warn", check=False, **FAULT)
+        assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+        import json
 
-    res = json.loads(next(tmp_path.glob("result-*.json")).read_text())
+        res = json.loads(next(tmp_path.glob("result-*.json")).read_text())
+        res.update(root=tmp_path, stdout=run.stdout)
     assert res["global_step"] == 5 and res["skipped_steps"] == 0
-    lines = [line for line in run.stdout.splitlines() if SAID in line]
+    lines = [line for line in res["stdout"].splitlines() if SAID in line]
     if strategy.startswith("deepspeed"):  # the engine dropped it: the losses of "skip", finite
         assert lines == [
             f"{SAID} on_nonfinite='warn': the engine dropped this optimizer step "
             "itself (its overflow check), so the run goes on without it."
         ]
         assert_close_losses(res["losses"], ddp_skip["losses"], 1e-5, f"{strategy} warn vs skip")
-        assert _finite_checkpoint(tmp_path, strategy)
+        assert _finite_checkpoint(res["root"], strategy)
     else:  # the Inf update applied: NaN from step 3 on, each step said
         assert lines == [f"{SAID} on_nonfinite='warn': stepping anyway."]
         assert not res["finite_weights"] and all(math.isnan(v) for v in res["losses"][3:])

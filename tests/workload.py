@@ -390,5 +390,7 @@ if __name__ == "__main__":
     # The deepspeed launcher appends --local_rank=N to the script's arguments; the options are the
     # other one. {"jobs": [options, ...]}: several runs, one after another, in the same ranks.
     given = json.loads(next(a for a in sys.argv[1:] if not a.startswith("--local_rank")))
-    for job in given.get("jobs", [given]):
+    for i, job in enumerate(given.get("jobs", [given])):
+        if "jobs" in given and int(os.environ.get("RANK", "0")) == 0:
+            print(f"[workload job {i}]", flush=True)  # where the job's output starts (rank 0's)
         main(job)
