@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -63,14 +64,30 @@ def test_lr_find_on_one_device_restores_everything(one_device):
     assert record["fit_losses"] == plain and record["fit_steps"] == 5  # bitwise: a fresh fit
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "deepspeed_stage_2", "deepspeed_stage_3", "fsdp"])
-def test_lr_find_on_two_ranks_agrees_with_one_device(tmp_path, one_device, strategy):
-    config = ONE_CYCLE if strategy == "deepspeed_stage_2" else None
-    args = [str(SCRIPT), str(tmp_path), strategy, "2", "8", *([json.dumps(config)] * bool(config))]
-    ran = launch(args, tmp_path, "python")
+TWO_RANKS = ["ddp", "deepspeed_stage_2", "deepspeed_stage_3", "fsdp"]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> Path:
+    """Each strategy's range test and fit on 2 ranks (batch 8 each), one after another in one
+    launched job (the ranks start once), each in the folder named after it."""
+    tmp = tmp_path_factory.mktemp("two_ranks")
+    jobs = []
+    for strategy in TWO_RANKS:
+        (tmp / strategy).mkdir()
+        config = ONE_CYCLE if strategy == "deepspeed_stage_2" else None
+        jobs.append(dict(out=str(tmp / strategy), strategy=strategy, devices=2, batch_size=8))
+        jobs[-1].update(config=config)
+    ran = launch([str(SCRIPT), json.dumps(jobs)], tmp, "python", timeout=600)
     assert ran.returncode == 0, ran.stderr[-5000:]
+    return tmp
+
+
+@pytest.mark.parametrize("strategy", TWO_RANKS)
+def test_lr_find_on_two_ranks_agrees_with_one_device(two_ranks, one_device, strategy):
+    config = ONE_CYCLE if strategy == "deepspeed_stage_2" else None
     single, plain = one_device
-    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    r0, r1 = (json.loads((two_ranks / strategy / f"rank{r}.json").read_text()) for r in (0, 1))
     assert r0["lrs"] == r1["lrs"] and r0["losses"] == r1["losses"]  # one curve on every rank
     grid = single["lrs"]
     step = abs(grid.index(r0["suggestion"]) - grid.index(single["suggestion"]))

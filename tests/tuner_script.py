@@ -1,6 +1,7 @@
-"""An LR range test, then a fit, on any strategy: `python tests/tuner_script.py <out> <strategy>
-<devices> <batch_size> [<DeepSpeed config JSON>]` (test_tuner.py runs it on 2 ranks; `run` also
-runs in-process on one). A DeepSpeed config makes the strategy DeepSpeed(stage=2, config=...).
+"""An LR range test, then a fit, on any strategy: `python tests/tuner_script.py '<JSON list>'`, each
+item {out, strategy, devices, batch_size, config (optional)} run in turn in the same ranks
+(test_tuner.py runs it on 2 ranks; `run` also runs in-process on one). A DeepSpeed config makes the
+strategy DeepSpeed(stage=2, config=...).
 
 Each rank writes <out>/rank<r>.json: the range test's LRs and losses and its suggestion, the step
 and epoch after it, whether the weights read back from a checkpoint saved after it equal the
@@ -130,5 +131,6 @@ def run(
 
 
 if __name__ == "__main__":
-    config = json.loads(sys.argv[5]) if len(sys.argv) > 5 else None
-    run(Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), config)
+    for job in json.loads(sys.argv[1]):  # one run after another, in the same ranks
+        args = job["out"], job["strategy"], job["devices"], job["batch_size"]
+        run(Path(args[0]), *args[1:], job.get("config"))
