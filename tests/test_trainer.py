@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import lightspeed as ls
-from helpers import ROOT, assert_close_losses, launch, run_workload
+from helpers import ROOT, assert_close_losses, launch, run_jobs, run_workload
 
 # ---------------------------------------------------------------- parity: 1 device vs 2-rank DDP
 
@@ -25,12 +25,21 @@ PARITY = dict(max_steps=6, accumulate=2, clip=0.05, shuffle=True, warmup=3)
 
 
 @pytest.fixture(scope="module")
-def parity_runs(tmp_path_factory):
+def two_ranks(tmp_path_factory) -> dict[str, dict]:
+    """The 2-rank runs of this file (DDP's parity run and its resume runs below), one after another
+    in one launched job (helpers.run_jobs: the ranks start once)."""
+    root = tmp_path_factory.mktemp("two_ranks")
+    jobs = {"parity": dict(devices=2, batch_size=4, **PARITY)}
+    jobs |= _resume_jobs(root / "resume", devices=2, batch_size=4)
+    return run_jobs(root, jobs)
+
+
+@pytest.fixture(scope="module")
+def parity_runs(tmp_path_factory, two_ranks):
     single = run_workload(
         tmp_path_factory.mktemp("single"), launcher="in-process", devices=1, batch_size=8, **PARITY
     )
-    ddp = run_workload(tmp_path_factory.mktemp("ddp"), devices=2, batch_size=4, **PARITY)
-    return single, ddp
+    return single, two_ranks["parity"]
 
 
 def test_parity_single_vs_ddp(parity_runs):
@@ -50,32 +59,34 @@ RESUME = dict(
 )
 
 
-def _resume_runs(root: Path, devices: int, batch_size: int) -> dict:
-    kw = dict(
-        devices=devices,
-        batch_size=batch_size,
-        launcher="in-process" if devices == 1 else "python",
-        **RESUME,
-    )
+def _resume_jobs(root: Path, devices: int, batch_size: int) -> dict[str, dict]:
+    """The runs of the resume tests, in order, each with its folder ("root")."""
+    kw = dict(devices=devices, batch_size=batch_size, **RESUME)
     dirs = {k: root / k for k in ("straight", "split", "mid")}
     for d in dirs.values():
-        d.mkdir()
-    # Straight: 2 epochs of 4 steps; a checkpoint every 3 steps (step 3 is mid-epoch 0).
-    straight = run_workload(dirs["straight"], ckpt_every=3, **kw)
-    first = run_workload(dirs["split"], checkpointing=True, **{**kw, "max_epochs": 1})
-    second = run_workload(dirs["split"], resume="last", **kw)
-    mid = run_workload(
-        dirs["mid"], resume=str(dirs["straight"] / "checkpoints" / "epoch=0-step=3.ckpt"), **kw
-    )
-    return dict(straight=straight, first=first, second=second, mid=mid)
+        d.mkdir(parents=True)
+    return {
+        # Straight: 2 epochs of 4 steps; a checkpoint every 3 steps (step 3 is mid-epoch 0).
+        "straight": dict(root=str(dirs["straight"]), ckpt_every=3, **kw),
+        "first": dict(root=str(dirs["split"]), checkpointing=True, **{**kw, "max_epochs": 1}),
+        "second": dict(root=str(dirs["split"]), resume="last", **kw),
+        "mid": dict(
+            root=str(dirs["mid"]),
+            resume=str(dirs["straight"] / "checkpoints" / "epoch=0-step=3.ckpt"),
+            **kw,
+        ),
+    }
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["single", "ddp"])
 def resume_runs(request, tmp_path_factory):
-    devices = request.param
-    return _resume_runs(
-        tmp_path_factory.mktemp(f"resume{devices}"), devices, batch_size=8 // devices
-    )
+    if request.param == 2:
+        return request.getfixturevalue("two_ranks")
+    jobs = _resume_jobs(tmp_path_factory.mktemp("resume1"), devices=1, batch_size=8)
+    return {
+        name: run_workload(Path(opts.pop("root")), launcher="in-process", **opts)
+        for name, opts in jobs.items()
+    }
 
 
 def test_resume_after_epoch_is_bit_exact(resume_runs):
