@@ -16,6 +16,7 @@ copies, fused optimizers by default, bf16/CUDA DeepSpeed engines, the planner's 
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -101,8 +102,42 @@ GPU_CASES = [
 ]
 
 
+DEFAULT = [
+    (name, strategy)
+    for i, (name, _) in enumerate(EXAMPLES)
+    for strategy in STRATEGIES
+    if strategy == STRATEGIES[i % 4] and name not in ELSEWHERE
+]
+
+
+@pytest.fixture(scope="module")
+def default_runs(tmp_path_factory) -> dict[tuple[str, str], tuple[Path, str]]:
+    """The default CPU cells' scripts, one after another in one launched job of 2 ranks
+    (tests/examples_script.py runs each as `python examples/x.py --devices 2 --strategy S` does, in
+    a folder of its own; examples/gan.py is also started directly, by test_manual_optimization).
+    (name, strategy) -> (its folder, its part of the output)."""
+    tmp = tmp_path_factory.mktemp("examples")
+    jobs = []
+    for name, strategy in DEFAULT:
+        (tmp / name).mkdir()
+        args = _args(name, strategy, accelerator="cpu", devices=2)
+        jobs.append(dict(script=args[0], args=args[1:], dir=str(tmp / name)))
+    script = str(ROOT / "tests" / "examples_script.py")
+    run = launch([script, json.dumps(jobs)], tmp, timeout=600)
+    assert run.returncode == 0, f"examples failed:\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
+    parts = re.split(r"\[examples_script job (\d+)\]\n", run.stdout)
+    said = ["" for _ in jobs]  # parts: text, number, text, number, text, ...
+    for number, text in zip(parts[1::2], parts[2::2]):
+        said[int(number)] += text
+    return {cell: (tmp / cell[0], out) for cell, out in zip(DEFAULT, said)}
+
+
 @pytest.mark.parametrize("name, strategy, check", CASES)
-def test_example(tmp_path, name, strategy, check):
+def test_example(tmp_path, request, name, strategy, check):
+    if (name, strategy) in DEFAULT:
+        cwd, stdout = request.getfixturevalue("default_runs")[name, strategy]
+        _check_result(name, strategy, check, cwd, stdout)
+        return
     _run_example(tmp_path, name, strategy, check, accelerator="cpu", devices=2)
 
 
@@ -113,30 +148,29 @@ def test_example_on_one_gpu(tmp_path, name, strategy, check):
     _run_example(tmp_path, name, strategy, check, accelerator="gpu", devices=1)
 
 
-def _run_example(tmp_path, name, strategy, check, accelerator: str, devices: int):
+def _args(name: str, strategy: str, accelerator: str, devices: int) -> list[str]:
+    """The command line after `python`: examples/<name>.py and its flags."""
     if name == "deepspeed_zero3" and strategy == "deepspeed_stage_3":
         strategy = "deepspeed"  # the script's own DeepSpeedStrategy(stage=3)
-    refusal = REFUSED.get((name, strategy))
     strategy = RENAMED.get((name, strategy), strategy)
-    run = launch(
-        [
-            str(ROOT / "examples" / f"{name}.py"),
-            "--accelerator",
-            accelerator,
-            "--devices",
-            str(devices),
-            "--strategy",
-            strategy,
-        ],
-        tmp_path,
-    )
+    script = str(ROOT / "examples" / f"{name}.py")
+    return [script, "--accelerator", accelerator, "--devices", str(devices), "--strategy", strategy]
+
+
+def _run_example(tmp_path, name, strategy, check, accelerator: str, devices: int):
+    refusal = REFUSED.get((name, strategy))
+    run = launch(_args(name, strategy, accelerator, devices), tmp_path)
     if refusal:
         assert run.returncode != 0 and refusal in run.stderr, run.stderr[-3000:]
         return
     assert run.returncode == 0, (
         f"{name} under {strategy} failed:\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
     )
-    found = re.findall(r"^result: (\w+)=(\S+)$", run.stdout, re.MULTILINE)
-    assert len(found) == 1, f"{name}: expected one result line from rank 0:\n{run.stdout[-2000:]}"
+    _check_result(name, strategy, check, tmp_path, run.stdout)
+
+
+def _check_result(name: str, strategy: str, check, cwd: Path, stdout: str) -> None:
+    found = re.findall(r"^result: (\w+)=(\S+)$", stdout, re.MULTILINE)
+    assert len(found) == 1, f"{name}: expected one result line from rank 0:\n{stdout[-2000:]}"
     key, value = found[0]
-    assert check(float(value), tmp_path), f"{name} under {strategy}: {key}={value}"
+    assert check(float(value), cwd), f"{name} under {strategy}: {key}={value}"
