@@ -41,10 +41,23 @@ def _alone_losses() -> list[float]:
     return fresh.losses
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "deepspeed_stage_2"])
-def test_devices_1_inside_a_two_rank_job_runs_alone(tmp_path, strategy):
-    run, res = _run(tmp_path, strategy)
-    assert run.returncode == 0 and res is not None, run.stderr[-3000:]
+JOBS = ["ddp", "deepspeed_stage_2"]
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory) -> dict[str, dict]:
+    """The script under each of JOBS, one job after another in one launch (the ranks start once):
+    strategy -> rank 0's result."""
+    tmp = tmp_path_factory.mktemp("nested")
+    args = [a for strategy in JOBS for a in (strategy, str(tmp / f"{strategy}.json"))]
+    run = launch([str(SCRIPT), *args], tmp, "python", nproc=1, timeout=400)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return {strategy: json.loads((tmp / f"{strategy}.json").read_text()) for strategy in JOBS}
+
+
+@pytest.mark.parametrize("strategy", JOBS)
+def test_devices_1_inside_a_two_rank_job_runs_alone(jobs, strategy):
+    res = jobs[strategy]
     assert res["nested_world"] == 1 and res["nested_fit_step"] == 5
     # The same weights, tested alone on all the data and by the job's two ranks on halves of it.
     assert res["nested_test"] == pytest.approx(res["job_test"], rel=1e-6)
