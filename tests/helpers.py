@@ -256,8 +256,8 @@ def run_jobs(
     another in the same ranks: one interpreter start-up and one rendezvous for them all, where each
     run of its own pays both (about 2 s of CPU per rank, more with DeepSpeed's import). Each job
     runs in tmp_path/name (its root, unless given: jobs may share one), so a later job can name an
-    earlier one's checkpoint there. Returns name -> rank 0's result, with "root" and "stdout" (the job's part of
-    the output: what rank 0 printed from its start to the next job's)."""
+    earlier one's checkpoint there. Returns name -> rank 0's result, with "root" and "stdout"
+    (the job's part of the output: what rank 0 printed from its start to the next job's)."""
     given = []
     for name, opts in jobs.items():
         root = Path(opts.get("root", tmp_path / name))

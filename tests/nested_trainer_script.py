@@ -1,6 +1,6 @@
 """A Trainer inside a running 2-rank job (tests/test_nested_trainer.py): `python
-tests/nested_trainer_script.py <strategy> <out.json> [<strategy> <out.json> ...]` (each pair a job, one
-after another in the same ranks).
+tests/nested_trainer_script.py <strategy> <out.json> [<strategy> <out.json> ...]` (each pair a
+job, one after another in the same ranks).
 
 A 2-rank fit under `strategy`; then, on rank 0 only, `Trainer(accelerator="cpu", devices=1)` tests
 the fitted model and fits a fresh copy, while rank 1 goes straight on to the job's next collective

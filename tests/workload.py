@@ -3,8 +3,8 @@
 It trains the tiny GPT with the Trainer (which starts its own ranks for devices > 1, or joins
 torchrun's), records the per-step global-mean losses, and rank 0 writes them with other facts to the
 JSON file `out`; `{"jobs": [options, ...]}` runs several option sets one after another in the same
-ranks (helpers.run_jobs). Options (all optional except out): strategy, devices, max_steps, max_epochs,
-accumulate, clip, clip_algo, precision, batch_size, ckpt_every, resume ("last" or a path), root,
+ranks (helpers.run_jobs). Options (all optional except out): strategy, devices, max_steps,
+max_epochs, accumulate, clip, clip_algo, precision, batch_size, ckpt_every, resume ("last" or a path), root,
 seed, limit_train_batches, shuffle, predict, validate, test, consolidate (a path), fail_rank (raise
 on that rank at step 3), dropout, num_nodes, progress (show the progress bar), fused (the module's
 AdamW with fused=True), optimizer_kernels (the Trainer flag), compile (Trainer(compile=...): true or
