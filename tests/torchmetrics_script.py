@@ -1,6 +1,6 @@
 """torchmetrics objects logged with `self.log`, as Lightning code does:
-`python tests/torchmetrics_script.py <out_dir> <devices>` (test_lightning_names.py runs it on 1 and
-2 ranks).
+`python tests/torchmetrics_script.py <out_dir> <devices>` (test_lightning_names.py runs it on 2
+ranks, and calls `main` in its own process on one device).
 
 Each rank writes <out_dir>/rank<r>.json: the logged epoch values, and the counts of right answers
 and samples it saw itself, so the test can check that the epoch value covers every rank's samples.
@@ -64,8 +64,7 @@ class Classifier(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.5)
 
 
-if __name__ == "__main__":
-    out, devices = Path(sys.argv[1]), int(sys.argv[2])
+def main(out: Path, devices: int) -> None:
     model = Classifier()
     trainer = L.Trainer(
         accelerator="cpu",
@@ -84,3 +83,7 @@ if __name__ == "__main__":
     (out / f"rank{trainer.global_rank}.json").write_text(
         json.dumps(dict(logged=logged, seen=model.seen))
     )
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), int(sys.argv[2]))
