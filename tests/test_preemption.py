@@ -13,14 +13,12 @@ import warnings
 
 import pytest
 
-from helpers import assert_close_losses, run_workload
+from helpers import assert_close_losses, run_jobs, run_workload
 from lightspeed.checkpoint.checkpointer import resolve
 from lightspeed.errors import ConfigError
 
 
 def test_sigterm_saves_exits_143_and_resumes_exactly(tmp_path):
-    (tmp_path / "ref").mkdir()
-    ref = run_workload(tmp_path / "ref", devices=2, strategy="ddp", max_steps=10, shuffle=True)
     run = run_workload(
         tmp_path,
         devices=2,
@@ -33,12 +31,14 @@ def test_sigterm_saves_exits_143_and_resumes_exactly(tmp_path):
     assert run.returncode == 143, (run.returncode, run.stderr[-3000:])
     assert "received SIGTERM" in run.stdout and "preempted-step=5" in run.stdout, run.stdout[-2000:]
     assert os.readlink(tmp_path / "checkpoints" / "last.ckpt") == "preempted-step=5.ckpt"
-    resumed = run_workload(
-        tmp_path, devices=2, strategy="ddp", max_steps=10, shuffle=True, resume="last"
-    )
+    # The resume, then an uninterrupted run for reference, in one launched job (run_jobs).
+    run = dict(devices=2, strategy="ddp", max_steps=10, shuffle=True)
+    jobs = {"resumed": dict(root=str(tmp_path), resume="last", **run), "ref": run}
+    after = run_jobs(tmp_path, jobs)
+    resumed, ref = after["resumed"], after["ref"]
     assert resumed["global_step"] == 10 and len(resumed["losses"]) == 5
-    results = [json.loads(p.read_text()) for p in tmp_path.glob("result-*.json")]
-    preempted = next(r for r in results if r.get("exit") == 143)
+    preempted = json.loads((tmp_path / "result-0.json").read_text())  # the first run's
+    assert preempted.get("exit") == 143
     assert len(preempted["losses"]) == 5
     assert_close_losses(
         preempted["losses"] + resumed["losses"], ref["losses"], 1e-6, "preempted + resumed"
