@@ -9,30 +9,31 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 # The files with the longest runs go first, so that under `make test`'s two workers (`--dist
-# loadfile` hands out
-# whole files in collection order) no long file starts last while the other worker sits idle. The
-# order is the one
-# of measured file times (a full run on 2 cores); the files left out take under 20 s each.
+# loadfile` hands out whole files in collection order) no long file starts last while the other
+# worker sits idle. The order is the one of the files' times (estimated for a full run on 2 cores
+# from the last measured one, after their fits were gathered into launched jobs); the files left
+# out take under 20 s each.
 LONGEST_FIRST = (
-    "test_strategies.py",
+    "test_launch.py",
     "test_manual_optimization.py",
     "test_deepspeed.py",
-    "test_launch.py",
-    "test_fsdp.py",
-    "test_examples.py",
-    "test_travel.py",
-    "test_plan.py",
+    "test_checksummed_resume.py",
+    "test_strategies.py",
     "test_kernels.py",
+    "test_travel.py",
+    "test_deepspeed_tp.py",
+    "test_lightning_ckpt.py",
+    "test_tensor_parallel.py",
+    "test_plan_families.py",
     "test_guard.py",
-    "test_lifecycle.py",
-    "test_decisions.py",
-    "test_benchmarks_and_demo.py",
-    "test_trainer.py",
-    "test_ddp.py",
-    "test_no_hangs.py",
-    "test_zero1.py",
-    "test_deepspeed_bf16.py",
     "test_lightning_ranks.py",
+    "test_lightning_names.py",
+    "test_no_hangs.py",
+    "test_fsdp.py",
+    "test_first_run.py",
+    "test_killed_rank0.py",
+    "test_hf.py",
+    "test_nonfinite_deepspeed.py",
 )
 
 
