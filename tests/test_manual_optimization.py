@@ -38,7 +38,7 @@ STEP3 = "checkpoints/epoch=0-step=3.ckpt"
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, dict]:
     """The workload runs of the default tests below, in one launched job (helpers.run_jobs): one
-    start-up of the 2 ranks for nine fits. Name -> rank 0's result."""
+    start-up of the 2 ranks for ten fits. Name -> rank 0's result."""
     tmp = tmp_path_factory.mktemp("manual")
     return run_jobs(
         tmp,
@@ -52,6 +52,8 @@ def runs(tmp_path_factory) -> dict[str, dict]:
             "ddp_clip": dict(strategy="ddp", **CLIPPED),
             "fsdp_clip": dict(strategy="fsdp", **CLIPPED),
             "deepspeed_stage_2": dict(strategy="deepspeed_stage_2", **RUN),
+            # ZeRO-3 with one optimizer: its engine group's split holds the whole module
+            "deepspeed_stage_3": dict(strategy="deepspeed_stage_3", **RUN),
             "deepspeed_stage_2_clip": dict(strategy="deepspeed_stage_2", **CLIPPED),
         },
     )
@@ -81,9 +83,7 @@ def test_fsdp_manual_two_optimizers_checkpoint_holds_both(runs):
     )
 
 
-@pytest.mark.parametrize(
-    "strategy", ["deepspeed_stage_2", pytest.param("deepspeed_stage_3", marks=pytest.mark.slow)]
-)
+@pytest.mark.parametrize("strategy", ["deepspeed_stage_2", "deepspeed_stage_3"])
 def test_deepspeed_manual_matches_ddp(tmp_path, runs, strategy):
     # One engine, one optimizer: the module's opt.step() is engine.step(), manual_backward is
     # engine.backward.

@@ -129,6 +129,9 @@ def split_module(
         holder = torch.nn.Module()
         holder.module = torch.nn.Module()
         for path, sub in taken:
+            if not path:  # one optimizer trains the whole module (manual optimization, one engine)
+                holder.module = sub
+                break
             parent, names = holder.module, path.rstrip(".").split(".")
             for name in names[:-1]:
                 if not hasattr(parent, name):
