@@ -31,12 +31,14 @@ cap, so the memory figures are those of a run alone; the seconds per step are no
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import resource
 import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -191,13 +193,48 @@ class Family(ls.LightningModule):
 
 
 class Timing(ls.Callback):
+    """Each batch's end (the GPU synchronized) and loss; at the fourth batch, what the process runs
+    with (threads, garbage collection, DeepSpeed's offload settings): `auto`'s run and a plan by hand
+    are compared on these when their steps differ (planner_speed.py)."""
+
     def __init__(self):
         self.ends: list[float] = []
         self.losses: list[float] = []
+        self.gc_s = 0.0  # seconds in the garbage collector since the first batch ended
+        self.state: dict = {}
+        self._gc_start = 0.0
+        gc.callbacks.append(self._gc)
+
+    def _gc(self, phase: str, info: dict) -> None:
+        if not self.ends:
+            return
+        if phase == "start":
+            self._gc_start = time.perf_counter()
+        else:
+            self.gc_s += time.perf_counter() - self._gc_start
+
+    def _state(self, trainer) -> dict:
+        engine = getattr(trainer.strategy, "engine", None)
+        opt = getattr(engine, "optimizer", None)
+        fp32 = getattr(opt, "single_partition_of_fp32_groups", None) or [None]
+        return {
+            "torch_threads": torch.get_num_threads(),
+            "interop_threads": torch.get_num_interop_threads(),
+            "omp_env": os.environ.get("OMP_NUM_THREADS"),
+            "python_threads": threading.active_count(),
+            "gc_objects": len(gc.get_objects()),
+            "gc_enabled": gc.isenabled(),
+            "pin_memory": getattr(opt, "cpu_offload_pin_memory", None),
+            "fp32_pinned": fp32[0].is_pinned() if fp32[0] is not None else None,
+            "overlap_comm": getattr(opt, "overlap_comm", None),
+            "optimizer": type(getattr(opt, "optimizer", opt)).__name__,
+        }
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         self.losses.append(float(loss.detach().float()))
+        if batch_idx == 3:
+            self.state = self._state(trainer)
         if trainer.device.type == "cuda":
             torch.cuda.synchronize(trainer.device)
         self.ends.append(time.perf_counter())
@@ -288,6 +325,9 @@ def child(family: str, cpu: bool, spec: dict) -> dict:
         "forecast_host": f.host_peak,
         "measured_host": rss_peak() - base,
         "s_per_step": sorted(steps)[len(steps) // 2] if steps else None,
+        "steps": steps,
+        "gc_s": timing.gc_s,
+        "process": timing.state,
         "trained": len(timing.losses) == spec.get("steps", 3)
         and all(map(lambda x: x == x, timing.losses)),
         "tokens_per_sample": facts.tokens_per_sample,

@@ -46,6 +46,7 @@ def main() -> None:
     p.add_argument("--limit", type=float, default=90, help="seconds per run")
     p.add_argument("--top", type=int, default=3, help="plans of auto's table run by hand")
     p.add_argument("--cpu", action="store_true", help="tiny configs on 2 CPU ranks (plumbing)")
+    p.add_argument("--no-hand", action="store_true", help="only auto's table, not HAND's plans")
     p.add_argument("--out", help="folder for planner_speed.json")
     args = p.parse_args()
     script = str(ROOT / "planner_families.py")
@@ -67,6 +68,9 @@ def main() -> None:
             )
         print(line, flush=True)
         lines.append(line)
+        if row.get("steps"):  # what the process ran with (planner_families.Timing)
+            steps = " ".join(f"{t:.3f}" for t in row["steps"])
+            print(f"{family:6s}   steps {steps}; gc {row['gc_s']:.3f} s; {row['process']}")
         return row
 
     for family in args.only.split(","):
@@ -79,7 +83,9 @@ def main() -> None:
         for name, mb, tps, dev in auto.get("plans", [])[: args.top]:
             line = f"{family:6s}   plan table: {name:30s} mb {mb:3d} forecast {tps:9,.0f} tok/s"
             print(line + f" {dev / 2**30:5.2f} GiB", flush=True)
-        hand = list(dict.fromkeys(plans + ([] if args.cpu else HAND.get(family, []))))
+        hand = list(
+            dict.fromkeys(plans + ([] if args.cpu else HAND.get(family, []) * (not args.no_hand)))
+        )
         best = None
         for name, mb in hand:
             spec = {**base, "strategy": name, "batch_size": mb, "micro_batch": None}
