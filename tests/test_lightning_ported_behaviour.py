@@ -15,6 +15,8 @@ import torch
 
 import lightspeed as ls
 from lightspeed.callbacks.progress.rich_progress import DefaultProgressBar, RichProgressBarTheme
+from lightspeed.demos.boring_classes import BoringModel
+from lightspeed.errors import ConfigError
 from test_trainer import Regress, make_trainer, regression_data
 
 
@@ -165,3 +167,42 @@ def test_log_refuses_a_key_that_names_the_dataloader_idx(tmp_path):
     trainer = make_trainer(tmp_path, max_steps=1)
     trainer.fit(Unsuffixed(), regression_data())
     assert "foo/dataloader_idx_0" in trainer.callback_metrics
+
+
+def test_a_metric_logged_must_be_held_by_the_module(tmp_path):
+    """A torchmetrics Metric made anew in the step is refused, naming the fix; one held as an
+    attribute (or named with metric_attribute=) logs its value."""
+    torchmetrics = pytest.importorskip("torchmetrics")
+
+    class Fresh(BoringModel):
+        def training_step(self, batch, batch_idx):
+            self.log("acc", torchmetrics.MeanMetric())
+            return super().training_step(batch, batch_idx)
+
+    class Held(BoringModel):
+        def __init__(self):
+            super().__init__()
+            self.mean = torchmetrics.MeanMetric()
+
+        def training_step(self, batch, batch_idx):
+            out = super().training_step(batch, batch_idx)
+            self.mean(out["loss"].detach())
+            self.log("mean_loss", self.mean)
+            return out
+
+    kw = dict(default_root_dir=tmp_path, max_steps=2, logger=False, enable_progress_bar=False)
+    with pytest.raises(ConfigError, match="setting an attribute for the metric"):
+        ls.Trainer(**kw).fit(Fresh())
+
+    class FreshBesideHeld(Held):
+        def training_step(self, batch, batch_idx):
+            self.log("acc", torchmetrics.MeanMetric())
+            return super().training_step(batch, batch_idx)
+
+    with pytest.raises(
+        ConfigError, match=r"metric_attribute=name\)` where `name` is one of \['mean'\]"
+    ):
+        ls.Trainer(**kw).fit(FreshBesideHeld())
+    trainer = ls.Trainer(**kw)
+    trainer.fit(Held())
+    assert "mean_loss" in trainer.callback_metrics

@@ -13,6 +13,7 @@ from typing import Any, cast
 import torch
 
 from lightspeed.core import saving as _hparams
+from lightspeed.core.metrics import is_metric
 from lightspeed.core.mixins import HyperparametersMixin
 from lightspeed.core.optimizer import LightningOptimizer
 from lightspeed.data.loaders import move_to_device
@@ -335,8 +336,12 @@ class Module(HyperparametersMixin, torch.nn.Module):
     ) -> None:
         """Records a metric. Defaults follow Lightning: per step in training, per epoch in
         evaluation; an epoch value is the mean weighted by `batch_size` (default: the size of the
-        current batch). Lightning's `sync_dist_group`, `metric_attribute` and `enable_graph` are
-        accepted and have no effect."""
+        current batch). A torchmetrics `Metric` logged itself must be held by this module (an
+        attribute, or inside one), as in Lightning: one made anew in each step would log a fresh
+        state every time (`metric_attribute=` names the attribute, and skips the search).
+        Lightning's `sync_dist_group` and `enable_graph` are accepted and have no effect."""
+        if is_metric(value) and ignored.get("metric_attribute") is None:
+            self._check_metric_is_held(name, value)
         self.trainer.metrics.log(
             name,
             value,
@@ -349,6 +354,22 @@ class Module(HyperparametersMixin, torch.nn.Module):
             batch_size,
             rank_zero_only,
             add_dataloader_idx,
+        )
+
+    def _check_metric_is_held(self, name: str, metric: Any) -> None:
+        if any(m is metric for m in self.modules()):
+            return
+        held = [n for n, m in self.named_modules() if is_metric(m)]
+        fix = (
+            f"calling `self.log({name}, ..., metric_attribute=name)` where `name` is one of {held}"
+            if held
+            else "setting an attribute for the metric in your `LightningModule` (e.g. "
+            "`self.acc = Accuracy(...)` in `__init__`) and logging that attribute"
+        )
+        raise ConfigError(
+            f"self.log({name!r}, <{type(metric).__name__}>): the torchmetrics Metric logged is not "
+            f"an attribute of {type(self).__name__}, so its state would start anew at each call. "
+            f"You can fix this by {fix}."
         )
 
     def log_dict(self, metrics: dict[str, Any], **kwargs: Any) -> None:
