@@ -41,7 +41,7 @@ LAYERS: dict[int, set[str]] = {
     9: {"core"},  # LightningModule, LightningDataModule, hparams and saving, the self.log store
     10: {"callbacks", "tuner"},  # callbacks; the tuner (its finders are callbacks, it runs trial fits)
     11: {"plan"},  # the memory forecast, probes, the micro-batch finder
-    12: {"run", "hooks", "eval_loaders", "loop", "loops", "trainer"},  # the loop and its run state
+    12: {"run", "hooks", "eval_loaders", "start", "loop", "loops", "trainer"},  # the loop, its run state
     13: {"__init__", "cli", "commands", "demos"},  # the package's face
 }
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import lightspeed as ls
-import lightspeed.loop
+import lightspeed.start
 from lightspeed.core.optimizer import parse_optimizers
 from test_trainer import Regress, make_trainer, regression_data
 
@@ -73,7 +73,7 @@ def no_spawn(monkeypatch):
     def refuse(n):
         raise AssertionError(f"a bad input reached the spawner (start_local_ranks({n}))")
 
-    monkeypatch.setattr(lightspeed.loop, "start_local_ranks", refuse)
+    monkeypatch.setattr(lightspeed.start, "start_local_ranks", refuse)
 
 
 def _trainer(**flags):

@@ -1,9 +1,10 @@
 """What lightspeed checks of the user's hooks and callbacks, and what it says at fit start. The
-hooks themselves are called by name in loop.py.
+hooks themselves are called by name in loop.py and start.py, through `call` and `timed` here
+(timed by the profiler); `batch_to_device` runs the batch-transfer hooks of their owners.
 
     callbacks = trainer_callbacks(given, config.limits, config.output)  # Trainer.__init__
     run.callbacks[:] = with_module_callbacks(run.callbacks, module, print0)  # each entry point
-    warn_unknown_hooks(module, callbacks); log_hparams(...)             # loop.set_up_training
+    warn_unknown_hooks(module, callbacks); log_hparams(...)             # start.set_up_training
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from lightspeed.callbacks.progress.rich_progress import DefaultProgressBar
 from lightspeed.callbacks.rich_model_summary import default_model_summary
 from lightspeed.callbacks.run_metrics import RunMetrics
 from lightspeed.config import Limits, Output
+from lightspeed.core.datamodule import LightningDataModule
 from lightspeed.core.mixins.hparams_mixin import hparams_to_log
 from lightspeed.core.module import Module
 from lightspeed.errors import ConfigError
+from lightspeed.run import Run
 from lightspeed.utilities.parsing import clean_namespace
 from lightspeed.utilities.rank_zero import rank_zero_info
 
@@ -172,3 +175,83 @@ def with_module_callbacks(
     merged = [cb for cb in callbacks if type(cb) not in types] + extra
     # sorted is stable, so only checkpoint callbacks move (last)
     return sorted(merged, key=lambda cb: isinstance(cb, ModelCheckpoint))
+
+
+# ================================================================== calling a hook
+def call(
+    run: Run,
+    module_hook: Callable[..., Any],
+    callback_hook: Callable[[Callback], Callable[..., Any]],
+    *args: Any,
+) -> Any:
+    """A hook without a return the loop needs: the Module's (`module_hook(*args)`), then each
+    callback's (`callback_hook(cb)`, e.g. `lambda cb: cb.on_fit_start`) with the trainer and the
+    module before `args`. Returns the Module hook's value. Each is timed by `run.profiler`."""
+    with profiled(run, "LightningModule", module_hook):
+        out = module_hook(*args)
+    for cb in run.callbacks:
+        hook = callback_hook(cb)
+        with profiled(run, "Callback", hook):
+            hook(run.trainer, run.module, *args)
+    return out
+
+
+def profiled(run: Run, kind: str, hook: Callable[..., Any]) -> Any:
+    """`run.profiler` timing `hook` (a bound method) under Lightning's action name,
+    `[LightningModule]Model.on_fit_start`, `[Callback]<state_key>.on_fit_start`, ..."""
+    owner = getattr(hook, "__self__", None)
+    who = owner.state_key if kind == "Callback" and owner is not None else type(owner).__name__
+    return run.profiler.profile(f"[{kind}]{who}.{getattr(hook, '__name__', 'hook')}")
+
+
+def timed(run: Run, kind: str, hook: Callable[..., Any], *args: Any) -> Any:
+    """`hook(*args)`, timed by `run.profiler` (`profiled`)."""
+    with profiled(run, kind, hook):
+        return hook(*args)
+
+
+TRANSFER_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
+
+
+def transfer_owners(module: Module, datamodule: Any) -> dict[str, Any]:
+    """Whose batch-transfer hook runs, per hook: the DataModule's where it overrides it, else the
+    Module's (as in Lightning, which also takes the DataModule's when both override one;
+    `check_transfer_hooks` says so)."""
+
+    def overrides(name: str) -> bool:  # a duck-typed DataModule may lack the hook: the Module's
+        return getattr(type(datamodule), name, None) not in (
+            None,
+            getattr(LightningDataModule, name),
+        )
+
+    return {
+        name: datamodule if datamodule is not None and overrides(name) else module
+        for name in TRANSFER_HOOKS
+    }
+
+
+def check_transfer_hooks(module: Module, datamodule: Any) -> None:
+    """Warns once per fit for each batch-transfer hook both the Module and the DataModule
+    override."""
+    owners = transfer_owners(module, datamodule)
+    for name in TRANSFER_HOOKS:
+        if owners[name] is datamodule and datamodule is not None and is_overridden(module, name):
+            warnings.warn(
+                f"{name} is overridden in both {type(module).__name__} and "
+                f"{type(datamodule).__name__}: the DataModule's runs (as in Lightning).",
+                stacklevel=3,
+            )
+
+
+def batch_to_device(
+    run: Run, module: Module, batch: Any, dataloader_idx: int = 0, device: Any = None
+) -> Any:
+    """The batch through `on_before_batch_transfer`, `transfer_batch_to_device` (to `device`, by
+    default the run's) and `on_after_batch_transfer`, each the DataModule's or the Module's
+    (`transfer_owners`)."""
+    owners = transfer_owners(module, run.datamodule)
+    batch = owners["on_before_batch_transfer"].on_before_batch_transfer(batch, dataloader_idx)
+    batch = owners["transfer_batch_to_device"].transfer_batch_to_device(
+        batch, device or run.device, dataloader_idx
+    )
+    return owners["on_after_batch_transfer"].on_after_batch_transfer(batch, dataloader_idx)

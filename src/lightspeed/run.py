@@ -1,14 +1,14 @@
 """The one mutable run state: what the loop writes and the Trainer's Lightning names read.
 
     run = Run(trainer, strategy, callbacks, loggers)  # Trainer.__init__, once
-    loop.fit(run, config, model, ...)                 # loop.py writes it; nothing else does
+    loop.fit(run, config, model, ...)                 # loop.py and start.py write it; nothing else
     trainer.global_step                               # a property: run.loop.global_step
 
 `Run` holds who takes part (module, strategy, callbacks, loggers), what the launch made
 (`Process`), where the loop is (the entry point, the stage, `LoopState`) and what fit set up (the
-loaders, the step). loop.py assigns its fields; besides it only the Trainer's setters for what
-Lightning lets callbacks set (`should_stop`, `loggers`, `accumulate_grad_batches`, the callbacks
-list in place) write here. `run.enter(stage)` is the one place the stage changes.
+loaders, the step). loop.py and start.py assign its fields; besides them only the Trainer's setters
+for what Lightning lets callbacks set (`should_stop`, `loggers`, `accumulate_grad_batches`, the
+callbacks list in place) write here. `run.enter(stage)` is the one place the stage changes.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ The first training steps are guarded the same way (`FirstSteps`): an out-of-memo
 of them (on CPU: the step's saved tensors or what the strategy holds after it past the budget)
 becomes one verdict for every rank at the step's end, the plan is torn down, the module and the
 random state are put back as they were before its setup, and the next plan is set up and trains
-from step 0 (the loop's `next_plan`).
+from step 0 (`start.next_plan`, called by the loop).
 
 Each attempt runs on a fork of its strategy (`Strategy.fork()`: connected, its own engine, the
 process group its parent's), so a failed one can be freed without leaving the group. The module is

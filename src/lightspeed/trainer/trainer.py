@@ -4,12 +4,13 @@ try/finally; Lightning's names for what a run holds, as plain properties.
     trainer = Trainer(devices=2, strategy="deepspeed_stage_3", max_steps=100)
     trainer.fit(model, train_loader)
 
-Follow one batch: `fit` plans (before any rank starts), starts the run (`loop.start`: the launch,
+Follow one batch: `fit` plans (before any rank starts), starts the run (`start.start`: the launch,
 the setup hooks), confirms the micro-batch, then `loop.fit` runs the epochs; `loop.train_epoch`
 groups batches into accumulation windows and `loop.train_window` moves each micro-batch to the
 device, runs `training_step` through `strategy.forward`, `strategy.backward(loss)`, then one
-`strategy.step()`. The run's state lives in one `Run` (run.py), written by loop.py; backend code
-lives behind the Strategy protocol (strategies/base.py), checkpoint files behind the Checkpointer.
+`strategy.step()`. The run's state lives in one `Run` (run.py), written by loop.py and start.py;
+backend code lives behind the Strategy protocol (strategies/base.py), checkpoint files behind the
+Checkpointer.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any, cast
 
 import torch
 
-from lightspeed import loop
+from lightspeed import loop, start
 from lightspeed.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from lightspeed.config import check_sync_batchnorm, parse_flags
 from lightspeed.core.datamodule import LightningDataModule
@@ -202,8 +203,8 @@ class Trainer:
         run = self._run
         with self._entry(model, Fn.FIT, datamodule) as model:
             # the plan step, before any rank starts: strategy="auto", micro_batch="auto"'s forecast
-            forecast = loop.plan(run, self.config, model, train_dataloaders, self._plans)
-            resume = loop.start(run, self.config, Fn.FIT, model, ckpt_path, self._plans)
+            forecast = start.plan(run, self.config, model, train_dataloaders, self._plans)
+            resume = start.start(run, self.config, Fn.FIT, model, ckpt_path, self._plans)
             # the micro-batch step: the forecast tried in the loop's own steps, the size written
             confirm(forecast, run.strategy, model, partial(loop.trial_step, run))
             loop.fit(run, self.config, model, train_dataloaders, val_dataloaders, resume)
@@ -300,7 +301,7 @@ class Trainer:
                 "no model is set up on the strategy yet, so there is nothing to save. Call it "
                 "after one of them."
             )
-        return loop.save_checkpoint(self._run, Path(path))
+        return start.save_checkpoint(self._run, Path(path))
 
     # ------------------------------------------------------------------ for callbacks
     def print0(self, *args: Any) -> None:
@@ -489,7 +490,7 @@ class Trainer:
 
     @property
     def checkpoint_dir(self) -> Path:
-        return loop.checkpoint_dir(self.callbacks, self.config.output.default_root_dir)
+        return start.checkpoint_dir(self.callbacks, self.config.output.default_root_dir)
 
     @property
     def log_dir(self) -> str:
