@@ -49,6 +49,16 @@ def test_lightning_classes_at_lightnings_module_paths_are_types():
     assert isinstance(trainer.strategy, DeepSpeedStrategy) and trainer.strategy.zero_stage_3
 
 
+def test_the_module_and_datamodule_at_lightnings_core_path():
+    # `from pytorch_lightning.core import LightningModule` (Lightning's core package exports both)
+    import lightspeed as ls
+    from lightspeed.core import LightningDataModule, LightningModule
+
+    assert LightningModule is ls.LightningModule and LightningDataModule is ls.LightningDataModule
+    with pytest.raises(ImportError, match="Trainer"):  # only what Lightning exports there
+        from lightspeed.core import Trainer  # noqa: F401
+
+
 def test_deepspeed_config_reads_as_lightnings(tmp_path, monkeypatch):
     from lightspeed.strategies.deepspeed import DeepSpeedStrategy
 
