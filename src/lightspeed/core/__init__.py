@@ -4,9 +4,6 @@ first use, so importing a submodule (`lightspeed.core.metrics`) does not import 
 
 from typing import Any
 
-__all__ = ["LightningDataModule", "LightningModule"]
-
-
 def __getattr__(name: str) -> Any:
     if name == "LightningModule":
         from lightspeed.core.module import LightningModule

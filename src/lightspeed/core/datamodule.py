@@ -22,7 +22,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from lightspeed.core import saving as _hparams
+import lightspeed.core.saving as _hparams
 from lightspeed.core.mixins import HyperparametersMixin
 from lightspeed.data.loaders import move_to_device
 from lightspeed.runtime.distributed import barrier

@@ -12,7 +12,7 @@ from typing import Any, cast
 
 import torch
 
-from lightspeed.core import saving as _hparams
+import lightspeed.core.saving as _hparams
 from lightspeed.core.metrics import is_metric
 from lightspeed.core.mixins import HyperparametersMixin
 from lightspeed.core.optimizer import LightningOptimizer
