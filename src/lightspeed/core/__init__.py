@@ -4,6 +4,7 @@ first use, so importing a submodule (`lightspeed.core.metrics`) does not import 
 
 from typing import Any
 
+
 def __getattr__(name: str) -> Any:
     if name == "LightningModule":
         from lightspeed.core.module import LightningModule
