@@ -32,6 +32,7 @@ LAYERS: dict[int, set[str]] = {
         "overrides",
         "config",
         "profilers",
+        "accelerators",
     },  # Lightning's utility names and `overrides`; the Trainer's flags, checked and frozen; profilers
     4: {"perf"},  # fused optimizers, compile, mixed precision and the shared clip-then-step
     5: {"checkpoint"},  # the Checkpointer, file formats, one reader per on-disk layout

@@ -59,6 +59,23 @@ def test_the_module_and_datamodule_at_lightnings_core_path():
         from lightspeed.core import Trainer  # noqa: F401
 
 
+def test_trainer_accelerator_at_lightnings_path():
+    # `isinstance(trainer.accelerator, CUDAAccelerator)` and the class questions Lightning code asks
+    import lightspeed as ls
+    from lightspeed.accelerators import Accelerator, CPUAccelerator, CUDAAccelerator
+
+    trainer = ls.Trainer(accelerator="cpu", devices=1, logger=False)
+    assert isinstance(trainer.accelerator, CPUAccelerator)
+    assert isinstance(trainer.accelerator, Accelerator)
+    assert not isinstance(trainer.accelerator, CUDAAccelerator)
+    stats = trainer.accelerator.get_device_stats(trainer.device)
+    assert set(stats) == {"cpu_vm_percent", "cpu_percent", "cpu_swap_percent"}
+    assert CUDAAccelerator.is_available() == torch.cuda.is_available()
+    assert CPUAccelerator.get_parallel_devices(2) == [torch.device("cpu")] * 2
+    assert CUDAAccelerator.parse_devices("0,2") == [0, 2] and CUDAAccelerator.parse_devices(0) is None
+    assert CUDAAccelerator.get_parallel_devices([1]) == [torch.device("cuda", 1)]
+
+
 def test_deepspeed_config_reads_as_lightnings(tmp_path, monkeypatch):
     from lightspeed.strategies.deepspeed import DeepSpeedStrategy
 

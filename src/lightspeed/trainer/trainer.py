@@ -27,6 +27,7 @@ from typing import Any, cast
 import torch
 
 from lightspeed import loop, start
+from lightspeed.accelerators import Accelerator, accelerator_for
 from lightspeed.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from lightspeed.config import check_sync_batchnorm, parse_flags
 from lightspeed.core.datamodule import LightningDataModule
@@ -345,6 +346,12 @@ class Trainer:
     @property
     def device(self) -> torch.device:
         return self._run.device
+
+    @property
+    def accelerator(self) -> Accelerator:
+        """The device family (Lightning's `trainer.accelerator`): `CUDAAccelerator` or
+        `CPUAccelerator`, from the `accelerator` flag as resolved."""
+        return accelerator_for(self.config.launch.device_type)
 
     @property
     def dist(self) -> DistInfo | None:
