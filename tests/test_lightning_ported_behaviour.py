@@ -206,3 +206,50 @@ def test_a_metric_logged_must_be_held_by_the_module(tmp_path):
     trainer = ls.Trainer(**kw)
     trainer.fit(Held())
     assert "mean_loss" in trainer.callback_metrics
+
+
+def test_lambda_callback_runs_its_functions_at_their_hooks(tmp_path):
+    seen: list[tuple] = []
+    probe = ls.callbacks.LambdaCallback(
+        on_train_epoch_end=lambda trainer, module: seen.append(("epoch", trainer.current_epoch)),
+        on_train_batch_end=lambda trainer, module, out, batch, i: seen.append(("batch", i)),
+        setup=lambda trainer, module, stage: seen.append(("setup", stage)),
+    )
+    kw = dict(default_root_dir=tmp_path, max_epochs=2, limit_train_batches=2, logger=False)
+    ls.Trainer(callbacks=[probe], enable_progress_bar=False, **kw).fit(BoringModel())
+    assert seen == [("setup", "fit"), ("batch", 0), ("batch", 1), ("epoch", 0)] + [
+        ("batch", 0),
+        ("batch", 1),
+        ("epoch", 1),
+    ]
+    with pytest.raises(TypeError, match="'on_epoch_finish', which is not a hook"):
+        ls.callbacks.LambdaCallback(on_epoch_finish=print)
+
+
+def test_device_stats_monitor_logs_the_hosts_statistics_on_cpu(tmp_path):
+    import csv
+
+    from lightspeed.loggers import CSVLogger
+
+    logger = CSVLogger(tmp_path)
+    trainer = ls.Trainer(
+        default_root_dir=tmp_path,
+        max_steps=2,
+        log_every_n_steps=1,
+        limit_val_batches=0,
+        logger=logger,
+        enable_progress_bar=False,
+        callbacks=[ls.callbacks.DeviceStatsMonitor()],
+    )
+    trainer.fit(BoringModel())
+    rows = list(csv.DictReader(open(next(tmp_path.rglob("metrics.csv")))))
+    key = "DeviceStatsMonitor.on_train_batch_end/cpu_percent"
+    assert key in rows[0] and sum(bool(r[key]) for r in rows) == 2
+    with pytest.raises(ConfigError, match="logger=False"):
+        ls.Trainer(
+            default_root_dir=tmp_path,
+            logger=False,
+            max_steps=1,
+            limit_val_batches=0,
+            callbacks=[ls.callbacks.DeviceStatsMonitor()],
+        ).fit(BoringModel())

@@ -3,9 +3,11 @@ paths)."""
 
 from lightspeed.callbacks.batch_size_finder import BatchSizeFinder
 from lightspeed.callbacks.callback import Callback
+from lightspeed.callbacks.device_stats_monitor import DeviceStatsMonitor
 from lightspeed.callbacks.early_stopping import EarlyStopping
 from lightspeed.callbacks.finetuning import BackboneFinetuning, BaseFinetuning
 from lightspeed.callbacks.gradient_accumulation_scheduler import GradientAccumulationScheduler
+from lightspeed.callbacks.lambda_function import LambdaCallback
 from lightspeed.callbacks.lr_finder import LearningRateFinder
 from lightspeed.callbacks.lr_monitor import LearningRateMonitor
 from lightspeed.callbacks.model_checkpoint import ModelCheckpoint
@@ -17,6 +19,8 @@ from lightspeed.callbacks.rich_model_summary import RichModelSummary
 from lightspeed.callbacks.timer import Timer
 
 __all__ = [
+    "DeviceStatsMonitor",
+    "LambdaCallback",
     "BatchSizeFinder",
     "LearningRateFinder",
     "BackboneFinetuning",
