@@ -76,6 +76,26 @@ def test_trainer_accelerator_at_lightnings_path():
     assert CUDAAccelerator.get_parallel_devices([1]) == [torch.device("cuda", 1)]
 
 
+def test_single_device_strategy_is_lightnings_and_checks_its_device(tmp_path):
+    import lightspeed as ls
+    from lightspeed.demos import BoringModel
+    from lightspeed.errors import ConfigError
+    from lightspeed.strategies import SingleDevice, SingleDeviceStrategy
+
+    strategy = SingleDeviceStrategy(device="cpu")
+    assert isinstance(strategy, SingleDevice) and isinstance(SingleDevice(), SingleDeviceStrategy)
+    kw = dict(default_root_dir=tmp_path, max_steps=2, logger=False, enable_progress_bar=False)
+    trainer = ls.Trainer(accelerator="cpu", strategy=strategy, **kw)
+    trainer.fit(BoringModel())
+    assert trainer.global_step == 2 and isinstance(trainer.strategy, SingleDeviceStrategy)
+    with pytest.raises(ConfigError, match="accelerator='gpu'"):
+        ls.Trainer(accelerator="cpu", strategy=SingleDeviceStrategy("cuda:0"), **kw).fit(
+            BoringModel()
+        )
+    with pytest.raises(ConfigError, match="precision_plugin"):
+        SingleDeviceStrategy("cpu", precision_plugin=object())
+
+
 def test_deepspeed_config_reads_as_lightnings(tmp_path, monkeypatch):
     from lightspeed.strategies.deepspeed import DeepSpeedStrategy
 

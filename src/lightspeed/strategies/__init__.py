@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from lightspeed.strategies.base import Strategy
 from lightspeed.strategies.ddp import DDP, DDPStrategy, ZeRO1
 from lightspeed.strategies.registry import STRATEGIES, build_strategy
-from lightspeed.strategies.single import SingleDevice
+from lightspeed.strategies.single import SingleDevice, SingleDeviceStrategy
 
 if TYPE_CHECKING:  # loaded by __getattr__ at run time
     from lightspeed.strategies.deepspeed.lightning import DeepSpeedStrategy
@@ -35,6 +35,7 @@ __all__ = [
     "FSDPStrategy",
     "ZeRO1",
     "SingleDevice",
+    "SingleDeviceStrategy",
     "Strategy",
     "STRATEGIES",
     "build_strategy",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ import torch
 import lightspeed.strategies.lightning as lightning
 from lightspeed.checkpoint.io import load_replicated, save_replicated
 from lightspeed.checkpoint.layouts import Portable, optimizer_param_names, write_torch
+from lightspeed.errors import ConfigError
 from lightspeed.perf.kernels import apply_compile, build_optimizers_fast
 from lightspeed.perf.precision import Precision, StepGate, optimizer_step
 from lightspeed.runtime.launch import DistInfo
@@ -28,6 +30,8 @@ class SingleDevice:
     schedulers: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        # SingleDeviceStrategy(device=...): checked against the run's device at connect
+        self.wanted: torch.device | None = None
         self.dist: DistInfo | None = None
         self.device: Any = None  # a torch.device, once connected
         self.module: Any = None  # the user's Module, once set up
@@ -62,6 +66,17 @@ class SingleDevice:
         pass  # one device honours every flag
 
     def connect(self, spec: RunSpec, dist_info: DistInfo, device: torch.device) -> None:
+        wanted = self.wanted
+        if wanted is not None and (
+            wanted.type != device.type or (wanted.index or 0) != (device.index or 0)
+        ):
+            raise ConfigError(
+                f"SingleDeviceStrategy(device={str(wanted)!r}) but this process runs on {device} "
+                f"(the Trainer's accelerator): pass accelerator="
+                f"{'gpu' if wanted.type == 'cuda' else 'cpu'!r}"
+                + (", and choose the GPU with CUDA_VISIBLE_DEVICES" if wanted.index else "")
+                + "."
+            )
         self.spec, self.dist, self.device = spec, dist_info, device
         self.precision = Precision(spec.precision, device.type)
         if device.type == "cuda":
@@ -116,3 +131,41 @@ class SingleDevice:
 
     def teardown(self) -> None:
         pass  # nothing was started; the module is the user's, untouched
+
+
+class SingleDeviceStrategy(abc.ABC):
+    """Lightning's `SingleDeviceStrategy(device=...)`: returns a `SingleDevice`, and every
+    SingleDevice is an instance. The device comes from the Trainer's `accelerator`; a `device` that
+    names another family, or a GPU other than the process's own, is a ConfigError at setup, as are
+    Lightning's plugin keywords (`checkpoint_io`, `precision_plugin`: use `precision=`)."""
+
+    def __new__(  # type: ignore[misc]
+        cls,
+        device: Any = "cpu",
+        accelerator: Any = None,
+        checkpoint_io: Any = None,
+        precision_plugin: Any = None,
+    ) -> SingleDevice:
+        for key, value in (
+            ("accelerator", accelerator),
+            ("checkpoint_io", checkpoint_io),
+            ("precision_plugin", precision_plugin),
+        ):
+            if value is not None:
+                raise ConfigError(
+                    f"SingleDeviceStrategy({key}={value!r}) is not supported: give the Trainer "
+                    "accelerator= and precision=; checkpoints are written by the strategy itself."
+                )
+        try:
+            wanted = torch.device(device)
+        except (RuntimeError, TypeError) as e:
+            raise ConfigError(
+                f"SingleDeviceStrategy(device={device!r}) is not valid: expected 'cpu', 'cuda' or "
+                "'cuda:N'."
+            ) from e
+        strategy = SingleDevice()
+        strategy.wanted = wanted
+        return strategy
+
+
+SingleDeviceStrategy.register(SingleDevice)
