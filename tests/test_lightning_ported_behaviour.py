@@ -253,3 +253,24 @@ def test_device_stats_monitor_logs_the_hosts_statistics_on_cpu(tmp_path):
             limit_val_batches=0,
             callbacks=[ls.callbacks.DeviceStatsMonitor()],
         ).fit(BoringModel())
+
+
+def test_trainer_evaluating_device_ids_and_barebones(tmp_path):
+    seen: dict[str, bool] = {}
+    probe = ls.callbacks.LambdaCallback(
+        on_train_batch_start=lambda trainer, *a: seen.setdefault("train", trainer.evaluating),
+        on_validation_batch_start=lambda trainer, *a: seen.setdefault("val", trainer.evaluating),
+        on_test_batch_start=lambda trainer, *a: seen.setdefault("test", trainer.evaluating),
+    )
+    trainer = ls.Trainer(
+        default_root_dir=tmp_path,
+        max_steps=2,
+        limit_val_batches=1,
+        logger=False,
+        enable_progress_bar=False,
+        callbacks=[probe],
+    )
+    trainer.fit(BoringModel())
+    trainer.test(BoringModel(), verbose=False)
+    assert seen == {"val": True, "train": False, "test": True}
+    assert trainer.device_ids == [0] and trainer.barebones is False

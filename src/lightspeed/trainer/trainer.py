@@ -380,6 +380,9 @@ class Trainer:
     testing = property(lambda self: self._run.stage is Stage.TEST)
     predicting = property(lambda self: self._run.stage is Stage.PREDICT)
     sanity_checking = property(lambda self: self._run.stage is Stage.SANITY_CHECK)
+    evaluating = property(
+        lambda self: self._run.stage in (Stage.VALIDATE, Stage.TEST, Stage.SANITY_CHECK)
+    )
     fitting = property(lambda self: self._run.fitting)  # inside fit, also while it validates
     interrupted = property(lambda self: self._run.status == "interrupted")  # an exception ended it
     received_sigterm = property(lambda self: self._run.preemption.received == signal.SIGTERM)
@@ -518,6 +521,13 @@ class Trainer:
     gradient_clip_algorithm = property(lambda self: self.config.step.gradient_clip_algorithm)
     num_nodes = property(lambda self: self.config.launch.num_nodes)
     num_devices = property(lambda self: self.config.launch.local_devices())  # per node
+    barebones = property(lambda self: False)  # Lightning's flag: only its default is accepted
+
+    @property
+    def device_ids(self) -> list[int]:
+        """This node's device indices (Lightning's): 0 .. num_devices - 1, each rank's GPU being
+        cuda:<local rank>."""
+        return list(range(self.num_devices))
 
     @property
     def max_epochs(self) -> int | None:
