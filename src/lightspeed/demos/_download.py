@@ -19,9 +19,11 @@ from pathlib import Path
 
 from lightspeed.utilities.rank_zero import rank_zero_warn
 
-# Files already found missing in this process. A second dataset built on the same path neither
-# waits on the network again nor repeats the warning.
+# Files already reported missing in this process, and addresses that already failed: a second
+# dataset built on the same path neither waits on the network again nor repeats the warning. A
+# file missing with download=False is still fetched by a later call with download=True.
 _MISSING: set[str] = set()
+_FAILED: set[str] = set()
 
 _TIMEOUT_S = 30.0
 
@@ -42,24 +44,25 @@ def ensure_file(url: str, path: str | Path, download: bool, what: str) -> bool:
     path = Path(path)
     if path.is_file():
         return True
-    if str(path) in _MISSING:
-        return False
-    _MISSING.add(str(path))
-    if not download:
-        rank_zero_warn(
-            f"{what}: {path} does not exist and download=False; using a SYNTHETIC {what} of the "
-            f"same shapes instead (the real file is {url})."
-        )
+    if not download or url in _FAILED:
+        if str(path) not in _MISSING:
+            _MISSING.add(str(path))
+            why = "download=False" if not download else f"{url} failed earlier in this process"
+            rank_zero_warn(
+                f"{what}: {path} does not exist ({why}); using a SYNTHETIC {what} of the same "
+                f"shapes instead (the real file is {url})."
+            )
         return False
     try:
         _fetch(url, path)
     except OSError as err:  # URLError, HTTPError, timeouts and disk errors are all OSErrors
+        _FAILED.add(url)
+        _MISSING.add(str(path))
         rank_zero_warn(
             f"{what}: could not download {url} ({err}); using a SYNTHETIC {what} of the same "
             "shapes instead. Results on it mean nothing about the real dataset."
         )
         return False
-    _MISSING.discard(str(path))
     return True
 
 
