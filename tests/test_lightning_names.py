@@ -557,11 +557,11 @@ def test_module_reads_lightnings_names_and_writes_through_the_loggers_experiment
 
     trainer = make_trainer(tmp_path, max_steps=2, logger=True)
     trainer.fit(model, regression_data())
-    # Lightning's default logger is TensorBoard's, first; the CSV logger writes beside it (same
-    # version)
+    # Lightning's default logger is TensorBoard's, alone in trainer.loggers; the run report's
+    # metrics.csv (a RunRecord, same version) is written beside it, out of the user's view
     assert model.seen == dict(
         logger="TensorBoardLogger",
-        loggers=["TensorBoardLogger", "CSVLogger"],
+        loggers=["TensorBoardLogger"],
         local_rank=0,
         on_gpu=False,
         gathered=torch.tensor(3),
@@ -572,6 +572,8 @@ def test_module_reads_lightnings_names_and_writes_through_the_loggers_experiment
         and trainer.logger.save_dir == str(tmp_path)
         and trainer.logger.name == "lightning_logs"
     )
+    assert (tmp_path / "lightning_logs" / "version_0" / "metrics.csv").exists()  # the RunRecord's
+    assert trainer.run_csv is not None and trainer.run_csv.version == trainer.logger.version
 
     model.freeze()
     assert not any(p.requires_grad for p in model.parameters()) and not model.training

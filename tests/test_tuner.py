@@ -127,7 +127,7 @@ def test_update_attr_writes_the_suggestion_into_the_model_and_optimizer(tmp_path
     group = trainer.optimizers[0].param_groups[0]
     assert group["lr"] == group["initial_lr"] == lr and group["momentum"] == 0.9
     assert trainer.lr_scheduler_configs[0].scheduler.base_lrs == [lr]
-    assert trainer.callbacks == callbacks and trainer.loggers is loggers
+    assert trainer.callbacks == callbacks and trainer.loggers == loggers
     trainer.fit(model, data(16))
     assert trainer.global_step == 5
 

@@ -143,6 +143,7 @@ class TrainerView(Protocol):
     should_stop: bool  # a callback sets it to ask for a stop (EarlyStopping, Timer)
     strategy: Any
     loggers: list
+    run_csv: Any  # the CSVLogger whose metrics.csv the run report reads, or None
     callbacks: list
 
     @property

@@ -28,7 +28,6 @@ import torch
 import torch.distributed as dist
 
 from lightspeed.callbacks import Callback, LearningRateMonitor
-from lightspeed.loggers.csv_logs import CSVLogger
 from lightspeed.loggers.logger import plain
 from lightspeed.report.run_report import MEMORY_PREFIX, RUN_SETTINGS
 from lightspeed.specs import TrainerView as Trainer
@@ -151,7 +150,7 @@ class RunMetrics(Callback):
         self._log_lr = not any(isinstance(cb, LearningRateMonitor) for cb in trainer.callbacks)
         # The run's settings go to `run.yaml` beside the CSVLogger's metrics (the report's table),
         # not to the loggers: as in Lightning, they receive the user's hyper-parameters only.
-        csv_logger = next((lg for lg in trainer.loggers if isinstance(lg, CSVLogger)), None)
+        csv_logger = trainer.run_csv
         if trainer.is_global_zero and csv_logger is not None:
             import yaml
 
@@ -216,7 +215,7 @@ class RunMetrics(Callback):
         )  # data.DataWait: CUDA runs of 51+ steps
         measured = {"data_wait": wait.share} if wait is not None and wait.share is not None else {}
         trainer.log_metrics({"fit_time_s": time.perf_counter() - self._fit_start, **measured})
-        csv_logger = next((lg for lg in trainer.loggers if isinstance(lg, CSVLogger)), None)
+        csv_logger = trainer.run_csv
         if csv_logger is not None:
             csv_logger.save()  # the rows it still holds: the report reads the file
         if self.report and csv_logger is not None and csv_logger.path.exists():

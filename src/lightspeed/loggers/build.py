@@ -28,14 +28,20 @@ def agree_log_dirs(loggers: list) -> None:
                 setattr(lg, name, value)
 
 
+class RunRecord(CSVLogger):
+    """The default logger's companion: the `metrics.csv` (same folder and version as the
+    TensorBoardLogger) that the run report reads. It receives every logged value, but
+    `trainer.loggers` leaves it out, so the user's code sees Lightning's default, one
+    TensorBoardLogger (Lightning code that calls `logger.experiment.add_image` on each logger
+    would otherwise reach a CSV writer)."""
+
+
 def build_loggers(logger: Any, root: str) -> list:
-    """The loggers of `Trainer(logger=...)`: True gives a TensorBoardLogger and a CSVLogger (same
+    """The loggers of `Trainer(logger=...)`: True gives a TensorBoardLogger and its RunRecord (same
     version) under `root`, False/None none, a logger or a list of them themselves."""
-    if (
-        logger is True
-    ):  # TensorBoard first: Lightning's default logger, so `self.logger.experiment` is a writer
+    if logger is True:  # Lightning's default logger, so `self.logger.experiment` is a writer
         tb_logger = TensorBoardLogger(root)
-        return [tb_logger, CSVLogger(root, version=tb_logger.version)]
+        return [tb_logger, RunRecord(root, version=tb_logger.version)]
     if not logger:
         return []
     return list(logger) if isinstance(logger, (list, tuple)) else [logger]

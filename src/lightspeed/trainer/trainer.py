@@ -36,7 +36,8 @@ from lightspeed.data.loaders import BatchMover, estimated_stepping_batches, num_
 from lightspeed.errors import ConfigError
 from lightspeed.hooks import is_overridden, trainer_callbacks
 from lightspeed.loggers import Logger
-from lightspeed.loggers.build import build_loggers
+from lightspeed.loggers.build import RunRecord, build_loggers
+from lightspeed.loggers.csv_logs import CSVLogger
 from lightspeed.loggers.logger import DummyLogger
 from lightspeed.loops import _EvaluationLoop
 from lightspeed.loops.fit_loop import FitLoopView
@@ -492,7 +493,15 @@ class Trainer:
 
     @property
     def loggers(self) -> list[Logger]:
-        return self._run.loggers
+        """The loggers as the user gave them (`logger=True`: one TensorBoardLogger, as Lightning's;
+        its RunRecord, the report's metrics.csv, is left out of this list)."""
+        return [lg for lg in self._run.loggers if not isinstance(lg, RunRecord)]
+
+    @property
+    def run_csv(self) -> CSVLogger | None:
+        """The CSVLogger whose metrics.csv the run report reads: the default logger's RunRecord,
+        else the first CSVLogger given, else None."""
+        return next((lg for lg in self._run.loggers if isinstance(lg, CSVLogger)), None)
 
     @loggers.setter
     def loggers(self, loggers: list[Logger]) -> None:  # as Lightning's
