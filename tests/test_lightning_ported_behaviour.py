@@ -274,3 +274,14 @@ def test_trainer_evaluating_device_ids_and_barebones(tmp_path):
     trainer.test(BoringModel(), verbose=False)
     assert seen == {"val": True, "train": False, "test": True}
     assert trainer.device_ids == [0] and trainer.barebones is False
+
+
+def test_trainer_logger_setter_as_lightnings(tmp_path):
+    from lightspeed.loggers import CSVLogger
+
+    trainer = ls.Trainer(default_root_dir=tmp_path, logger=False)
+    csv_logger = CSVLogger(tmp_path)
+    trainer.logger = csv_logger
+    assert trainer.logger is csv_logger and trainer.loggers == [csv_logger]
+    trainer.logger = None
+    assert trainer.logger is None and trainer.loggers == []

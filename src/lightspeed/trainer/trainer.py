@@ -480,7 +480,14 @@ class Trainer:
     progress_bar_callback = property(  # the RichProgressBar / TQDMProgressBar given, or None
         lambda self: next((c for c in self.callbacks if getattr(c, "is_progress_bar", False)), None)
     )
-    logger = property(lambda self: self.loggers[0] if self.loggers else None)
+
+    @property
+    def logger(self) -> Logger | None:
+        return self.loggers[0] if self.loggers else None
+
+    @logger.setter
+    def logger(self, logger: Logger | None) -> None:  # as Lightning's: the only logger, or none
+        self.loggers = [logger] if logger else []
 
     @property
     def accumulate_grad_batches(self) -> int:
