@@ -285,3 +285,15 @@ def test_trainer_logger_setter_as_lightnings(tmp_path):
     assert trainer.logger is csv_logger and trainer.loggers == [csv_logger]
     trainer.logger = None
     assert trainer.logger is None and trainer.loggers == []
+
+
+def test_weights_only_keyword_of_lightning_2_6(tmp_path):
+    # Lightning 2.6's keyword: None/False load as always; True (torch's weights-only unpickling,
+    # which cannot read the loop's records) is refused before anything runs, not ignored.
+    kw = dict(default_root_dir=tmp_path, max_steps=1, logger=False, enable_progress_bar=False)
+    trainer = ls.Trainer(**kw)
+    trainer.fit(BoringModel(), weights_only=False)
+    assert trainer.global_step == 1
+    for call in (trainer.fit, trainer.validate, trainer.test, trainer.predict):
+        with pytest.raises(ConfigError, match="weights_only=True is not valid"):
+            call(BoringModel(), weights_only=True)

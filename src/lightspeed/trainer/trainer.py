@@ -177,10 +177,12 @@ class Trainer:
         val_dataloaders: Any = None,
         datamodule: Any = None,
         ckpt_path: str | Path | None = None,
+        weights_only: bool | None = None,
     ) -> None:
         """Trains `model` on the given loaders, else the DataModule's, else the Module's.
         `ckpt_path` ("last", "best", a .ckpt file or directory, Lightning's too) resumes where it
         was saved. Validation runs only if `validation_step` is overridden."""
+        _check_weights_only(weights_only)
         train_dataloaders, datamodule = _datamodule_given(train_dataloaders, datamodule)
         # `is None`, not truthiness: len() of a user's sampler may need the ranks (not started yet)
         given = train_dataloaders if train_dataloaders is not None else val_dataloaders
@@ -221,9 +223,11 @@ class Trainer:
         ckpt_path: str | Path | None = None,
         verbose: bool = True,
         datamodule: Any = None,
+        weights_only: bool | None = None,
     ) -> list[dict]:
         """Runs `validation_step` over the data (one loader or several); returns [epoch metrics] and
         prints them. Without `model`, the fitted one."""
+        _check_weights_only(weights_only)
         dataloaders, datamodule = _datamodule_given(dataloaders, datamodule)
         _one_source("validate", dataloaders, datamodule)
         model = self._model_for(Fn.VALIDATE, model)
@@ -241,9 +245,11 @@ class Trainer:
         ckpt_path: str | Path | None = None,
         verbose: bool = True,
         datamodule: Any = None,
+        weights_only: bool | None = None,
     ) -> list[dict]:
         """Runs `test_step` over the data (one loader or several); returns [epoch metrics] and
         prints them. Without `model`, the fitted one."""
+        _check_weights_only(weights_only)
         dataloaders, datamodule = _datamodule_given(dataloaders, datamodule)
         _one_source("test", dataloaders, datamodule)
         model = self._model_for(Fn.TEST, model)
@@ -261,10 +267,12 @@ class Trainer:
         datamodule: Any = None,
         return_predictions: bool | None = None,
         ckpt_path: str | Path | None = None,
+        weights_only: bool | None = None,
     ) -> list | None:
         """Returns this rank's `predict_step` outputs in the order of its batches: a list, or one
         list per loader when there are several. Without `model`, the fitted one."""
         keep = return_predictions is not False
+        _check_weights_only(weights_only)
         dataloaders, datamodule = _datamodule_given(dataloaders, datamodule)
         _one_source("predict", dataloaders, datamodule)
         model = self._model_for(Fn.PREDICT, model)
@@ -649,4 +657,18 @@ def _one_source(fn: str, loaders: Any, datamodule: Any) -> None:
             f"trainer.{fn}() got both {given}= and datamodule={type(datamodule).__name__}: pass "
             f"one source of data (the loaders, or the DataModule whose *_dataloader() hooks give "
             f"them)."
+        )
+
+
+def _check_weights_only(weights_only: bool | None) -> None:
+    """Lightning 2.6's `weights_only=` of fit/validate/test/predict. None and False load as
+    lightspeed always does (its own records are pickled: the loop's state, optimizer state, and the
+    checksums in meta.json verify every file); True, torch's weights-only unpickling, cannot read
+    them, and is refused rather than ignored."""
+    if weights_only:
+        raise ConfigError(
+            "weights_only=True is not valid: lightspeed's checkpoints hold pickled records (the "
+            "loop's state, optimizer state) that torch's weights-only loading refuses; their "
+            "checksums (meta.json) verify the files instead. Pass weights_only=None or False for a "
+            "checkpoint you trust."
         )
