@@ -10,7 +10,8 @@ with 128 samples so that the micro-batch may grow: first `strategy="auto", micro
 (nothing else about memory), then by hand: the top plans of auto's own plan table (the chosen one
 and the fallbacks after it that fit, each at the micro-batch its forecast gives it: `--top`), and
 the family's best of HAND (the fastest plan tried by hand in an earlier run), each at a fixed
-micro-batch. Every run is its own process and takes STEPS steps; tokens/s is the micro-batch's
+micro-batch. Every run is its own process and takes `--steps` steps; `--repeats` rounds of
+auto and the hand plans run round robin, and the ratio is of the medians; tokens/s is the micro-batch's
 tokens over the median step (the clock between consecutive batch ends, so the first step, with its
 allocations, is left out). The table ends with auto's tokens/s over the best plan by hand that
 trained.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -47,6 +49,8 @@ def main() -> None:
     p.add_argument("--top", type=int, default=3, help="plans of auto's table run by hand")
     p.add_argument("--cpu", action="store_true", help="tiny configs on 2 CPU ranks (plumbing)")
     p.add_argument("--no-hand", action="store_true", help="only auto's table, not HAND's plans")
+    p.add_argument("--steps", type=int, default=STEPS, help="steps per run")
+    p.add_argument("--repeats", type=int, default=1, help="rounds of auto and the hand plans")
     p.add_argument("--out", help="folder for planner_speed.json")
     args = p.parse_args()
     script = str(ROOT / "planner_families.py")
@@ -74,27 +78,40 @@ def main() -> None:
         return row
 
     for family in args.only.split(","):
-        base = {**GPU[family], "family": family, "samples": SAMPLES, "steps": STEPS}
+        # enough samples for every step in one epoch at the largest micro-batch tried (64)
+        samples = max(SAMPLES, 64 * (args.steps + 1))
+        base = {**GPU[family], "family": family, "samples": samples, "steps": args.steps}
         if args.cpu:
             base.update(seq=16, samples=32)
-        auto = run(family, "auto", {**base})
-        # auto's table: the plans that fit, in its rank order, at their forecast micro-batches
-        plans = [(name, mb) for name, mb, _, _ in auto.get("plans", [])][: args.top]
-        for name, mb, tps, dev in auto.get("plans", [])[: args.top]:
-            line = f"{family:6s}   plan table: {name:30s} mb {mb:3d} forecast {tps:9,.0f} tok/s"
-            print(line + f" {dev / 2**30:5.2f} GiB", flush=True)
-        hand = list(
-            dict.fromkeys(plans + ([] if args.cpu else HAND.get(family, []) * (not args.no_hand)))
+        speeds: dict[str, list[float]] = {}
+        hand: list[tuple[str, int]] = []
+        for _ in range(args.repeats):  # auto, then each hand plan, round robin
+            auto = run(family, "auto", {**base})
+            speeds.setdefault("auto", []).append(auto.get("tokens_per_s") or 0.0)
+            if not hand:  # auto's table: the plans that fit, in rank order, at their micro-batches
+                plans = [(name, mb) for name, mb, _, _ in auto.get("plans", [])][: args.top]
+                for name, mb, tps, dev in auto.get("plans", [])[: args.top]:
+                    line = f"{family:6s}   plan table: {name:30s} mb {mb:3d} forecast {tps:9,.0f} tok/s"
+                    print(line + f" {dev / 2**30:5.2f} GiB", flush=True)
+                extra = [] if args.cpu or args.no_hand else HAND.get(family, [])
+                hand = list(dict.fromkeys(plans + extra))
+            for name, mb in hand:
+                spec = {**base, "strategy": name, "batch_size": mb, "micro_batch": None}
+                row = run(family, f"by hand: {name} @{mb}", spec)
+                speeds.setdefault(row["label"], []).append(row.get("tokens_per_s") or 0.0)
+        median = {k: statistics.median(v) for k, v in speeds.items()}
+        for label, runs in speeds.items():
+            line = f"{family:6s} {label:40s} median {median[label]:9,.0f} tok/s  runs " + " ".join(
+                f"{t:,.0f}" for t in runs
+            )
+            print(line, flush=True)
+            lines.append(line)
+        best = max(
+            (kv for kv in median.items() if kv[0] != "auto"), key=lambda kv: kv[1], default=None
         )
-        best = None
-        for name, mb in hand:
-            spec = {**base, "strategy": name, "batch_size": mb, "micro_batch": None}
-            row = run(family, f"by hand: {name} @{mb}", spec)
-            if row.get("tokens_per_s") and (best is None or row["tokens_per_s"] > best[1]):
-                best = (row["label"], row["tokens_per_s"])
-        if auto.get("tokens_per_s") and best:
-            line = (
-                f"{family:6s} auto / best by hand ({best[0]}): {auto['tokens_per_s'] / best[1]:.2f}"
+        if median.get("auto") and best and best[1]:
+            line = f"{family:6s} auto / best by hand ({best[0]}), medians of {args.repeats}: " + (
+                f"{median['auto'] / best[1]:.2f}"
             )
             print(line, flush=True)
             lines.append(line)
