@@ -504,8 +504,10 @@ def test_a_deepspeed_trial_that_runs_out_of_memory_leaves_no_tensor_alive(tmp_pa
 def test_a_checkpointed_plan_trains_a_hugging_face_encoder_decoder():
     """`auto`'s `+ac` plans checkpoint every repeated block class; HF T5's decoder filled its key-value
     cache in the forward and found it filled in the recomputation (torch's CheckpointError: 56
-    tensors saved, then 52). planned_strategy turns the cache off in every HF config of the module;
-    the checkpointed step's loss and gradients then equal the plain step's."""
+    tensors saved, then 52). Checkpointing, applied at setup, turns the cache off in every HF config
+    of the module (so a model built in `configure_model`, and a strategy written by hand with
+    `activation_checkpointing=`, get it too); the checkpointed step's loss and gradients then equal
+    the plain step's."""
     import transformers as hf
 
     from lightspeed.strategies.common import apply_activation_checkpointing
@@ -521,10 +523,10 @@ def test_a_checkpointed_plan_trains_a_hugging_face_encoder_decoder():
     src, tgt = torch.randint(0, 64, (2, 12)), torch.randint(0, 64, (2, 6))
     plain, checkpointed = t5(), t5()
     strategy = planned_strategy("fsdp+ac", 1, checkpointed)
+    apply_activation_checkpointing(checkpointed, strategy.activation_checkpointing)
     assert not any(
         getattr(getattr(m, "config", None), "use_cache", False) for m in checkpointed.modules()
     )
-    apply_activation_checkpointing(checkpointed, strategy.activation_checkpointing)
     losses = []
     for m in (plain, checkpointed):
         loss = m.net(input_ids=src, labels=tgt).loss
@@ -533,6 +535,25 @@ def test_a_checkpointed_plan_trains_a_hugging_face_encoder_decoder():
     assert torch.allclose(losses[0], losses[1], rtol=1e-6)
     grads = [[p.grad for p in m.parameters()] for m in (plain, checkpointed)]
     assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(*grads))
+
+
+def test_a_checkpointed_plan_finds_the_blocks_of_a_model_built_in_configure_model():
+    """A module that builds its layers in `configure_model` (Lightning's pattern for large models;
+    the demo GPT) has no blocks when the plan is made: the `+ac` plan finds their classes on a meta
+    copy. It found none before, and the 4.14B GPT of docs/planning.md ran the plan chosen as
+    `deepspeed_stage_2_offload+ac` at micro-batch 34 without checkpointing, at micro-batch 3."""
+    from lightspeed.demos.gpt import GPTConfig, GPTModule
+    from lightspeed.strategies.common import apply_activation_checkpointing
+
+    module = GPTModule(GPTConfig(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32))
+    assert module.model is None
+    strategy = planned_strategy("deepspeed_stage_2+ac", 1, module)
+    assert [c.__name__ for c in strategy.activation_checkpointing] == ["Block"]
+    assert module.model is None  # the user's module is not built by planning
+    module.configure_model()
+    apply_activation_checkpointing(module, strategy.activation_checkpointing)
+    wrapped = [n for n, _ in module.named_modules() if n.endswith("_checkpoint_wrapped_module")]
+    assert wrapped == [f"model.blocks.{i}._checkpoint_wrapped_module" for i in range(2)]
 
 
 def test_deepspeeds_room_check_sees_the_cap():

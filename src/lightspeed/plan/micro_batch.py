@@ -67,6 +67,7 @@ from lightspeed.plan.forecast import (
 from lightspeed.plan.probe import (
     ModelFacts,
     batch_of,
+    build_copy,
     inspect_model,
     is_weight_derived,
     stand_in,
@@ -316,26 +317,14 @@ def batch_size_owner(
 def planned_strategy(name: str, world_size: int, module: Any) -> Any:
     """The strategy object for a candidate's name: a Trainer strategy string, or one with `+ac`
     (FSDP's or DeepSpeed's with activation checkpointing of `module`'s repeated blocks: the classes
-    of the children of its nn.ModuleLists; Hugging Face configs inside `module` get
-    `use_cache=False`: `without_cache`). Every rank builds the same from the same module."""
+    of the children of its nn.ModuleLists, found on a meta copy built by `configure_model` where
+    the module builds its layers there). Every rank builds the same from the same module."""
     if not name.endswith("+ac"):
         return build_strategy(name, world_size)
     strategy: Any = build_strategy(name.removesuffix("+ac"), world_size)  # a dataclass backend
-    blocks = list(dict.fromkeys(type(b) for b in repeated_blocks(module)))
-    without_cache(module)
+    found = repeated_blocks(module) or repeated_blocks(build_copy(module, torch.device("meta")))
+    blocks = list(dict.fromkeys(type(b) for b in found))
     return dataclasses.replace(strategy, activation_checkpointing=blocks)
-
-
-def without_cache(module: Any) -> None:
-    """Turns off `use_cache` in every Hugging Face config inside `module` (an encoder-decoder's
-    decoder has a config of its own): a key-value cache filled in the forward is found filled by
-    the recomputation, which then saves other tensors (HF T5 under `+ac`: torch's CheckpointError,
-    56 tensors saved against 52). Training reads no cache; HF's own gradient checkpointing turns it
-    off the same way."""
-    for sub in module.modules():
-        config = getattr(sub, "config", None)
-        if getattr(config, "use_cache", False):
-            config.use_cache = False
 
 
 def candidate_of(strategy: Any, world_size: int) -> Candidate:

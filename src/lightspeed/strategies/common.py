@@ -75,7 +75,7 @@ class StepRunner(torch.nn.Module):
 def apply_activation_checkpointing(module: torch.nn.Module, classes) -> None:
     """Wraps, in place, every submodule of `module` whose type is in `classes` with torch's
     non-reentrant activation checkpointing: its activations are recomputed in the backward instead
-    of kept.
+    of kept. Hugging Face configs inside `module` get `use_cache=False` (`without_cache`).
 
     Non-reentrant checkpointing is torch's recommended form: it works with ZeRO-3 and FSDP parameter
     hooks and with inputs that do not require grad. `state_dict()` keys stay unchanged (the
@@ -116,6 +116,7 @@ def apply_activation_checkpointing(module: torch.nn.Module, classes) -> None:
                 f"{type(module).__name__} has that class. Candidate block classes: "
                 f"{', '.join(candidates) or 'none'}."
             )
+    without_cache(module)
     torch_apply(
         module,
         checkpoint_wrapper_fn=lambda m: checkpoint_wrapper(
@@ -123,6 +124,18 @@ def apply_activation_checkpointing(module: torch.nn.Module, classes) -> None:
         ),
         check_fn=lambda m: isinstance(m, classes),
     )
+
+
+def without_cache(module: torch.nn.Module) -> None:
+    """Turns off `use_cache` in every Hugging Face config inside `module` (an encoder-decoder's
+    decoder has a config of its own): a key-value cache filled in the forward is found filled by
+    the recomputation, which then saves other tensors (HF T5 under checkpointing: torch's
+    CheckpointError, 56 tensors saved against 52). Training reads no cache; HF's own gradient
+    checkpointing turns it off the same way."""
+    for sub in module.modules():
+        config = getattr(sub, "config", None)
+        if getattr(config, "use_cache", False):
+            config.use_cache = False
 
 
 # What `apply_activation_checkpointing` inserts into parameter names (not into state_dict keys).
