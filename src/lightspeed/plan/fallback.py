@@ -36,6 +36,7 @@ from __future__ import annotations
 import copy
 import gc
 import sys
+import time
 import traceback
 import weakref
 from collections.abc import Callable
@@ -129,6 +130,7 @@ def set_up_or_fall_back(
     for i, name in enumerate(names):
         parent = parent if i == 0 else connect(name)
         attempt, kept, error = parent.fork(), snapshot(module), None
+        began = time.perf_counter()
         try:
             set_up(attempt)
             held = sum(attempt.measure().values()) if budget is not None else 0
@@ -145,16 +147,18 @@ def set_up_or_fall_back(
             return attempt, FirstSteps(name, tuple(names[i + 1 :]), kept, start, budget)
         why = f"out of memory: {str(error).splitlines()[0][:120]}" if error else "another rank"
         error = error or SetupOutOfMemory("another rank ran out of memory at setup")
+        failed_at = time.perf_counter()
         release(attempt, module, kept)
         del attempt
         set_rng_state(start)  # the next attempt builds the weights this one built
-        if i + 1 == len(names):
-            log0(f"strategy='auto': {name} failed at setup ({why}); no other plan fits.")
-            raise error
-        log0(
-            f"strategy='auto': {name} failed at setup ({why}); trying {names[i + 1]}, the next "
-            "plan that fits."
+        line = (
+            f"strategy='auto': {name} failed at setup after {failed_at - began:.2f} s ({why}); "
+            f"released in {time.perf_counter() - failed_at:.2f} s"
         )
+        if i + 1 == len(names):
+            log0(f"{line}; no other plan fits.")
+            raise error
+        log0(f"{line}; trying {names[i + 1]}, the next plan that fits.")
     raise AssertionError("unreachable")
 
 
@@ -233,9 +237,13 @@ class FirstSteps:
         # loop, its strategy) would keep the failed plan alive through its release.
         if (handled := sys.exc_info()[1]) is not None:
             drop_traceback(handled)
+        began = time.perf_counter()
         release(failed, module, self.kept)
         set_rng_state(self.start)
-        line = f"strategy='auto': {self.name} ran out of memory in step {step} ({why})"
+        line = (
+            f"strategy='auto': {self.name} ran out of memory in step {step} ({why}); released in "
+            f"{time.perf_counter() - began:.2f} s"
+        )
         if not self.names:
             log0(f"{line}; no other plan fits.")
             raise StepsOutOfMemory(why)
