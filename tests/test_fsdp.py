@@ -201,7 +201,7 @@ def test_bf16_mixed_reduces_in_bf16_and_tracks_ddp(tmp_path):
     import json
 
     from helpers import ROOT, launch
-    from lightspeed.strategies.fsdp import build_mp_policy
+    from lightspeed.strategies.fsdp_sharding import build_mp_policy
 
     policy = build_mp_policy("bf16-mixed")
     assert (policy.param_dtype, policy.reduce_dtype) == (torch.bfloat16, torch.bfloat16)

@@ -173,7 +173,7 @@ def test_gan_one_engine_per_optimizer_matches_ddp_and_resumes(tmp_path, gan_ddp)
 
 
 def test_gan_under_fsdp_matches_ddp_and_resumes(gans, gan_ddp):
-    # The generator and discriminator are FSDP units of their own (strategies/fsdp.py,
+    # The generator and discriminator are FSDP units of their own (strategies/fsdp_sharding.py,
     # find_child_units), so toggle_optimizer sees the optimizers' shards and self(z) inside
     # training_step gathers only the generator.
     fsdp = gans["fsdp"][1]
@@ -316,7 +316,7 @@ def test_fsdp_manual_units_are_the_called_children():
     from torch import nn
 
     from lightspeed.errors import ConfigError
-    from lightspeed.strategies.fsdp import find_child_units
+    from lightspeed.strategies.fsdp_sharding import find_child_units
 
     root = nn.Module()
     root.generator, root.discriminator = nn.Linear(2, 2), nn.Linear(2, 2)

@@ -2,9 +2,9 @@
 optimizer state sharded.
 
     Trainer(strategy="fsdp", devices=2)            # ZeRO-3: parameters resharded after each forward
-    Trainer(strategy="fsdp_grad_op", devices=2)    # ZeRO-2-like: parameters stay gathered from
-    forward to backward Trainer(strategy=FSDP(shard_classes=[Block], cpu_offload=True,
-    activation_checkpointing=[Block]), devices=2)
+    Trainer(strategy="fsdp_grad_op", devices=2)    # ZeRO-2-like: gathered from forward to backward
+    Trainer(strategy=FSDP(shard_classes=[Block], cpu_offload=True,
+                          activation_checkpointing=[Block]), devices=2)
 
 The model is built on the meta device (`configure_model`), sharded block by block, then only the
 local shards are materialised. When the whole model fits in host memory, rank 0 also builds it
@@ -13,14 +13,13 @@ the same initial weights as a single-device run.
 
 Checkpoints are torch.distributed.checkpoint (DCP) directories: every rank writes its shards, and
 loading reshards to any world size. `full_state_dict(path)` merges one offline into a plain state
-dict (`lightspeed convert`).
+dict (`lightspeed convert`). How the model is cut into shard units, and the other FSDP2 pieces
+`_shard` composes, are in strategies/fsdp_sharding.py.
 """
 
 from __future__ import annotations
 
 import abc
-import inspect
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -37,15 +36,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import (
-    CPUOffloadPolicy,
-    FSDPModule,
-    MixedPrecisionPolicy,
-    OffloadPolicy,
-    fully_shard,
-    register_fsdp_forward_method,
-)
-from torch.distributed.tensor import DTensor
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy
 
 import lightspeed.strategies.lightning as lightning
 from lightspeed.checkpoint.io import DCP_DIR, FSDP_EXTRA
@@ -64,9 +55,18 @@ from lightspeed.strategies.common import (
     fork_of,
     options_of,
 )
+from lightspeed.strategies.fsdp_sharding import (
+    STEP_METHODS,
+    apply_forward_method,
+    apply_fsdp,
+    apply_ties,
+    build_mp_policy,
+    find_child_units,
+    find_shard_units,
+    find_tied_parameters,
+    total_norm_sharded,
+)
 from lightspeed.strategies.tensor_parallel import apply_tensor_parallel, build_mesh, check_degree
-
-STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
 
 
 @dataclass
@@ -75,18 +75,15 @@ class FSDP:
 
     Args:
         reshard_after_forward: True frees each block's gathered parameters after its forward and
-        gathers them
-            again for the backward (ZeRO-3, least memory). False keeps them gathered until the
-            backward (ZeRO-2 communication; at rest between steps the parameters are sharded either
-            way).
+            gathers them again for the backward (ZeRO-3, least memory). False keeps them gathered
+            until the backward (ZeRO-2 communication; at rest between steps the parameters are
+            sharded either way).
         shard_classes: module classes that become shard units (each instance is one `fully_shard`
-        call).
-            Default: the repeated blocks, i.e. the classes of the children of every `nn.ModuleList`
-            in the model (GPT's `Block`). The root module is always a unit too and holds the
-            remaining parameters.
+            call). Default: the repeated blocks, i.e. the classes of the children of every
+            `nn.ModuleList` in the model (GPT's `Block`). The root module is always a unit too and
+            holds the remaining parameters.
         cpu_offload: keep sharded parameters, gradients and optimizer state on CPU
-        (CPUOffloadPolicy); the
-            optimizer steps on CPU.
+            (CPUOffloadPolicy); the optimizer steps on CPU.
         activation_checkpointing: block classes whose activations are recomputed in the backward.
         tp: tensor-parallel degree (strategies/tensor_parallel.py): each group of `tp` consecutive
             ranks splits the attention and MLP projections, and FSDP shards over the world size / tp
@@ -163,16 +160,14 @@ class FSDP:
 
     def check(self, spec: RunSpec) -> None:
         # Manual optimization is plain torch here: each manual_backward reduce-scatters (the loop's
-        # window is one
-        # batch, so sync_grads is always on) and the user's opt.step() updates the local shards.
-        # Under 16-mixed
-        # the gradients would still carry the loss scale, which only the loop's own step removes.
+        # window is one batch, so sync_grads is always on) and the user's opt.step() updates the
+        # local shards. Under 16-mixed the gradients would still carry the loss scale, which only
+        # the loop's own step removes.
         if not spec.automatic_optimization and spec.precision == "16-mixed":
             raise ConfigError(
                 "automatic_optimization=False with precision='16-mixed' is not supported by "
-                "strategy "
-                f"{self.name!r}: the sharded gradients carry the loss scale, which only automatic "
-                "optimization removes. Use 'bf16-mixed' or '32-true'."
+                f"strategy {self.name!r}: the sharded gradients carry the loss scale, which only "
+                "automatic optimization removes. Use 'bf16-mixed' or '32-true'."
             )
 
     def connect(self, spec: RunSpec, dist_info: DistInfo, device: torch.device) -> None:
@@ -180,13 +175,12 @@ class FSDP:
         # The fp16 loss scaler, agreeing on overflows across ranks; no autocast (FSDP's
         # MixedPrecisionPolicy).
         self.precision = Precision(spec.precision, device.type, sharded_grads=True)
-        init_process_group(
-            dist_info, device, spec.timeout_s
-        )  # a group of one for one process: FSDP needs it
+        # a group of one for one process: FSDP needs it
+        init_process_group(dist_info, device, spec.timeout_s)
 
     def configure_model(self, module: nn.Module) -> None:
-        """Builds the model on the meta device; rank 0 also builds it on CPU when it fits (see the
-        module doc)."""
+        """Builds the model on the meta device; rank 0 also builds it on CPU when it fits (see
+        the module doc)."""
 
         def on_meta() -> None:
             with torch.device("meta"):
@@ -198,8 +192,8 @@ class FSDP:
         def nbytes() -> int:
             return sum(t.numel() * t.element_size() for t in tensors())
 
-        # A model built in __init__ is already materialised (identically on every rank, same seed):
-        # no twin.
+        # A model built in __init__ is already materialised (identically on every rank, same
+        # seed): no twin.
         built, plain = configure_with_plain_twin(
             module,
             on_meta,
@@ -213,9 +207,8 @@ class FSDP:
         elif self._needs_init and not built and dist.get_rank() == 0:
             print(
                 f"FSDP: the full model ({nbytes() / 2**30:.1f} GiB) does not fit in host memory; "
-                "initialising "
-                "each shard locally with reset_parameters(), so weights differ from a "
-                "single-device run.",
+                "initialising each shard locally with reset_parameters(), so weights differ from "
+                "a single-device run.",
                 flush=True,
             )
 
@@ -227,9 +220,8 @@ class FSDP:
             self._shard(module)
         if build_optimizers is not None:
             # An evaluation before fit leaves the parameters gathered when
-            # reshard_after_forward=False (no
-            # backward reshards them): shard them again, since the optimizer must hold the DTensor
-            # shards.
+            # reshard_after_forward=False (no backward reshards them): shard them again, since the
+            # optimizer must hold the DTensor shards.
             for m in module.modules():
                 if isinstance(m, FSDPModule):
                     m.reshard()
@@ -281,9 +273,8 @@ class FSDP:
         )
         if self._needs_init:
             module.to_empty(device=device)  # allocates the local shards only
-            apply_ties(
-                module, ties
-            )  # to_empty gives each tied name its own tensor; FSDP manages the first
+            # to_empty gives each tied name its own tensor; FSDP manages the first
+            apply_ties(module, ties)
             self._init_shards(module)
         for name in STEP_METHODS:
             apply_forward_method(module, name)
@@ -296,8 +287,7 @@ class FSDP:
             full_state = cast("dict[str, Any]", self._full_state or {})
             set_model_state_dict(module, full_state, options=options)
             # Non-persistent buffers (rotary embeddings' inv_freq) are in no state dict: to_empty
-            # left them
-            # uninitialised. Rank 0's plain build has them; every rank takes its values.
+            # left them uninitialised. Rank 0's plain build has them; every rank takes its values.
             persistent = set(module.state_dict())
             for name, buf in module.named_buffers():
                 if name not in persistent:
@@ -311,8 +301,8 @@ class FSDP:
                 cast(Any, m).reset_parameters()
 
     def forward(self, step, *args, sync_grads: bool = True):
-        # Off the boundary gradients accumulate unsharded and un-reduced; reduce-scatter only at the
-        # last one.
+        # Off the boundary gradients accumulate unsharded and un-reduced; reduce-scatter only at
+        # the last one.
         if isinstance(self.module, FSDPModule):
             self.module.set_requires_gradient_sync(sync_grads)
         return step(*args)  # mixed precision is FSDP's MixedPrecisionPolicy, not autocast
@@ -341,14 +331,13 @@ class FSDP:
     def load(
         self, path: Path, with_optimizer: bool = True, portable: Portable | None = None
     ) -> None:
-        if (
-            portable is not None
-        ):  # another strategy's checkpoint, in the neutral form (strategies/portable.py)
+        # another strategy's checkpoint, in the neutral form (checkpoint/layouts.py)
+        if portable is not None:
             write_fsdp(portable, self.module, self.optimizers, with_optimizer, path)
             self.precision.load_state_dict(portable.get("precision", {}))
             return
-        # DCP loads in place into tensors shaped like this run's shards, resharding from the saved
-        # layout.
+        # DCP loads in place into tensors shaped like this run's shards, resharding from the
+        # saved layout.
         state: dict[str, Any] = {"model": get_model_state_dict(self.module)}
         if with_optimizer and self.optimizers:
             state["optim"] = get_optimizer_state_dict(self.module, self.optimizers)
@@ -379,166 +368,6 @@ class FSDPStrategy(abc.ABC):
 FSDPStrategy.register(FSDP)
 
 
-def apply_forward_method(module: nn.Module, name: str) -> None:
-    """Registers the step method `name` of a sharded `module` with FSDP, so that it runs FSDP's root
-    pre/post-forward (lazy init, gathering the root's parameters) like a forward: the Trainer calls
-    `module.training_step(...)`, not `module(...)`. Nothing for a missing or None method.
-
-    torch's wrapper copies the metadata of the *bound* method, so a signature read through it loses
-    the user's first parameter (`training_step(self, batch, i)` would read as `(i)` and the loop
-    would pass `batch` alone). The wrapper is given the user's own signature back."""
-    user = getattr(module, name, None)
-    if not (callable(user) and isinstance(module, FSDPModule)):
-        return
-    register_fsdp_forward_method(module, name)
-    wrapper = getattr(module, name).__func__
-    signature = inspect.signature(user)  # bound: without `self`; the wrapper is bound too
-    first = inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)
-    wrapper.__signature__ = signature.replace(parameters=[first, *signature.parameters.values()])
-
-
-def find_shard_units(module: nn.Module, classes: list[type] | None) -> list[nn.Module]:
-    """Returns the submodules that become shard units, children before parents (the order
-    fully_shard needs).
-
-    With `classes` None, the units are the repeated blocks: instances of the classes of the children
-    of every nn.ModuleList. A model without a ModuleList gets no units besides the root.
-
-    Raises:
-        ConfigError: if `classes` names a class not in the model, or the units hold no parameters at
-        all.
-    """
-    if classes is None:
-        classes = [type(c) for m in module.modules() if isinstance(m, nn.ModuleList) for c in m]
-    kinds = tuple(dict.fromkeys(classes))
-    units = [m for m in module.modules() if m is not module and isinstance(m, kinds)]
-    candidates = sorted(
-        {
-            type(c).__name__
-            for m in module.modules()
-            if isinstance(m, (nn.ModuleList, nn.Sequential))
-            for c in m
-        }
-    )
-    if kinds and not units:
-        raise ConfigError(
-            f"FSDP(shard_classes={[c.__name__ for c in kinds]}) is not valid: no submodule of "
-            f"{type(module).__name__} has those classes. Candidate block classes: "
-            f"{', '.join(candidates) or 'none'}."
-        )
-    if units and not any(True for u in units for _ in u.parameters()):
-        raise ConfigError(
-            f"FSDP shard units {sorted({type(u).__name__ for u in units})} hold no parameters, so "
-            "there is nothing to shard in them. Pass shard_classes= naming blocks that own "
-            "weights "
-            f"(candidates: {', '.join(candidates) or 'none'})."
-        )
-    if not any(True for _ in module.parameters()):
-        raise ConfigError(
-            f"FSDP got {type(module).__name__} with no parameters: nothing to shard or train."
-        )
-    return units[::-1]
-
-
-def find_child_units(
-    module: nn.Module, units: list[nn.Module]
-) -> list[nn.Module | list[nn.Module]]:
-    """Under manual optimization, the root's children (a GAN's generator and discriminator) become
-    units too.
-
-    The user's `training_step` runs backward and `opt.step()` several times and calls children
-    directly (`self.discriminator(x)`). As units, each child gathers its parameters for its own
-    forward and backward only, so between them the module holds the sharded parameters the
-    optimizers hold: `toggle_optimizer` matches them by identity, and no backward reshards
-    parameters that a later call in the same step still uses (the root's would be). Containers
-    (ModuleList, ModuleDict) are never called, so their children count instead; children that share
-    a parameter (tied weights) are one unit; a child whose parameters all lie in `units` is skipped.
-
-    Raises:
-        ConfigError: if the root holds trainable parameters of its own (they would stay gathered for
-        the whole
-            step, out of `toggle_optimizer`'s reach, and resharded by the first backward).
-    """
-    sharded = {id(p) for u in units for p in u.parameters()}
-    children, todo = [], list(module.children())
-    while todo:
-        child = todo.pop(0)
-        if isinstance(child, (nn.ModuleList, nn.ModuleDict)):
-            todo[:0] = list(child.children())
-        elif child not in units and any(id(p) not in sharded for p in child.parameters()):
-            children.append(child)
-    own = [name for name, p in module.named_parameters(recurse=False) if p.requires_grad]
-    if own:
-        raise ConfigError(
-            f"FSDP with automatic_optimization=False: {type(module).__name__} holds parameters of "
-            f"its own ({', '.join(own)}), which cannot be sharded apart from the step. Move them "
-            "into a child module (each child is sharded as its own unit)."
-        )
-    groups: list[list[nn.Module]] = []  # children joined by a shared (tied) parameter
-    for child in children:
-        ids = {id(p) for p in child.parameters()}
-        joined = [g for g in groups if any(id(p) in ids for m in g for p in m.parameters())]
-        groups = [g for g in groups if g not in joined] + [[m for g in joined for m in g] + [child]]
-    return [g[0] if len(g) == 1 else g for g in groups]
-
-
-def apply_fsdp(
-    module: nn.Module,
-    units: Sequence[nn.Module | list[nn.Module]],
-    mesh,
-    reshard_after_forward: bool,
-    mp_policy: MixedPrecisionPolicy,
-    offload_policy: OffloadPolicy,
-) -> None:
-    """Calls `fully_shard` on each unit (children first; a list of modules is one unit), then on the
-    root, which takes the rest."""
-    kwargs: dict[str, Any] = dict(mesh=mesh, mp_policy=mp_policy, offload_policy=offload_policy)
-    for unit in units:
-        fully_shard(unit, reshard_after_forward=reshard_after_forward, **kwargs)
-    fully_shard(module, reshard_after_forward=reshard_after_forward, **kwargs)
-
-
-def build_mp_policy(precision: str) -> MixedPrecisionPolicy:
-    """bf16-mixed / 16-mixed: compute in half precision, keep the shards in fp32. bf16-mixed
-    reduce-scatters the gradients in bf16, as DeepSpeed's bf16 mode and Lightning's FSDP bf16-mixed
-    do: the backward computed them in bf16, and fp32 traffic cost 2-GPU scaling (0.87 against 0.99
-    in bf16, docs/benchmarks.md). 16-mixed reduces in fp32 (fp16 sums can overflow)."""
-    match precision:
-        case "bf16-mixed":
-            return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
-        case "16-mixed":
-            return MixedPrecisionPolicy(param_dtype=torch.float16, reduce_dtype=torch.float32)
-        case _:
-            return MixedPrecisionPolicy()  # 32-true, and bf16-true whose weights are already bf16
-
-
-def total_norm_sharded(grads: list[torch.Tensor]) -> torch.Tensor:
-    """The global norm of sharded (DTensor) gradients, as a plain tensor. Collective.
-
-    Each rank's norm covers its shards only; `full_tensor()` reduces the partial norms across
-    ranks."""
-    total = torch.nn.utils.get_total_norm(grads, 2.0)
-    return total.full_tensor() if isinstance(total, DTensor) else total
-
-
-def find_tied_parameters(module: nn.Module) -> list[list[str]]:
-    """Groups of parameter names that share one tensor (e.g. GPT's lm_head.weight and
-    wte.weight)."""
-    groups: dict[int, list[str]] = {}
-    for name, p in module.named_parameters(remove_duplicate=False):
-        groups.setdefault(id(p), []).append(name)
-    return [names for names in groups.values() if len(names) > 1]
-
-
-def apply_ties(module: nn.Module, ties: list[list[str]]) -> None:
-    """Makes every name in each group refer to the first name's parameter again."""
-    for first, *others in ties:
-        param = module.get_parameter(first)
-        for name in others:
-            owner, _, leaf = name.rpartition(".")
-            setattr(module.get_submodule(owner), leaf, param)
-
-
 def _fits_in_host_memory(nbytes: int) -> bool:
     import psutil
 
@@ -553,6 +382,5 @@ def full_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     Raises:
         ConfigError: if `path` holds no DCP checkpoint.
     """
-    return read_portable(Path(path), "fsdp", with_optimizer=False)[
-        "model"
-    ]  # DCP's offline load of every shard
+    # DCP's offline load of every shard
+    return read_portable(Path(path), "fsdp", with_optimizer=False)["model"]
