@@ -89,7 +89,7 @@ class FSDP:
             ranks splits the attention and MLP projections, and FSDP shards over the world size / tp
             data-parallel ranks (a 2-D mesh). 1: no tensor parallelism.
         tp_plan: with tp > 1, module path (wildcards allowed) -> style name ("colwise", "rowwise",
-            "fused_colwise", ...: `tensor_parallel.STYLES`), instead of the model's own plan.
+            "fused_colwise", ...: `tp_styles.STYLES`), instead of the model's own plan.
     """
 
     reshard_after_forward: bool = True

@@ -7,7 +7,8 @@ holds 1/tp of every attention and MLP projection and computes its share of the h
 The plan (module path -> style name) comes from, in order:
   1. `Module.configure_tensor_parallel(mesh)`, if it makes any parameter a DTensor (the user calls
      torch's `parallelize_module` there, as in Lightning's `configure_model`);
-  2. `FSDP(tp_plan={...})`, style names as in Hugging Face plans (`STYLES`), wildcards allowed;
+  2. `FSDP(tp_plan={...})`, style names as in Hugging Face plans (`STYLES` in
+     strategies/tp_styles.py), wildcards allowed;
   3. a Hugging Face model's own `tp_plan` (its config's `base_model_tp_plan`, plus the head);
   4. `default_plan`: the common shapes by name inside the repeated blocks (attention q/k/v
      colwise, a fused qkv split per chunk, o/proj rowwise; MLP up/gate/fc colwise, down rowwise).
@@ -25,114 +26,18 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+from torch.distributed.tensor.parallel import parallelize_module
 
 from lightspeed.errors import ConfigError
+from lightspeed.strategies.tp_styles import SPLIT_DIM, STYLES, is_conv1d
 
 Plan = dict[str, str]  # module path -> style name (a key of STYLES)
-
-
-# --------------------------------------------------------------------------------------------------
-# the styles: torch's, for HF's Conv1D too, and a fused projection split per chunk
-def is_conv1d(module: nn.Module) -> bool:
-    """Hugging Face's Conv1D (GPT-2): a Linear whose weight is stored transposed, (in, out)."""
-    weight = getattr(module, "weight", None)
-    return isinstance(getattr(module, "nf", None), int) and getattr(weight, "ndim", 0) == 2
-
-
-def _partition(placements: dict[str, Any]) -> Callable[[str, nn.Module, DeviceMesh], None]:
-    def partition(name: str, module: nn.Module, mesh: DeviceMesh) -> None:
-        if name:  # distribute_module visits submodules too; a projection's are its own only
-            return
-        for key, param in list(module.named_parameters(recurse=False)):
-            local = distribute_tensor(param, mesh, [placements[key]], src_data_rank=None)
-            module.register_parameter(key, nn.Parameter(local, param.requires_grad))
-
-    return partition
-
-
-def _hook(fn: Callable[..., Any]) -> Any:
-    """torch's styles pass these partials to `distribute_module`, whose annotation says hooks
-    return None; they return the converted inputs."""
-    return fn
-
-
-class Colwise(ColwiseParallel):
-    """torch's ColwiseParallel (output features split), for HF's Conv1D as well as nn.Linear."""
-
-    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        if not is_conv1d(module):
-            return super()._apply(module, device_mesh)
-        return distribute_module(
-            module,
-            device_mesh,
-            _partition({"weight": Shard(1), "bias": Shard(0)}),
-            _hook(partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts)),
-            partial(self._prepare_output_fn, self.output_layouts, self.use_local_output),
-        )
-
-
-class Rowwise(RowwiseParallel):
-    """torch's RowwiseParallel (input features split, outputs summed), for HF's Conv1D too."""
-
-    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        if not is_conv1d(module):
-            return super()._apply(module, device_mesh)
-        self.desired_input_layouts = (Shard(-1),)
-        return distribute_module(
-            module,
-            device_mesh,
-            _partition({"weight": Shard(0), "bias": Replicate()}),
-            _hook(partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts)),
-            partial(self._prepare_output_fn, self.output_layouts, self.use_local_output),
-        )
-
-
-class FusedColwise(Colwise):
-    """A fused projection (GPT's `qkv`, GPT-2's `c_attn`: q, k and v side by side) split per chunk:
-    each rank returns its share of every chunk, `[q_r, k_r, v_r]`, so `.chunk(3, -1)` of the local
-    output gives its heads of q, k and v. The weight is split as a plain colwise one (contiguous
-    rows, any DCP layout); the output is regrouped with one all-gather forward and one backward,
-    which separate q/k/v projections (Llama's) do not pay."""
-
-    def __init__(self, chunks: int = 3) -> None:
-        super().__init__()
-        self.chunks = chunks
-
-    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        self.use_local_output = False  # the parent's output hook hands the DTensor on
-        module = super()._apply(module, device_mesh)
-        module.register_forward_hook(self._per_chunk)
-        return module
-
-    def _per_chunk(self, module: nn.Module, inputs: Any, output: DTensor) -> torch.Tensor:
-        parts: list[Any] = list(output.chunk(self.chunks, dim=-1))  # DTensors
-        return torch.cat([p.redistribute(placements=[Shard(-1)]).to_local() for p in parts], -1)
-
-
-# The names a plan may use: Hugging Face's (`tp_plan` values) and lightspeed's `fused_colwise`.
-STYLES: dict[str, Callable[[], Any]] = {
-    "colwise": Colwise,
-    "rowwise": Rowwise,
-    "colwise_rep": lambda: Colwise(output_layouts=Replicate()),
-    "colwise_gather_output": lambda: Colwise(output_layouts=Replicate()),
-    "rowwise_rep": lambda: Rowwise(input_layouts=Replicate()),
-    "rowwise_split_input": lambda: Rowwise(input_layouts=Replicate()),
-    "embedding_rowwise": lambda: RowwiseParallel(input_layouts=Replicate()),
-    "fused_colwise": FusedColwise,
-    "replicate": lambda: None,
-}
-# The features each style splits, for the checks: (dimension of `weight`, chunks), per module kind.
-_SPLIT = {"colwise": 0, "colwise_rep": 0, "colwise_gather_output": 0, "fused_colwise": 0}
-_SPLIT |= {"rowwise": 1, "rowwise_rep": 1, "rowwise_split_input": 1, "embedding_rowwise": 0}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -262,17 +167,17 @@ def check_plan(module: nn.Module, plan: Plan, tp: int, origin: str) -> None:
                 f"{origin}: {path!r} is a {type(m).__name__}; the style {style!r} splits a Linear, "
                 "Hugging Face's Conv1D or an Embedding."
             )
-        dim = _SPLIT[style] ^ (1 if is_conv1d(m) else 0)
+        dim = SPLIT_DIM[style] ^ (1 if is_conv1d(m) else 0)
         weight: Any = m.weight
         size = weight.shape[dim] // (3 if style == "fused_colwise" else 1)
         if size % tp:
-            kind = "output" if _SPLIT[style] == 0 else "input"
+            kind = "output" if SPLIT_DIM[style] == 0 else "input"
             raise ConfigError(
                 f"tp={tp} does not divide {path}'s {size} {kind} features"
                 f"{' per q/k/v chunk' if style == 'fused_colwise' else ''} ({origin}): use a tp "
                 f"that divides {size}, or leave {path} out of the plan."
             )
-        if _SPLIT[style] == 0 and "." in path:
+        if SPLIT_DIM[style] == 0 and "." in path:
             parent = path.rpartition(".")[0]
             for name, heads in _head_counts(module.get_submodule(parent)).items():
                 if heads % tp:
