@@ -32,7 +32,7 @@ def full_state_dict(ckpt: str | os.PathLike) -> dict[str, torch.Tensor]:
     path = cast(Path, resolve(ckpt, Path(ckpt)))
     strategy = read_meta(path)["strategy"]
     if strategy.startswith("deepspeed"):
-        from lightspeed.strategies.deepspeed.strategy import full_state_dict as read
+        from lightspeed.strategies.deepspeed.shards import full_state_dict as read
     elif strategy.startswith("fsdp"):
         from lightspeed.strategies.fsdp import full_state_dict as read
     else:

@@ -42,11 +42,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import torch
-import torch.distributed as dist
 
-from lightspeed.checkpoint.layouts import CHECKPOINT_PREFIX, engine_tag, engine_tags
+from lightspeed.checkpoint.layouts import engine_tag, engine_tags
 from lightspeed.errors import ConfigError
-from lightspeed.runtime.distributed import destroy_process_group
 from lightspeed.strategies.deepspeed.manual import EngineOptimizer
 
 if TYPE_CHECKING:
@@ -356,37 +354,3 @@ class EngineGroup:
     def destroy(self) -> None:
         for e in self.engines:
             e.destroy()
-
-
-def merge_engines(path: Path, tag: str) -> dict[str, torch.Tensor]:
-    """`deepspeed.full_state_dict`: every engine's ZeRO shards under `path` (tags `tag`, `tag_1`,
-    ...) merged by DeepSpeed's zero_to_fp32 into one fp32 state dict keyed as the user's Module's
-    state_dict. Raises ConfigError if `path` has no DeepSpeed shards."""
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-    if not (path / tag).is_dir():
-        raise ConfigError(
-            f"{path} holds no DeepSpeed checkpoint (expected the directory {path / tag})."
-        )
-    state = {}
-    for name in engine_tags(path, tag):
-        # (DeepSpeed's untyped return: a dict of tensors when not lazy)
-        merged = get_fp32_state_dict_from_zero_checkpoint(str(path), tag=name)
-        state.update(cast("dict[str, torch.Tensor]", merged))
-    return {k.removeprefix("module.").replace(CHECKPOINT_PREFIX, ""): v for k, v in state.items()}
-
-
-def leave_process_group() -> None:
-    """Leaves the default process group, if joined (`distributed.destroy_process_group`), and drops
-    the groups DeepSpeed cached from it (its world and data-parallel groups), as
-    `deepspeed.comm.destroy_process_group` does. Without the second step a later Trainer in the same
-    process joins a new group while DeepSpeed's next engine still broadcasts on the destroyed one
-    ("Group ... is not registered")."""
-    joined = dist.is_initialized()
-    destroy_process_group()
-    if joined:
-        from deepspeed.utils import groups
-
-        groups._release_process_group_references(
-            group=None
-        )  # DeepSpeed 0.19's own step after destroying WORLD

@@ -1,13 +1,14 @@
 """ZeRO-3 helpers for the DeepSpeed strategy: building a model partitioned as it is created (deep
-copies included), the whole size of a partitioned model, rank 0's plain build copied into the
-partitions, and a full state dict loaded into them. Each function that gathers parameters is
+copies included) with a single-device run's weights (`configure_partitioned`), the whole size of a
+partitioned model, rank 0's plain build copied into the partitions, and a full state dict loaded
+into them. Each function that gathers parameters is
 collective."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any
+from typing import Any, cast
 
 import psutil
 import torch
@@ -17,6 +18,7 @@ from lightspeed.errors import ConfigError
 from lightspeed.perf.kernels import repeated_blocks, skip_alignment_asserts
 from lightspeed.runtime.distributed import broadcast_from_rank0
 from lightspeed.runtime.memory import cuda_free
+from lightspeed.strategies.common import configure_with_plain_twin
 
 
 def partitioned_init(deepspeed, config: dict, remote_device: str | None):
@@ -119,6 +121,44 @@ def copy_from_rank0(deepspeed, module: torch.nn.Module, plain: torch.nn.Module |
     for name, b in module.named_buffers():
         b.copy_(source_buffers.get(name, b))
         _broadcast_tensor(b)
+
+
+def configure_partitioned(
+    deepspeed,
+    module: torch.nn.Module,
+    config: dict,
+    offload_params: str | None,
+    host_bytes: int,
+    log0,
+) -> None:
+    """Runs `module.configure_model()` under zero.Init (`partitioned_init`), with the weights a
+    single-device run draws from the same seed, as DDP's: rank 0 also builds the model plainly and
+    its values overwrite the partitions (common.configure_with_plain_twin), unless that fp32 copy,
+    beside the `host_bytes` per parameter that offload keeps in host memory for the whole run, would
+    not fit there (said on rank 0 through `log0`). Collective."""
+
+    def sharded() -> None:
+        # zero.Init patches torch's tensor constructors; a library imported for the first time
+        # inside it (transformers' lazy modules import torch._dynamo) would introspect the patched
+        # functions and fail ("Signature mismatch ... new_tensor"). Import dynamo with the
+        # constructors unpatched.
+        import torch._dynamo  # noqa: F401
+
+        with partitioned_init(deepspeed, config, offload_params):  # deep copies too
+            cast(Any, module).configure_model()
+
+    def fits() -> bool:  # rank 0's fp32 copy, beside what offload keeps in host memory
+        return (4 + host_bytes) * whole_numel(module) < 0.8 * psutil.virtual_memory().available
+
+    built, plain = configure_with_plain_twin(module, sharded, fits)
+    if not built:
+        log0(
+            f"DeepSpeed stage 3: the model ({whole_numel(module)} parameters) would not fit in "
+            "host memory twice; initialised sharded only (zero.Init), so parent-applied init may "
+            "differ from DDP."
+        )
+        return
+    copy_from_rank0(deepspeed, module, plain)
 
 
 def _broadcast_tensor(tensor: torch.Tensor) -> None:
