@@ -37,7 +37,8 @@ sys.path.insert(0, str(ROOT / "src"))
 
 import lightspeed as ls  # noqa: E402
 from lightspeed.demos.gpt import SIZES, GPTConfig, GPTModule, RandomTokens  # noqa: E402
-from lightspeed.plan.forecast import Candidate, forecast  # noqa: E402
+from lightspeed.plan.candidates import Candidate  # noqa: E402
+from lightspeed.plan.forecast import forecast  # noqa: E402
 
 GIB = 2**30
 GPU_MODEL = replace(

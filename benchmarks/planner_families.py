@@ -51,7 +51,8 @@ sys.path.insert(0, str(ROOT / "src"))
 
 import lightspeed as ls  # noqa: E402
 import lightspeed.plan.micro_batch as micro_batch  # noqa: E402
-from lightspeed.plan.forecast import build_candidates, forecast_candidate  # noqa: E402
+from lightspeed.plan.candidates import build_candidates  # noqa: E402
+from lightspeed.plan.forecast import forecast_candidate  # noqa: E402
 from lightspeed.plan.probe import inspect_model  # noqa: E402
 
 GIB = 2**30

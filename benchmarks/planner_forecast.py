@@ -26,7 +26,8 @@ sys.path.insert(0, str(ROOT / "src"))
 
 import lightspeed as ls  # noqa: E402
 from lightspeed.demos.gpt import SIZES, Block, GPTModule, RandomTokens  # noqa: E402
-from lightspeed.plan.forecast import Candidate, forecast  # noqa: E402
+from lightspeed.plan.candidates import Candidate  # noqa: E402
+from lightspeed.plan.forecast import forecast  # noqa: E402
 
 CONFIGS = {  # name -> (forecast candidate, strategy for the Trainer)
     "single": (Candidate("single"), lambda: "single"),

@@ -32,17 +32,13 @@ sys.path.insert(0, str(ROOT))
 
 from planner_families import GPU, Family  # noqa: E402
 
+from lightspeed.plan.gpu_kernels import GpuKernels  # noqa: E402
+from lightspeed.plan.model_copy import batch_of, cast_floats, move_to, stand_in, step_args  # noqa: E402
 from lightspeed.plan.probe import (  # noqa: E402
-    GpuKernels,
     _probe_copy,
     _saved_bytes,
-    batch_of,
-    cast_floats,
     is_weight_derived,
-    move_to,
     probe_activations,
-    stand_in,
-    step_args,
 )
 
 MIB = 2**20

@@ -22,18 +22,13 @@ from torch.utils.data import DataLoader
 import lightspeed as ls
 from helpers import run_jobs
 from lightspeed.demos.gpt import SIZES, ByteWindows, stdlib_corpus
+from lightspeed.plan.candidates import build_candidates
 from lightspeed.plan.chart import write_chart
-from lightspeed.plan.forecast import (
-    auto_strategy,
-    build_candidates,
-    choose,
-    confirm_micro_batch,
-    find_micro_batch,
-    forecast,
-    inspect_model,
-    plan_cli,
-    saved_activation_bytes,
-)
+from lightspeed.plan.choice import auto_strategy, choose
+from lightspeed.plan.cli import plan_cli
+from lightspeed.plan.forecast import forecast
+from lightspeed.plan.micro_batch_fit import confirm_micro_batch, find_micro_batch
+from lightspeed.plan.probe import inspect_model, saved_activation_bytes
 from lightspeed.runtime.memory import CATEGORIES, measure
 
 HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
@@ -366,8 +361,8 @@ def test_micro_batch_auto_on_2_ranks_takes_the_forecasts_largest(tmp_path):
     micro-batch 2, and every rank trains at the forecast's largest micro-batch for DDP, which a real
     step confirmed."""
     from helpers import launch
-    from lightspeed.plan.forecast import largest_micro_batch
     from lightspeed.plan.micro_batch import candidate_of
+    from lightspeed.plan.micro_batch_fit import largest_micro_batch
     from lightspeed.strategies import build_strategy
 
     budget = 8e6

@@ -19,18 +19,10 @@ import pytest
 import torch
 
 from helpers import ROOT, launch
+from lightspeed.plan.candidates import Candidate, build_candidates
+from lightspeed.plan.choice import MARGIN, auto_choice, choose, speed_order
 from lightspeed.plan.fallback import restore, set_up_or_fall_back, snapshot
-from lightspeed.plan.forecast import (
-    MARGIN,
-    Candidate,
-    Forecast,
-    auto_choice,
-    build_candidates,
-    choose,
-    forecast,
-    forecast_candidate,
-    speed_order,
-)
+from lightspeed.plan.forecast import Forecast, forecast, forecast_candidate
 from lightspeed.plan.micro_batch import planned_strategy
 from lightspeed.plan.probe import inspect_model
 
@@ -332,7 +324,8 @@ def test_auto_ranks_plans_with_their_micro_batch_by_forecast_tokens_per_second(c
 
 
 def test_a_gpu_first_trial_keeps_the_margin_free_a_cpu_one_the_headroom():
-    from lightspeed.plan.forecast import first_micro_batch, largest_micro_batch
+    from lightspeed.plan.choice import first_micro_batch
+    from lightspeed.plan.micro_batch_fit import largest_micro_batch
 
     module = _as_module(MLPBlocks())
     facts = inspect_model(module, torch.randint(0, 256, (1, 64)), "32-true")

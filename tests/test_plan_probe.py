@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 import lightspeed as ls
-from lightspeed.plan.probe import LiveBytes, probe_activations
+from lightspeed.plan.gpu_kernels import LiveBytes
+from lightspeed.plan.probe import probe_activations
 
 
 class _Base(ls.LightningModule):

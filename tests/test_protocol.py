@@ -170,7 +170,7 @@ def test_a_fit_reads_only_declared_members(tmp_path, on_two_ranks, name, ranks):
 def _strategy_reads(path) -> list[tuple[int, str, str]]:
     """(line, member, how) for every read of a strategy member in the file at `path`. A strategy is
     a name `strategy`, any `<x>.strategy`, or a name bound to `<strategy>.fork()`; names and
-    attributes annotated `str` (a strategy's *name*, as in plan/forecast.py) are not strategies."""
+    attributes annotated `str` (a strategy's *name*, as in plan/candidates.py) are not strategies."""
     tree = ast.parse(path.read_text())
     strings = {
         node.target.attr if isinstance(node.target, ast.Attribute) else node.target.id

@@ -411,8 +411,8 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point of `lightspeed`. Exits 2 with one line on a user error (bad flag, missing
     checkpoint)."""
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["plan"]:  # the planner parses its own flags (lightspeed.plan.forecast.plan_cli)
-        from lightspeed.plan.forecast import plan_cli
+    if argv[:1] == ["plan"]:  # the planner parses its own flags (lightspeed.plan.cli.plan_cli)
+        from lightspeed.plan.cli import plan_cli
 
         sys.exit(plan_cli(argv[1:]))
     parser = build_parser()

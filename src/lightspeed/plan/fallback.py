@@ -47,7 +47,7 @@ import torch
 import torch.distributed as dist
 
 from lightspeed.plan.chart import gib
-from lightspeed.plan.forecast import auto_choice, device_memory
+from lightspeed.plan.choice import auto_choice, device_memory
 from lightspeed.plan.probe import ModelFacts
 from lightspeed.runtime.memory import measure
 from lightspeed.runtime.rng import rng_state, set_rng_state

@@ -48,7 +48,9 @@ from lightspeed.config import PlanOptions
 from lightspeed.core.optimizer import parse_optimizers
 from lightspeed.errors import ConfigError
 from lightspeed.perf.kernels import repeated_blocks
+from lightspeed.plan.candidates import Candidate, build_candidates
 from lightspeed.plan.chart import gib
+from lightspeed.plan.choice import auto_choice, device_memory, first_micro_batch
 from lightspeed.plan.fallback import (
     SavedBoxes,
     drop_traceback,
@@ -56,23 +58,9 @@ from lightspeed.plan.fallback import (
     release_device_memory,
     strip_tensors,
 )
-from lightspeed.plan.forecast import (
-    Candidate,
-    auto_choice,
-    build_candidates,
-    device_memory,
-    first_micro_batch,
-    forecast_candidate,
-)
-from lightspeed.plan.probe import (
-    ModelFacts,
-    batch_of,
-    build_copy,
-    inspect_model,
-    is_weight_derived,
-    stand_in,
-    steps_itself,
-)
+from lightspeed.plan.forecast import forecast_candidate
+from lightspeed.plan.model_copy import batch_of, build_copy, stand_in, steps_itself
+from lightspeed.plan.probe import ModelFacts, inspect_model, is_weight_derived
 from lightspeed.runtime.distributed import broadcast_from_rank0
 from lightspeed.runtime.memory import measure
 from lightspeed.runtime.rng import rng_state, set_rng_state

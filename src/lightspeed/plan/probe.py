@@ -6,31 +6,31 @@ line). Used by `lightspeed.plan.forecast`.
 
 from __future__ import annotations
 
-import copy
 import math
-import weakref
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from importlib.util import find_spec
-from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
-import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
-from lightspeed.core.metrics import MetricStore
 from lightspeed.core.optimizer import parse_optimizers
 from lightspeed.errors import ConfigError
 from lightspeed.perf.kernels import repeated_blocks
-from lightspeed.utilities.signature import accepts
+from lightspeed.plan.gpu_kernels import GpuKernels, LiveBytes
+from lightspeed.plan.model_copy import (
+    batch_of,
+    build_copy,
+    cast_floats,
+    stand_in,
+    step_args,
+    steps_itself,
+)
 
 if TYPE_CHECKING:
     from lightspeed.core.module import Module as UserModule
-    from lightspeed.specs import TrainerView
 
 ADAM_STATES = {
     "Adam": 2,
@@ -202,17 +202,6 @@ def tokens_in(batch: Any) -> int:
     return 1
 
 
-def cast_floats(value: Any, dtype: torch.dtype) -> Any:
-    """`value` with its floating-point tensors in `dtype` (as DeepSpeed casts a batch)."""
-    if isinstance(value, torch.Tensor):
-        return value.to(dtype) if value.is_floating_point() else value
-    if isinstance(value, dict):
-        return {k: cast_floats(v, dtype) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(cast_floats(v, dtype) for v in value)
-    return value
-
-
 def host_bytes(module: torch.nn.Module) -> int:
     """Bytes of `module`'s parameters and buffers that exist on the host (a model built in
     `__init__`); 0 for one that `configure_model` builds."""
@@ -235,86 +224,6 @@ def optimizer_states(opt: Any) -> int:
         case "Adam" | "AdamW":
             return 3 if d.get("amsgrad") else 2
     return ADAM_STATES.get(name, 2)
-
-
-def build_copy(module: torch.nn.Module, device: torch.device) -> torch.nn.Module:
-    """A copy of the user's module with `configure_model` run under `device`; the user's object is
-    unchanged. On the meta device the copy's tensors are meta tensors of the same shapes from the
-    start: planning a model built in `__init__` copies no weights."""
-    memo: dict[int, Any] = {}
-    if device.type == "meta":
-        for p in module.parameters():
-            memo[id(p)] = torch.nn.Parameter(p.detach().to("meta"), p.requires_grad)
-        for b in module.buffers():
-            memo[id(b)] = b.detach().to("meta")
-    twin = copy.deepcopy(module, memo)
-    with device:
-        cast("UserModule", twin).configure_model()  # a copy of the user's Module
-    return twin
-
-
-def batch_of(sample: Any, n: int) -> Any:
-    """`sample` (a tensor, or tuples/lists/dicts of them) with `n` rows: the first rows repeated as
-    needed."""
-    if isinstance(sample, torch.Tensor):
-        reps = math.ceil(n / max(1, sample.shape[0]))
-        return sample.repeat(reps, *([1] * (sample.dim() - 1)))[:n] if sample.dim() else sample
-    if isinstance(sample, dict):
-        return {k: batch_of(v, n) for k, v in sample.items()}
-    if isinstance(sample, (list, tuple)):
-        return type(sample)(batch_of(v, n) for v in sample)
-    return sample
-
-
-class ProbeTrainer:
-    """The Trainer a probe's copy of the module sees, so that its `training_step` runs as written: a
-    metric store of its own (what it logs goes nowhere), step and epoch 0, rank 0, the CPU, and a
-    `strategy` holding the copy's own optimizers and schedulers (`self.optimizers()`,
-    `self.lr_schedulers()`: a step that logs its learning rate). Anything else (`max_steps`,
-    `world_size`, ...) is read from the real Trainer, `trainer`."""
-
-    global_step = current_epoch = global_rank = 0
-    is_global_zero = True
-    device = torch.device("cpu")
-
-    def __init__(self, trainer: Any = None, strategy: Any = None):
-        self.metrics, self._trainer = MetricStore(), trainer
-        # what it logs is a training step's: per step by default, as inside the loop's batch
-        self.metrics.in_batch = True
-        self.strategy = (
-            strategy if strategy is not None else SimpleNamespace(optimizers=[], schedulers=[])
-        )
-
-    @property
-    def callback_metrics(self) -> dict:
-        return self.metrics.latest
-
-    def __deepcopy__(self, memo: dict) -> ProbeTrainer:
-        """Shared, not copied, as a Module's Trainer is: FSDP's and ZeRO-3's plain twin of a trial's
-        copy (`configure_with_plain_twin`) deep-copies the module, and the trial's strategy this
-        holds cannot be copied once connected (its process group)."""
-        return self
-
-    def __getattr__(self, name: str) -> Any:
-        real = self.__dict__.get("_trainer")
-        if real is None or name.startswith("_"):
-            raise AttributeError(f"the planner's stand-in Trainer has no attribute {name!r}")
-        return getattr(real, name)
-
-
-def stand_in(twin: torch.nn.Module, module: torch.nn.Module, strategy: Any = None) -> ProbeTrainer:
-    """Gives `twin` (a copy of `module`) a ProbeTrainer over `module`'s real Trainer, kept alive by
-    the twin (a Module holds its Trainer by weak reference). Its `strategy`: the one given (a
-    micro-batch trial's, set up later), else the twin's own optimizers and schedulers, built now
-    from its `configure_optimizers`."""
-    probe = ProbeTrainer(getattr(module, "_trainer", None), strategy)
-    object.__setattr__(twin, "_probe_trainer", probe)
-    user = cast("UserModule", twin)  # a copy of the user's Module
-    user.trainer = cast("TrainerView", probe)  # the real Trainer's view, through __getattr__
-    if strategy is None:
-        opts, scheds = parse_optimizers(user.configure_optimizers())
-        probe.strategy = SimpleNamespace(optimizers=opts, schedulers=scheds)
-    return probe
 
 
 def probe_activations(
@@ -380,9 +289,8 @@ def _probe_copy(module: torch.nn.Module, precision: str) -> torch.nn.Module:
 
 
 # Autograd nodes that cast, transpose or reshape without computing: walking back through them from a
-# saved
-# tensor reaches a parameter's AccumulateGrad when the tensor is only a weight in another dtype or
-# layout.
+# saved tensor reaches a parameter's AccumulateGrad when the tensor is only a weight in another
+# dtype or layout.
 _RELAYOUT = {
     "ToCopyBackward0",
     "TBackward0",
@@ -411,174 +319,6 @@ def is_weight_derived(t: torch.Tensor) -> bool:
     return False
 
 
-class GpuKernels(TorchFunctionMode):
-    """Runs a CPU probe's step as a GPU runs it where the two save different tensors for backward:
-    dropout as the fused kernel (a one-byte mask, where the CPU keeps a noise tensor of the input's
-    dtype), and attention as the GPU's kernel choice for it (`gpu_sdpa_fused`): what a fused kernel
-    saves (`FusedAttention`: query, key, value, output and the log-sum-exp, where the CPU's own
-    kernels may fall back to fp32 attention matrices), or, where the GPU refuses every fused
-    kernel, its math path as the GPU runs it (`gpu_sdpa_math`). Only the bytes matter: the probe's
-    outputs are thrown away."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = dict(kwargs or {})
-        if func is F.dropout:
-            x, p, training, inplace = _dropout_args(*args, **kwargs)
-            if training and 0 < p < 1 and not inplace and x.is_floating_point():
-                return torch.native_dropout(x, p, True)[0]
-        elif func is F.scaled_dot_product_attention:
-            q, k, v, mask, dropout_p, is_causal, scale, gqa = _sdpa_args(*args, **kwargs)
-            if not gpu_sdpa_fused(q, k, v, mask):
-                return gpu_sdpa_math(q, k, v, mask, dropout_p, is_causal, scale, gqa)
-            return FusedAttention.apply(q, k, v, mask, is_causal, scale, gqa)
-        return func(*args, **kwargs)
-
-
-class FusedAttention(torch.autograd.Function):
-    """A GPU's fused attention kernel (flash, cuDNN, memory-efficient) as a probe sees it: it saves
-    query, key, value, the output, the fp32 log-sum-exp and the mask, whatever kernel the CPU
-    would take (its math fallback keeps fp32 attention matrices for a mask that needs a
-    gradient); backward makes gradients of the inputs' shapes. Dropout happens inside the kernel,
-    from a seed, and keeps nothing."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, mask, is_causal, scale, gqa):  # type: ignore[override]
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=gqa
-        )
-        lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
-        ctx.save_for_backward(q, k, v, out, lse, *([] if mask is None else [mask]))
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
-        q, k, v, _out, _lse, *mask = ctx.saved_tensors
-        dmask = torch.zeros_like(mask[0]) if mask and ctx.needs_input_grad[3] else None
-        return (
-            torch.zeros_like(q),
-            torch.zeros_like(k),
-            torch.zeros_like(v),
-            dmask,
-            None,
-            None,
-            None,
-        )
-
-
-def _sdpa_args(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attn_mask: torch.Tensor | None = None,
-    dropout_p: float = 0.0,
-    is_causal: bool = False,
-    scale: float | None = None,
-    enable_gqa: bool = False,
-) -> tuple:
-    return query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa
-
-
-def gpu_sdpa_fused(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None
-) -> bool:
-    """Whether a CUDA GPU (sm80 or newer) runs this attention in a fused kernel (flash, cuDNN or
-    memory-efficient) rather than its math path. torch's rules that refuse all three: a last
-    dimension of query, key, value or the mask whose stride is not 1 (a mask permuted from
-    [query, key, heads], as T5's relative position bias is); head dimensions that differ between
-    query and key or are not a multiple of 8 (half precision) or 4 (fp32). The CPU's own kernels
-    accept the first, which is where a CPU probe would otherwise count the fused kernel's bytes."""
-    dense = (query, key, value) + ((mask,) if mask is not None and mask.size(-1) > 1 else ())
-    if any(t.stride(-1) != 1 for t in dense):
-        return False
-    align = 8 if query.dtype in (torch.float16, torch.bfloat16) else 4
-    head, value_head = query.size(-1), value.size(-1)
-    return head == key.size(-1) and head % align == 0 and value_head % align == 0
-
-
-def gpu_sdpa_math(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    mask: torch.Tensor | None,
-    dropout_p: float,
-    is_causal: bool,
-    scale: float | None,
-    enable_gqa: bool,
-) -> torch.Tensor:
-    """Attention as torch's math path computes it on a GPU, so that autograd saves what it saves
-    there: half-precision inputs in fp32 (unless `allow_fp16_bf16_reduction_math_sdp` is set), the
-    scaled query and key, the fp32 softmax, dropout's one-byte mask and the dropped fp32 matrix,
-    and value."""
-    out_dtype = query.dtype
-    if out_dtype in (torch.float16, torch.bfloat16) and not _math_reduces_in_half():
-        query, key, value = query.float(), key.float(), value.float()
-    if enable_gqa and key.size(-3) != query.size(-3):
-        key = key.repeat_interleave(query.size(-3) // key.size(-3), dim=-3)
-        value = value.repeat_interleave(query.size(-3) // value.size(-3), dim=-3)
-    root = math.sqrt(scale if scale is not None else 1 / math.sqrt(query.size(-1)))
-    scores = (query * root) @ (key.transpose(-2, -1) * root)
-    if is_causal:
-        mask = torch.ones(scores.shape[-2:], dtype=torch.bool).tril()
-    if mask is not None and mask.dtype == torch.bool:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    elif mask is not None:
-        scores = scores + mask
-    weights = torch.softmax(scores, dim=-1)
-    if dropout_p > 0:
-        weights = torch.native_dropout(weights, dropout_p, True)[0]
-    return (weights @ value).to(out_dtype)
-
-
-def _math_reduces_in_half() -> bool:
-    allowed = getattr(torch._C, "_get_math_sdp_allow_fp16_bf16_reduction", None)
-    return bool(allowed()) if allowed is not None else False
-
-
-def _dropout_args(
-    input: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False
-) -> tuple[torch.Tensor, float, bool, bool]:
-    return input, p, training, inplace
-
-
-class LiveBytes(TorchDispatchMode):
-    """The step's memory as a device allocator counts it, on the CPU: every tensor storage an
-    operation creates is counted until it is freed (`weakref.finalize` on the storage, whose Python
-    object lives as long as the storage does), and the largest total is `peak`. Weights are not
-    counted, nor what is computed from weights alone (autocast's copies, transposes: `buffers`)."""
-
-    def __init__(self, weights: set[int]):
-        super().__init__()
-        self.weights, self.counted = set(weights), set()
-        self.live = self.peak = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-        derived = bool(inputs) and all(_key(t) in self.weights for t in inputs)
-        for t in tree_leaves(out):
-            if not isinstance(t, torch.Tensor) or t.device.type == "meta":
-                continue
-            storage, key = t.untyped_storage(), _key(t)
-            if key in self.counted or key in self.weights or not storage.nbytes():
-                continue
-            if derived:
-                self.weights.add(key)
-                continue
-            self.counted.add(key)
-            self.live += storage.nbytes()
-            self.peak = max(self.peak, self.live)
-            weakref.finalize(storage, self._free, key, storage.nbytes())
-        return out
-
-    def _free(self, key: int, nbytes: int) -> None:
-        self.counted.discard(key)
-        self.live -= nbytes
-
-
-def _key(t: torch.Tensor) -> int:
-    return t.untyped_storage()._cdata
-
-
 def _saved_bytes(
     module: torch.nn.Module, batch: Any, precision: str, gpu: bool = False
 ) -> tuple[int, int, int, int, int, int]:
@@ -597,9 +337,8 @@ def _saved_bytes(
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         storage = t.untyped_storage()
-        key = (
-            storage._cdata
-        )  # one entry per storage: views and repeated saves of one tensor count once
+        # one entry per storage: views and repeated saves of one tensor count once
+        key = storage._cdata
         if key in seen or key in weights or is_weight_derived(t):
             return t
         seen.add(key)
@@ -642,47 +381,3 @@ def _saved_bytes(
     working = max(0, live.peak - state["total"]) if gpu else 0
     inputs, largest = state["inputs"], max(inside, default=0)
     return state["total"], sum(inside), inputs, largest, working, flops.get_total_flops()
-
-
-def plain_cuda_step(module: torch.nn.Module, batch: Any, n: int, precision: str) -> None:
-    """One forward, backward and optimizer step of a fresh copy of `module` on the current CUDA
-    device."""
-    device = torch.device("cuda", torch.cuda.current_device())
-    twin = build_copy(module, device)
-    if precision == "bf16-true":
-        twin.to(torch.bfloat16)
-    optimizers = stand_in(twin, module).strategy.optimizers
-    half = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
-    data = move_to(batch_of(batch, n), device)
-    try:
-        with torch.autocast("cuda", dtype=half, enabled=half is not None):
-            out = cast("UserModule", twin).training_step(*step_args(twin, data))
-        (out["loss"] if isinstance(out, dict) else out).backward()
-        for opt in optimizers:
-            opt.step()
-        torch.cuda.synchronize(device)
-    finally:
-        del twin, optimizers, data
-
-
-def steps_itself(module: torch.nn.Module) -> bool:
-    """Manual optimization: `training_step` runs its own backward and steps its optimizers, which a
-    probe's copy cannot do, so the planner neither probes it nor runs trial steps of it."""
-    return not getattr(module, "automatic_optimization", True)
-
-
-def step_args(module: torch.nn.Module, batch: Any) -> tuple:
-    """`training_step`'s arguments for a probe's step, as the loop passes them: Lightning accepts
-    `training_step(self, batch)` without `batch_idx`."""
-    step = cast("UserModule", module).training_step
-    return (batch, 0) if accepts(step, 2, "batch_idx") else (batch,)
-
-
-def move_to(value: Any, device: torch.device) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, dict):
-        return {k: move_to(v, device) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(move_to(v, device) for v in value)
-    return value
