@@ -93,7 +93,12 @@ class Candidate:
 
     @property
     def is_deepspeed(self) -> bool:
-        return self.strategy.startswith("deepspeed")
+        return self.starts("deepspeed")
+
+    def starts(self, *prefixes: str) -> bool:
+        """True when the base strategy's name starts with one of `prefixes` ("fsdp" for
+        `fsdp` and `fsdp_tp2`)."""
+        return self.strategy.startswith(prefixes)
 
 
 def build_candidates(devices: int, deepspeed: bool = True) -> list[Candidate]:

@@ -228,7 +228,7 @@ def is_plannable(c: Candidate, facts: ModelFacts) -> bool:
     if c.is_named:
         return True
     base = replace(c, activation_checkpointing=False)
-    has_ac = c.strategy.startswith(("fsdp", "deepspeed"))
+    has_ac = c.starts("fsdp", "deepspeed")
     return c.activation_checkpointing and base.is_named and has_ac and facts.blocks > 0
 
 

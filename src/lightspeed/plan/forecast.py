@@ -201,7 +201,7 @@ def with_transients(
     - with micro-batch `trials`, a trial's copy of the model beside the user's while the trial's
       strategy holds everything it holds in training."""
     c, total = f.candidate, facts.numel
-    built = facts.built_bytes or (0 if c.strategy.startswith("fsdp") else total * 4)
+    built = facts.built_bytes or (0 if c.starts("fsdp") else total * 4)
     half = precision in ("bf16-mixed", "16-mixed", "bf16-true")
     cast = total * 2 if c.is_deepspeed and half else 0
     offload = 0
@@ -287,7 +287,7 @@ def _fsdp_tp(
     if not c.activation_checkpointing:
         act = max(0, round(act - inside * (1 - 1 / tp)))
     unit = math.ceil(facts.unit_numel / tp)
-    gathered = (2 * unit if c.strategy.startswith("fsdp_tp") else per_tp_rank) * compute + unit * w
+    gathered = (2 * unit if c.starts("fsdp_tp") else per_tp_rank) * compute + unit * w
     count = len(facts.shapes)
     return Forecast(c, local * w, local * w, states * local * w + steps * count, 0, act, gathered)
 
