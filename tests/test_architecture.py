@@ -33,6 +33,7 @@ LAYERS: dict[int, set[str]] = {
         "config",
         "profilers",
         "accelerators",
+        "plugins",
     },  # Lightning's utility names and `overrides`; the Trainer's flags, checked and frozen; profilers
     4: {"perf"},  # fused optimizers, compile, mixed precision and the shared clip-then-step
     5: {"checkpoint"},  # the Checkpointer, file formats, one reader per on-disk layout

@@ -31,7 +31,8 @@ duck_optimizer (configure_optimizers returns an object that is not a torch optim
 (result["memory"]: each rank's lightspeed.runtime.memory.measure after fit), memory_budget (bytes
 per device for strategy "auto"). DDP option: ddp_comm_hook ("fp16", "bf16", "powersgd":
 DDP(comm_hook=...); "count": a plain all-reduce hook in the `(state, hook)` form that records, per
-call, how many micro-batches had run: result["comm_hook_calls"]).
+call, how many micro-batches had run: result["comm_hook_calls"]). auto_requeue: the Trainer gets
+plugins=[SLURMEnvironment(auto_requeue=...)].
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import lightspeed as ls  # noqa: E402
 from lightspeed.demos.gpt import SIZES, ByteWindows, GPTModule, stdlib_corpus  # noqa: E402
+from lightspeed.plugins import SLURMEnvironment  # noqa: E402
 
 
 class Workload(GPTModule):
@@ -309,6 +311,8 @@ def main(opts: dict) -> None:
         timeout=opts.get("collective_timeout", 600),
         optimizer_kernels=opts.get("optimizer_kernels", "fused"),
         compile=opts.get("compile", False),
+        # Lightning's SLURM plugin: requeue (or not) after a preemption
+        plugins=[SLURMEnvironment(opts["auto_requeue"])] if "auto_requeue" in opts else None,
     )
     result: dict = {"world_size": trainer.world_size}
     if opts.get("fit", True):

@@ -25,6 +25,7 @@ from typing import Any, Literal
 import torch
 
 from lightspeed.errors import ConfigError
+from lightspeed.plugins.resolve import plugin_flags
 from lightspeed.runtime.preemption import check_signals
 from lightspeed.runtime.rng import seed_everything
 from lightspeed.specs import PRECISION_ALIASES, Precision, RunSpec, Stage
@@ -98,6 +99,7 @@ class TrainerFlags:
     enable_model_summary: bool = True  # parameters per top-level child, printed at fit start
     on_nonfinite: Literal["stop", "skip", "warn"] = "stop"
     preemption_signals: tuple[str, ...] = ("SIGTERM", "SIGUSR1")
+    requeue: bool = True  # under SLURM a preempted job requeues itself (scontrol requeue)
     timeout: float = 600.0
     benchmark: bool | None = None  # torch.backends.cudnn.benchmark on every rank; None: as it is
     detect_anomaly: bool = False  # torch.autograd's anomaly detection around each entry point
@@ -123,6 +125,7 @@ class Launch:
     inference_mode: bool
     on_nonfinite: Literal["stop", "skip", "warn"]
     preemption_signals: tuple[str, ...]
+    requeue: bool
 
     @property
     def device_type(self) -> str:
@@ -279,7 +282,8 @@ class Config:
 def parse_flags(flags: dict[str, Any], extra: tuple[str, ...] = ()) -> Config:
     """Checks the Trainer's keyword arguments (`extra`: its own keywords, for the message) and
     returns them in pieces. Raises ConfigError naming the first flag that is not valid."""
-    f = TrainerFlags(**_taken(flags, extra))
+    given = {k: v for k, v in flags.items() if k != "plugins"}
+    f = TrainerFlags(**_taken({**given, **plugin_flags(flags.get("plugins"), given)}, extra))
     _check_device(f)
     precision = Precision.parse(f.precision)
     devices = f.devices if f.devices == "auto" else _device_count(f.devices, f.accelerator)
@@ -445,7 +449,8 @@ def _check_stopping(f: TrainerFlags) -> None:
 
 def _check_switches(f: TrainerFlags) -> None:
     """The on/off flags, benchmark, optimizer kernels, compile and pin_memory."""
-    for name in ("detect_anomaly", "inference_mode", "use_distributed_sampler", "sync_batchnorm"):
+    switches = ("detect_anomaly", "inference_mode", "use_distributed_sampler", "sync_batchnorm")
+    for name in (*switches, "requeue"):
         if not isinstance(getattr(f, name), bool):
             raise ConfigError(f"{name}={getattr(f, name)!r} is not valid: use True or False.")
     if f.benchmark not in (None, True, False):
@@ -611,11 +616,6 @@ def check_sync_batchnorm(launch: Launch, world_size: int) -> None:
 # Lightning Trainer arguments lightspeed does not take: accepted at Lightning's default (configs
 # and argparse namespaces pass them), refused otherwise, saying what to use instead.
 NOT_TAKEN = {
-    "plugins": (
-        None,
-        "precision is Trainer(precision=...); the launch environment (torchrun, SLURM, deepspeed) "
-        "is read by itself",
-    ),
     "barebones": (
         False,
         "pass enable_progress_bar=False, enable_checkpointing=False, logger=False and "

@@ -27,6 +27,7 @@ from lightspeed.core.datamodule import LightningDataModule
 from lightspeed.core.mixins.hparams_mixin import hparams_to_log
 from lightspeed.core.module import Module
 from lightspeed.errors import ConfigError
+from lightspeed.perf.precision import to_dtype
 from lightspeed.run import Run
 from lightspeed.utilities.parsing import clean_namespace
 from lightspeed.utilities.rank_zero import rank_zero_info
@@ -248,10 +249,11 @@ def batch_to_device(
 ) -> Any:
     """The batch through `on_before_batch_transfer`, `transfer_batch_to_device` (to `device`, by
     default the run's) and `on_after_batch_transfer`, each the DataModule's or the Module's
-    (`transfer_owners`)."""
+    (`transfer_owners`); under bf16-true its floating-point tensors are then cast to bf16."""
     owners = transfer_owners(module, run.datamodule)
     batch = owners["on_before_batch_transfer"].on_before_batch_transfer(batch, dataloader_idx)
     batch = owners["transfer_batch_to_device"].transfer_batch_to_device(
         batch, device or run.device, dataloader_idx
     )
-    return owners["on_after_batch_transfer"].on_after_batch_transfer(batch, dataloader_idx)
+    batch = owners["on_after_batch_transfer"].on_after_batch_transfer(batch, dataloader_idx)
+    return to_dtype(batch, run.input_dtype)  # bf16-true: the floats in bf16, as the weights

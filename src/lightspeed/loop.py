@@ -52,6 +52,7 @@ from lightspeed.hooks import batch_to_device, call, is_overridden, timed
 from lightspeed.loops.optimization.automatic import Closure
 from lightspeed.overrides.distributed import index_batches
 from lightspeed.perf.kernels import compiled_ran
+from lightspeed.perf.precision import default_dtype
 from lightspeed.plan.fallback import (
     StepsOutOfMemory,
 )
@@ -282,7 +283,8 @@ def train_window(run: Run, window: list[tuple[int, Any]], accumulate: int) -> tu
             return False, None
         args = (batch, batch_idx) if run.takes_batch_idx else (batch,)
         with run.profiler.profile(f"[Strategy]{type(strategy).__name__}.training_step"):
-            out = strategy.forward(run.training_step, *args, sync_grads=i == len(window) - 1)
+            with default_dtype(run.input_dtype):
+                out = strategy.forward(run.training_step, *args, sync_grads=i == len(window) - 1)
         if module.automatic_optimization:
             if (loss := loss_of(out, skippable)) is None:
                 continue  # training_step returned None: this micro-batch has no backward
@@ -686,7 +688,8 @@ def eval_loader(
             continue
         run.metrics.batch_size = infer_batch_size(batch)
         call(run, hooks.batch_start, hooks.callback_batch_start, batch, batch_idx, *several)
-        out = run.strategy.forward(hooks.step, *args)
+        with default_dtype(run.input_dtype):
+            out = run.strategy.forward(hooks.step, *args)
         syncs = syncs or run.metrics.reductions > reductions  # alike on every rank
         call(run, hooks.batch_end, hooks.callback_batch_end, out, batch, batch_idx, *several)
         if stage in (Stage.VALIDATE, Stage.TEST):  # step values at the loader's batch count
@@ -724,7 +727,8 @@ def shadow_step(run: Run, step: Callable[..., Any], args: tuple) -> None:
     it updates) cannot be undone."""
     run.metrics.discarding = True
     try:
-        run.strategy.forward(step, *args)
+        with default_dtype(run.input_dtype):
+            run.strategy.forward(step, *args)
     finally:
         run.metrics.discarding = False
 

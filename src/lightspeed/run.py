@@ -73,6 +73,8 @@ class Run:
     env: DistInfo | None = None  # the launch environment, read once (runtime.launch)
     world_size: int = 1
     preemption: Preemption = field(default_factory=lambda: Preemption(()))
+    # bf16-true: the batch's floats and the steps' default dtype (perf.precision.input_dtype)
+    input_dtype: torch.dtype | None = None
     # -- what the launch made
     process: Process | None = None
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))

@@ -5,11 +5,12 @@ share. DeepSpeed brings its own precision machinery and uses none of this."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
+from lightspeed.data.loaders import map_tensors
 from lightspeed.specs import RunSpec, StepStats
 
 NormFn = Callable[[list[torch.Tensor]], torch.Tensor]
@@ -62,6 +63,36 @@ class Precision:
     def load_state_dict(self, state: dict) -> None:
         if self.scaler is not None and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])
+
+
+def input_dtype(precision: str) -> torch.dtype | None:
+    """The dtype a step's floating-point inputs take: bf16 under "bf16-true" (the weights are
+    bf16, so an fp32 batch would not multiply them: Lightning's HalfPrecision casts too), else
+    None (the batch as the loader gave it)."""
+    return torch.bfloat16 if precision == "bf16-true" else None
+
+
+def to_dtype(batch: Any, dtype: torch.dtype | None) -> Any:
+    """Every floating-point tensor of `batch` in `dtype` (integers, token ids, masks as they
+    are); `batch` itself when dtype is None."""
+    if dtype is None:
+        return batch
+    return map_tensors(batch, lambda t: t.to(dtype) if t.is_floating_point() else t)
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype | None) -> Iterator[None]:
+    """torch's default dtype is `dtype` inside (a tensor the step makes, `torch.randn(...)`, is
+    bf16 beside bf16 weights, as under Lightning's HalfPrecision); nothing changes for None."""
+    if dtype is None:
+        yield
+        return
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
 
 
 def _total_norm(grads: list[torch.Tensor]) -> torch.Tensor:

@@ -7,9 +7,10 @@ The handler only notes the signal. At each step boundary the loop asks `requeste
 (MAX) of the noted signal numbers, so the signal may reach one rank or all: every rank sees it at
 the same step (under NCCL one step later, so the host never waits for the GPU there), finishes that
 step, and the job writes a checkpoint (collective, through `trainer.save_checkpoint`, which moves
-`last`), says why, requeues itself under SLURM (`scontrol requeue $SLURM_JOB_ID`, when both exist)
-and exits with 128 + the signal number (143 for SIGTERM), the status schedulers read as "terminated
-by the signal". The next `fit(ckpt_path="last")` continues with the losses of an uninterrupted run.
+`last`), says why, requeues itself under SLURM (`scontrol requeue $SLURM_JOB_ID`, when both exist;
+not with `Trainer(requeue=False)` or `plugins=[SLURMEnvironment(auto_requeue=False)]`) and exits
+with 128 + the signal number (143 for SIGTERM), the status schedulers read as "terminated by the
+signal". The next `fit(ckpt_path="last")` continues with the losses of an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -54,8 +55,9 @@ class Preemption:
     """Notes preemption signals in this process and turns them into one collective decision per
     step."""
 
-    def __init__(self, signals: tuple[str, ...]):
+    def __init__(self, signals: tuple[str, ...], requeue: bool = True):
         self.signals = [getattr(signal, name) for name in signals]
+        self.requeue = requeue  # False: SLURMEnvironment(auto_requeue=False)
         self.received = 0
         self._previous: dict[int, Any] = {}
         self._agreed = AgreedMax()
@@ -99,7 +101,7 @@ class Preemption:
             f"{128 + signum}."
         )
         job = os.environ.get("SLURM_JOB_ID")
-        if trainer.global_rank == 0 and job and shutil.which("scontrol"):
+        if self.requeue and trainer.global_rank == 0 and job and shutil.which("scontrol"):
             done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
             trainer.print0(
                 f"[lightspeed] scontrol requeue {job}: "

@@ -42,6 +42,7 @@ from lightspeed.loggers.logger import DummyLogger
 from lightspeed.loops import _EvaluationLoop
 from lightspeed.loops.fit_loop import FitLoopView
 from lightspeed.perf.kernels import unwrap_compiled
+from lightspeed.perf.precision import input_dtype
 from lightspeed.plan.micro_batch import confirm
 from lightspeed.profilers import build_profiler
 from lightspeed.run import Fn, Run, Stage
@@ -123,7 +124,8 @@ class Trainer:
             loggers=loggers,
             env=env,
             world_size=world_size,
-            preemption=Preemption(launch.preemption_signals),
+            preemption=Preemption(launch.preemption_signals, launch.requeue),
+            input_dtype=input_dtype(config.step.precision),
             accumulate_grad_batches=config.limits.accumulate_grad_batches,
             inference_mode=config.launch.inference_mode,
             profiler=build_profiler(profiler),
