@@ -133,7 +133,11 @@ CASES = [
         _trainer(profiler="fastest"),
         r"profiler='fastest' is not valid: use one of \['advanced', 'passthrough'",
     ),
-    ("barebones", _trainer(barebones=True), "barebones=True .*enable_progress_bar=False"),
+    (
+        "barebones",
+        _trainer(barebones=True, enable_model_summary=True),
+        "barebones=True with enable_model_summary=True: barebones switches the model summary off",
+    ),
     ("max_steps", _trainer(max_steps=-2), "max_steps=-2"),
     ("accumulate", _trainer(accumulate_grad_batches=0), "accumulate_grad_batches=0"),
     ("clip_val", _trainer(gradient_clip_val=-0.5), "gradient_clip_val=-0.5"),

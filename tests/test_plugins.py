@@ -1,5 +1,6 @@
 """Lightning's `Trainer(plugins=...)`: each plugin is the Trainer flag it stands for, and what no
-flag can say is a ConfigError naming the plugin, before any rank starts.
+flag can say is a ConfigError naming the plugin, before any rank starts. Also `barebones=True`,
+Lightning's other Trainer argument that stands for a set of flags.
 
     PYTHONPATH=src .venv/bin/python -m pytest -q tests/test_plugins.py
 """
@@ -198,3 +199,32 @@ def test_bf16_true_steps_see_a_bf16_batch_and_make_bf16_tensors():
     trainer.fit(SeesDtypes())
     assert SeesDtypes.seen == [(torch.bfloat16, torch.bfloat16)] * 3
     assert torch.get_default_dtype() == torch.float32
+
+
+class Logs(Regression):
+    def training_step(self, batch, batch_nb):
+        loss = super().training_step(batch, batch_nb)
+        self.log("train_loss", loss)
+        return loss
+
+
+def test_barebones_switches_off_what_costs_speed_and_refuses_what_asks_for_it(tmp_path):
+    trainer = ls.Trainer(
+        accelerator="cpu", barebones=True, max_steps=3, default_root_dir=str(tmp_path)
+    )
+    assert trainer.barebones is True
+    with pytest.warns(UserWarning, match=r"self.log\(\) under Trainer\(barebones=True\)"):
+        trainer.fit(Logs())
+    assert trainer.global_step == 3
+    assert trainer.logger is None and trainer.checkpoint_callback is None
+    assert trainer.progress_bar_callback is None and trainer.callbacks == []
+    assert dict(trainer.callback_metrics) == {}  # self.log recorded nothing
+    assert list(tmp_path.iterdir()) == []  # no checkpoint, log or run report written
+    for kw, name in [
+        (dict(enable_checkpointing=True), "enable_checkpointing=True"),
+        (dict(num_sanity_val_steps=2), "num_sanity_val_steps=2"),
+        (dict(logger=ls.CSVLogger(str(tmp_path))), "logger=<"),
+        (dict(profiler="simple"), "profiler='simple'"),
+    ]:
+        with pytest.raises(ConfigError, match=f"barebones=True with {name}"):
+            ls.Trainer(accelerator="cpu", barebones=True, **kw)

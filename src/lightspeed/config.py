@@ -100,6 +100,7 @@ class TrainerFlags:
     on_nonfinite: Literal["stop", "skip", "warn"] = "stop"
     preemption_signals: tuple[str, ...] = ("SIGTERM", "SIGUSR1")
     requeue: bool = True  # under SLURM a preempted job requeues itself (scontrol requeue)
+    barebones: bool = False  # Lightning's: nothing that costs speed (`barebones_flags`)
     timeout: float = 600.0
     benchmark: bool | None = None  # torch.backends.cudnn.benchmark on every rank; None: as it is
     detect_anomaly: bool = False  # torch.autograd's anomaly detection around each entry point
@@ -219,6 +220,7 @@ class Output:
     enable_progress_bar: bool
     enable_model_summary: bool
     enable_checkpointing: bool
+    barebones: bool
 
 
 @dataclass(frozen=True)
@@ -450,7 +452,7 @@ def _check_stopping(f: TrainerFlags) -> None:
 def _check_switches(f: TrainerFlags) -> None:
     """The on/off flags, benchmark, optimizer kernels, compile and pin_memory."""
     switches = ("detect_anomaly", "inference_mode", "use_distributed_sampler", "sync_batchnorm")
-    for name in (*switches, "requeue"):
+    for name in (*switches, "requeue", "barebones"):
         if not isinstance(getattr(f, name), bool):
             raise ConfigError(f"{name}={getattr(f, name)!r} is not valid: use True or False.")
     if f.benchmark not in (None, True, False):
@@ -616,13 +618,44 @@ def check_sync_batchnorm(launch: Launch, world_size: int) -> None:
 # Lightning Trainer arguments lightspeed does not take: accepted at Lightning's default (configs
 # and argparse namespaces pass them), refused otherwise, saying what to use instead.
 NOT_TAKEN = {
-    "barebones": (
-        False,
-        "pass enable_progress_bar=False, enable_checkpointing=False, logger=False and "
-        "enable_model_summary=False",
-    ),
     "model_registry": (None, "upload the checkpoint directory yourself"),
 }
+
+
+# Lightning's barebones=True: what it switches off, and the value each of these flags must keep
+BAREBONES = {
+    "enable_checkpointing": (False, "checkpointing"),
+    "enable_progress_bar": (False, "the progress bar"),
+    "enable_model_summary": (False, "the model summary"),
+    "log_every_n_steps": (0, "logging"),
+    "num_sanity_val_steps": (0, "the sanity check"),
+    "fast_dev_run": (False, "a development run"),
+    "detect_anomaly": (False, "anomaly detection"),
+}
+
+
+def barebones_flags(flags: dict[str, Any], logger: Any, profiler: Any) -> dict[str, Any]:
+    """Under `barebones=True` (Lightning's mode for measuring the Trainer's own overhead): `flags`
+    with checkpointing, the bar, the model summary, logging and the sanity check off. A flag (or
+    a logger, a profiler) that asks for one of them is a ConfigError naming it; `self.log` warns
+    once and records nothing, and no run report is written."""
+    if not flags.get("barebones"):
+        return flags
+    for name, (off, what) in BAREBONES.items():
+        if flags.get(name) not in (None, off, False, 0):
+            raise ConfigError(
+                f"barebones=True with {name}={flags[name]!r}: barebones switches {what} off (it "
+                f"would cost speed). Leave {name} out, or use barebones=False."
+            )
+    for name, value in (("logger", logger), ("profiler", profiler)):
+        if value not in (None, False, True if name == "logger" else None):
+            raise ConfigError(
+                f"barebones=True with {name}={value!r}: barebones switches logging and profiling "
+                f"off (they would cost speed). Leave {name} out, or use barebones=False."
+            )
+    off = {name: value for name, (value, _) in BAREBONES.items() if name != "log_every_n_steps"}
+    kept = {k: v for k, v in flags.items() if k != "log_every_n_steps"}  # no logger reads it
+    return {**kept, **off}
 
 
 def _taken(flags: dict[str, Any], extra: tuple[str, ...]) -> dict[str, Any]:

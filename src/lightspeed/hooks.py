@@ -133,8 +133,8 @@ def trainer_callbacks(given: Any, limits: Limits, output: Output) -> list[Callba
     callbacks = checked_callbacks(given, output.enable_progress_bar)
     if output.enable_checkpointing and not any(isinstance(c, ModelCheckpoint) for c in callbacks):
         callbacks.append(ModelCheckpoint())
-    if not any(isinstance(c, RunMetrics) for c in callbacks):
-        callbacks.append(RunMetrics())
+    if not output.barebones and not any(isinstance(c, RunMetrics) for c in callbacks):
+        callbacks.append(RunMetrics())  # barebones: no run report
     if limits.max_time is not None:  # Lightning's max_time is a Timer, checked after every step
         if any(isinstance(c, Timer) for c in callbacks):
             rank_zero_info(

@@ -46,6 +46,7 @@ from lightspeed.data.loaders import (
     set_epoch,
     validation_interval,
 )
+from lightspeed.data.samplers import even_across_ranks
 from lightspeed.errors import ConfigError
 from lightspeed.eval_loaders import check_dataloader_idx, eval_loaders
 from lightspeed.hooks import batch_to_device, call, is_overridden, timed
@@ -67,6 +68,7 @@ from lightspeed.runtime.guard import NonFiniteGuard
 from lightspeed.runtime.rng import rng_state, set_rng_state
 from lightspeed.start import (
     distribute,
+    forward_is_collective,
     load_fit_data,
     next_plan,
     restore,
@@ -543,7 +545,8 @@ def prepare_evaluation(
     if path:
         run.process.checkpointer.load_strategy(path)
     run.enter(fn.stage)
-    run.loaders[fn.stage] = distribute(run, config.data, config.launch.seed, loaders)
+    repeat = fn is not Fn.PREDICT and forward_is_collective(run.strategy)  # (`distribute`)
+    run.loaders[fn.stage] = distribute(run, config.data, config.launch.seed, loaders, repeat)
     if fn is Fn.PREDICT:  # a BasePredictionWriter reads which samples each batch held
         run.loaders[fn.stage] = [index_batches(loader) for loader in run.loaders[fn.stage]]
     return run.loaders[fn.stage]
@@ -646,7 +649,8 @@ def eval_batches(
         several = (dl_idx,) if len(loaders) > 1 else ()
         run.metrics.dataloader_idx = dl_idx if several else None
         n = min(num_batches(loader, limit), cap if cap is not None else float("inf"))
-        voted = run.world_size > 1 and not has_exact_length(loader)  # alike on every rank
+        # alike on every rank: counts not known, or known to differ (each sample on one rank)
+        voted = run.world_size > 1 and not (has_exact_length(loader) and even_across_ranks(loader))
         batches = EvalBatches(loader, n, host_min_max if voted else None)
         outputs.append(eval_loader(run, module, hooks, batches, stage, several, keep))
         if batches.uneven:  # alike on every rank
@@ -706,17 +710,6 @@ _LOADER_NAMES = {
     Stage.TEST: "test_dataloaders",
     Stage.PREDICT: "predict_dataloaders",
 }
-
-
-def forward_is_collective(strategy: Any) -> bool:
-    """Whether every forward of the model is a collective (its parameters gathered from their
-    shards: FSDP, ZeRO-3, tensor parallelism), read from the strategy's checkpoint layout: whole
-    tensors on every rank ("replicated": single, ddp, ZeRO-1) and DeepSpeed's ZeRO-1 and 2 (which
-    shard the optimizer's state and the gradients only) forward on their own."""
-    layout = strategy.layout or ""
-    return not (
-        layout == "replicated" or layout.startswith(("deepspeed-zero1-", "deepspeed-zero2-"))
-    )
 
 
 def shadow_step(run: Run, step: Callable[..., Any], args: tuple) -> None:

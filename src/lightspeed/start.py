@@ -334,16 +334,38 @@ def build_optimizers(run: Run, config: Config, module: Module) -> Any:
 
 
 # ================================================================== fit's data and where it resumes
-def distribute(run: Run, data: DataOptions, seed: int | None, loaders: Any) -> Any:
+def forward_is_collective(strategy: Any) -> bool:
+    """Whether every forward of the model is a collective (its parameters gathered from their
+    shards: FSDP, ZeRO-3, tensor parallelism), read from the strategy's checkpoint layout: whole
+    tensors on every rank ("replicated": single, ddp, ZeRO-1) and DeepSpeed's ZeRO-1 and 2 (which
+    shard the optimizer's state and the gradients only) forward on their own."""
+    layout = strategy.layout or ""
+    return not (
+        layout == "replicated" or layout.startswith(("deepspeed-zero1-", "deepspeed-zero2-"))
+    )
+
+
+def distribute(
+    run: Run, data: DataOptions, seed: int | None, loaders: Any, repeat: bool = True
+) -> Any:
     """Loaders as this process iterates them: with a DistributedSampler (unless
-    `use_distributed_sampler=False`) and pinned where the BatchMover pins; several alike."""
+    `use_distributed_sampler=False`) and pinned where the BatchMover pins; several alike.
+
+    `repeat=False` (evaluation's): each sample on one rank (data/samplers.py), the ranks' batch
+    counts may differ by one, and a rank that runs out first steps a shadow of its last batch only
+    where the forward is collective. Validation and test take it where the forward is not
+    (`forward_is_collective`: single, ddp, ZeRO-1/2), predict always (a shadow's prediction is
+    dropped): their metrics then count every sample once, where torch's DistributedSampler repeats
+    the first ones to even the ranks. Under FSDP, ZeRO-3 and tensor parallelism validation and
+    test keep that padding, as Lightning's: a shadow step would run the user's step a second time
+    on a batch, and what the step updates itself (a torchmetrics Metric) would count it twice."""
     if isinstance(loaders, list):
-        return [distribute(run, data, seed, loader) for loader in loaders]
+        return [distribute(run, data, seed, loader, repeat) for loader in loaders]
     if isinstance(loaders, CombinedLoader):  # several training loaders: each as a single one
-        return loaders.map(lambda loader: distribute(run, data, seed, loader))
+        return loaders.map(lambda loader: distribute(run, data, seed, loader, repeat))
     if data.use_distributed_sampler:
         replicas = run.strategy.distributed_sampler_kwargs  # data-parallel size and rank
-        loaders = with_distributed_sampler(loaders, replicas, seed or 0)
+        loaders = with_distributed_sampler(loaders, replicas, seed or 0, repeat)
     return run.process.move.loader(loaders)
 
 
@@ -360,7 +382,8 @@ def load_fit_data(
     run.loaders[Stage.TRAIN] = distribute(run, config.data, config.launch.seed, train)
     if first:
         set_up_strategy(run, config, Fn.FIT, module, getattr(train, "batch_size", None))
-    run.loaders[Stage.VALIDATE] = distribute(run, config.data, config.launch.seed, val)
+    repeat = forward_is_collective(run.strategy)  # validation: as evaluation's (`distribute`)
+    run.loaders[Stage.VALIDATE] = distribute(run, config.data, config.launch.seed, val, repeat)
     train, limits = run.loaders[Stage.TRAIN], config.limits
     n = num_batches(train, limits.limit_train_batches)
     run.train_counts_known = check_batch_counts(

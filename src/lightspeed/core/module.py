@@ -20,6 +20,7 @@ from lightspeed.data.loaders import move_to_device
 from lightspeed.errors import ConfigError
 from lightspeed.runtime.distributed import gather_all
 from lightspeed.specs import TrainerView
+from lightspeed.utilities.rank_zero import rank_zero_warn
 
 
 class Module(HyperparametersMixin, torch.nn.Module):
@@ -340,6 +341,12 @@ class Module(HyperparametersMixin, torch.nn.Module):
         attribute, or inside one), as in Lightning: one made anew in each step would log a fresh
         state every time (`metric_attribute=` names the attribute, and skips the search).
         Lightning's `sync_dist_group` and `enable_graph` are accepted and have no effect."""
+        if getattr(self._trainer, "barebones", False):
+            rank_zero_warn(
+                "self.log() under Trainer(barebones=True) records nothing: barebones switches "
+                "logging off (it would cost speed)."
+            )
+            return
         if is_metric(value) and ignored.get("metric_attribute") is None:
             self._check_metric_is_held(name, value)
         self.trainer.metrics.log(

@@ -21,6 +21,7 @@ from torch.utils.data import (
     SequentialSampler,
 )
 
+from lightspeed.data.samplers import UnrepeatedDistributedSampler
 from lightspeed.errors import ConfigError
 from lightspeed.runtime.rng import set_rng_state
 
@@ -249,9 +250,12 @@ class DataWait:
         )
 
 
-def with_distributed_sampler(loader: DataLoader, replicas: dict[str, int], seed: int) -> DataLoader:
+def with_distributed_sampler(
+    loader: DataLoader, replicas: dict[str, int], seed: int, repeat: bool = True
+) -> DataLoader:
     """Returns `loader` with a DistributedSampler, keeping its own shuffle setting and other
-    arguments.
+    arguments; with `repeat=False` (evaluation) an UnrepeatedDistributedSampler: each sample on
+    one rank, none repeated to even the ranks (data/samplers.py).
 
     Applied when world_size > 1, and also on one process when the loader shuffles, so the order of
     each epoch is a function of (seed, epoch): that is what makes resuming mid-epoch exact. A custom
@@ -270,13 +274,17 @@ def with_distributed_sampler(loader: DataLoader, replicas: dict[str, int], seed:
         return loader
     if loader.batch_sampler is None or type(loader.batch_sampler).__name__ != "BatchSampler":
         return loader
-    sampler = DistributedSampler(
-        loader.dataset,
-        num_replicas=world_size,
-        rank=rank,
-        shuffle=shuffle,
-        seed=seed,
-        drop_last=loader.drop_last,
+    sampler = (
+        DistributedSampler(
+            loader.dataset,
+            num_replicas=world_size,
+            rank=rank,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=loader.drop_last,
+        )
+        if repeat or world_size == 1
+        else UnrepeatedDistributedSampler(loader.dataset, world_size, rank, shuffle, seed)
     )
     kwargs: dict[str, Any] = dict(
         batch_size=loader.batch_size,

@@ -1,4 +1,5 @@
-"""`_IndexBatchSamplerWrapper`, at Lightning's path (`overrides.distributed`): `predict` iterates
+"""`UnrepeatedDistributedSampler` (data/samplers.py: evaluation's sampler, each sample on one rank)
+and `_IndexBatchSamplerWrapper`, at Lightning's path (`overrides.distributed`): `predict` iterates
 its loaders through it, so a BasePredictionWriter learns which dataset samples each prediction came
 from, in whatever order the sampler drew them (a random one too).
 
@@ -14,7 +15,9 @@ from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset
 
-__all__ = ["_IndexBatchSamplerWrapper", "index_batches"]
+from lightspeed.data.samplers import UnrepeatedDistributedSampler
+
+__all__ = ["UnrepeatedDistributedSampler", "_IndexBatchSamplerWrapper", "index_batches"]
 
 
 class _IndexBatchSamplerWrapper:

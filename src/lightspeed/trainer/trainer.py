@@ -29,7 +29,7 @@ import torch
 from lightspeed import loop, start
 from lightspeed.accelerators import Accelerator, accelerator_for
 from lightspeed.callbacks import Callback, EarlyStopping, ModelCheckpoint
-from lightspeed.config import check_sync_batchnorm, parse_flags
+from lightspeed.config import barebones_flags, check_sync_batchnorm, parse_flags
 from lightspeed.core.datamodule import LightningDataModule
 from lightspeed.core.module import Module
 from lightspeed.data.loaders import BatchMover, estimated_stepping_batches, num_batches
@@ -80,7 +80,14 @@ class Trainer:
         strategy = env.get("strategy", strategy) if strategy == "auto" else strategy
         logger = env.get("logger", logger) if logger is True else logger
         profiler = env.get("profiler", profiler) if profiler is None else profiler
+        flags = barebones_flags(flags, logger, profiler)
+        logger = False if flags.get("barebones") else logger
         self.config = config = parse_flags(flags, _NAMED)
+        if config.output.barebones:
+            rank_zero_info(
+                "barebones=True: checkpointing, the progress bar, the model summary, logging "
+                "(self.log records nothing), the sanity check and the run report are off."
+            )
         _say_limits(flags)
         env = read_dist_info()  # the launch environment, read once
         launch = config.launch
@@ -547,7 +554,7 @@ class Trainer:
     gradient_clip_algorithm = property(lambda self: self.config.step.gradient_clip_algorithm)
     num_nodes = property(lambda self: self.config.launch.num_nodes)
     num_devices = property(lambda self: self.config.launch.local_devices())  # per node
-    barebones = property(lambda self: False)  # Lightning's flag: only its default is accepted
+    barebones = property(lambda self: self.config.output.barebones)
 
     @property
     def device_ids(self) -> list[int]:
