@@ -648,6 +648,7 @@ def eval_batches(
     for dl_idx, loader in enumerate(loaders):
         several = (dl_idx,) if len(loaders) > 1 else ()
         run.metrics.dataloader_idx = dl_idx if several else None
+        set_epoch(loader, run.loop.epoch)  # as the training loader's (a shuffling sampler)
         n = min(num_batches(loader, limit), cap if cap is not None else float("inf"))
         # alike on every rank: counts not known, or known to differ (each sample on one rank)
         voted = run.world_size > 1 and not (has_exact_length(loader) and even_across_ranks(loader))

@@ -263,16 +263,21 @@ def with_distributed_sampler(
     size and rank (`num_replicas`, `rank`), which under tensor parallelism are not the world's.
     """
     rank, world_size = replicas["rank"], replicas["num_replicas"]
-    if not isinstance(loader, DataLoader) or isinstance(loader.sampler, DistributedSampler):
-        return loader
-    if isinstance(loader.dataset, IterableDataset):
+    if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
         return loader  # no sampler to give: each rank's stream is the user's to shard (Lightning)
-    shuffle = isinstance(loader.sampler, RandomSampler)
-    if not shuffle and not isinstance(loader.sampler, SequentialSampler):
+    if loader.batch_sampler is None or type(loader.batch_sampler).__name__ != "BatchSampler":
+        return loader  # no batching, or a batch sampler of the user's own: kept
+    # torch's BatchSampler: built by the loader from `sampler=`/`shuffle=`, or given as
+    # `batch_sampler=BatchSampler(sampler, size, drop_last)`; either way its sampler is the one
+    # drawn from, and its size and drop_last are the batches'
+    batches: Any = loader.batch_sampler
+    inner, batch_size, drop_last = batches.sampler, batches.batch_size, batches.drop_last
+    if isinstance(inner, DistributedSampler):
+        return loader
+    shuffle = isinstance(inner, RandomSampler)
+    if not shuffle and not isinstance(inner, SequentialSampler):
         return loader  # the user's own sampler: their responsibility
     if world_size == 1 and not shuffle:
-        return loader
-    if loader.batch_sampler is None or type(loader.batch_sampler).__name__ != "BatchSampler":
         return loader
     sampler = (
         DistributedSampler(
@@ -281,18 +286,18 @@ def with_distributed_sampler(
             rank=rank,
             shuffle=shuffle,
             seed=seed,
-            drop_last=loader.drop_last,
+            drop_last=drop_last,
         )
         if repeat or world_size == 1
         else UnrepeatedDistributedSampler(loader.dataset, world_size, rank, shuffle, seed)
     )
     kwargs: dict[str, Any] = dict(
-        batch_size=loader.batch_size,
+        batch_size=batch_size,
         sampler=sampler,
         num_workers=loader.num_workers,
         collate_fn=loader.collate_fn,
         pin_memory=loader.pin_memory,
-        drop_last=loader.drop_last,
+        drop_last=drop_last,
         timeout=loader.timeout,
         worker_init_fn=loader.worker_init_fn,
         generator=loader.generator,
@@ -399,11 +404,15 @@ def combined(train: Any) -> Any:
 
 
 def set_epoch(loader: Any, epoch: int) -> None:
+    """`set_epoch(epoch)` on whatever of the loader's samplers has one, each once: its sampler,
+    its batch sampler (a bucketing one of your own) and the sampler that one draws from (a loader
+    built with `batch_sampler=` keeps its sampler there)."""
     if isinstance(loader, CombinedLoader):
         loader.set_epoch(epoch)
         return
-    sampler = getattr(loader, "sampler", None)
-    if hasattr(sampler, "set_epoch"):
+    batches = getattr(loader, "batch_sampler", None)
+    found = (getattr(loader, "sampler", None), batches, getattr(batches, "sampler", None))
+    for sampler in {id(s): s for s in found if callable(getattr(s, "set_epoch", None))}.values():
         sampler.set_epoch(epoch)
 
 
