@@ -1,7 +1,8 @@
 """A Hugging Face model trained as Lightning users write it: `python tests/hf_script.py '<json
 options>'`.
 
-Options: model ("gpt2": tied head; "llama": RMSNorm, rotary, untied), strategy, devices, out (JSON
+Options: model ("gpt2": tied head; "llama": RMSNorm, rotary, untied; "bert": masked LM, embeddings
+with a padding_idx), strategy, devices, out (JSON
 for rank 0), steps, export (a folder: rank 0 writes the consolidated weights there as
 model.safetensors + config.json, the layout `from_pretrained` reads); jobs (a list of these: each in
 turn, in the same ranks). The model is built in configure_model, from a config: nothing is
@@ -37,6 +38,19 @@ def hf_config(kind: str):
             embd_pdrop=0.0,
             attn_pdrop=0.0,
         )
+    if kind == "bert":  # its embeddings have a padding_idx (transformers' init indexes it)
+        from transformers import BertConfig
+
+        return BertConfig(
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            hidden_size=32,
+            intermediate_size=64,
+            vocab_size=VOCAB,
+            max_position_embeddings=SEQ,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+        )
     from transformers import LlamaConfig
 
     return LlamaConfig(
@@ -57,9 +71,10 @@ class CausalLM(ls.LightningModule):
         self.kind = kind
 
     def configure_model(self):
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
 
-        self.model = AutoModelForCausalLM.from_config(hf_config(self.kind))
+        auto = AutoModelForMaskedLM if self.kind == "bert" else AutoModelForCausalLM
+        self.model = auto.from_config(hf_config(self.kind))
 
     def training_step(self, batch, batch_idx):
         (ids,) = batch

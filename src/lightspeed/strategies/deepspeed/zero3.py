@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
+from collections.abc import Iterator
 from typing import Any, cast
 
 import psutil
@@ -123,6 +125,29 @@ def copy_from_rank0(deepspeed, module: torch.nn.Module, plain: torch.nn.Module |
         _broadcast_tensor(b)
 
 
+@contextlib.contextmanager
+def without_hf_init() -> Iterator[None]:
+    """Hugging Face's parent-applied weight init (`PreTrainedModel.initialize_weights`, run by
+    `post_init` once every child is built) switched off inside: under zero.Init the children's
+    weights are already partitioned, empty on this rank, and an init that indexes them
+    (`weight[padding_idx]` in BERT's and BART's embeddings) raises IndexError. The values it would
+    write are rank 0's plain twin's anyway (`copy_from_rank0`); tying still runs. Only where
+    transformers is already imported (the user's module imports it); entered before zero.Init
+    patches torch's constructors, so the import below sees them unpatched."""
+    model_class = None
+    if "transformers" in sys.modules:
+        from transformers.modeling_utils import PreTrainedModel as model_class
+    if model_class is None or not hasattr(model_class, "initialize_weights"):
+        yield
+        return
+    saved = model_class.initialize_weights
+    model_class.initialize_weights = lambda self: None
+    try:
+        yield
+    finally:
+        model_class.initialize_weights = saved
+
+
 def configure_partitioned(
     deepspeed,
     module: torch.nn.Module,
@@ -144,8 +169,8 @@ def configure_partitioned(
         # constructors unpatched.
         import torch._dynamo  # noqa: F401
 
-        with partitioned_init(deepspeed, config, offload_params):  # deep copies too
-            cast(Any, module).configure_model()
+        with without_hf_init(), partitioned_init(deepspeed, config, offload_params):
+            cast(Any, module).configure_model()  # deep copies are partitioned too
 
     def fits() -> bool:  # rank 0's fp32 copy, beside what offload keeps in host memory
         return (4 + host_bytes) * whole_numel(module) < 0.8 * psutil.virtual_memory().available
