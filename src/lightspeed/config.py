@@ -622,42 +622,6 @@ NOT_TAKEN = {
 }
 
 
-# Lightning's barebones=True: what it switches off, and the value each of these flags must keep
-BAREBONES = {
-    "enable_checkpointing": (False, "checkpointing"),
-    "enable_progress_bar": (False, "the progress bar"),
-    "enable_model_summary": (False, "the model summary"),
-    "log_every_n_steps": (0, "logging"),
-    "num_sanity_val_steps": (0, "the sanity check"),
-    "fast_dev_run": (False, "a development run"),
-    "detect_anomaly": (False, "anomaly detection"),
-}
-
-
-def barebones_flags(flags: dict[str, Any], logger: Any, profiler: Any) -> dict[str, Any]:
-    """Under `barebones=True` (Lightning's mode for measuring the Trainer's own overhead): `flags`
-    with checkpointing, the bar, the model summary, logging and the sanity check off. A flag (or
-    a logger, a profiler) that asks for one of them is a ConfigError naming it; `self.log` warns
-    once and records nothing, and no run report is written."""
-    if not flags.get("barebones"):
-        return flags
-    for name, (off, what) in BAREBONES.items():
-        if flags.get(name) not in (None, off, False, 0):
-            raise ConfigError(
-                f"barebones=True with {name}={flags[name]!r}: barebones switches {what} off (it "
-                f"would cost speed). Leave {name} out, or use barebones=False."
-            )
-    for name, value in (("logger", logger), ("profiler", profiler)):
-        if value not in (None, False, True if name == "logger" else None):
-            raise ConfigError(
-                f"barebones=True with {name}={value!r}: barebones switches logging and profiling "
-                f"off (they would cost speed). Leave {name} out, or use barebones=False."
-            )
-    off = {name: value for name, (value, _) in BAREBONES.items() if name != "log_every_n_steps"}
-    kept = {k: v for k, v in flags.items() if k != "log_every_n_steps"}  # no logger reads it
-    return {**kept, **off}
-
-
 def _taken(flags: dict[str, Any], extra: tuple[str, ...]) -> dict[str, Any]:
     """The keyword arguments TrainerFlags takes: NOT_TAKEN ones at Lightning's default dropped,
     anything else unknown a ConfigError naming it."""

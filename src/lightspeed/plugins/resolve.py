@@ -1,5 +1,7 @@
-"""`Trainer(plugins=...)` turned into the flags it stands for, at the door (`config.parse_flags`),
-before any rank starts. What no flag can say is a ConfigError naming the plugin and what to do."""
+"""Lightning's Trainer arguments that stand for other flags, turned into them at the door before any
+rank starts: `plugins=...` (`plugin_flags`, from `config.parse_flags`) and `barebones=True`
+(`barebones_flags`, from the Trainer, which also holds `logger` and `profiler`). What no flag can
+say is a ConfigError naming the argument and what to do."""
 
 from __future__ import annotations
 
@@ -114,3 +116,43 @@ def _environment(e: environments.ClusterEnvironment, flags: dict[str, Any]) -> d
             )
         out["preemption_signals"] = ("SIGTERM", e.requeue_signal.name)
     return out
+
+
+# Lightning's barebones=True: what it switches off, and the value each of these flags must keep
+BAREBONES = {
+    "enable_checkpointing": (False, "checkpointing"),
+    "enable_progress_bar": (False, "the progress bar"),
+    "enable_model_summary": (False, "the model summary"),
+    "log_every_n_steps": (0, "logging"),
+    "num_sanity_val_steps": (0, "the sanity check"),
+    "fast_dev_run": (False, "a development run"),
+    "detect_anomaly": (False, "anomaly detection"),
+}
+
+
+def barebones_flags(flags: dict[str, Any], logger: Any, profiler: Any) -> dict[str, Any]:
+    """Under `barebones=True` (Lightning's mode for measuring the Trainer's own overhead): `flags`
+    with checkpointing, the bar, the model summary, logging and the sanity check off. A flag (or
+    a logger, a profiler) that asks for one of them is a ConfigError naming it; `self.log` warns
+    and records nothing, and no run report is written."""
+    if not flags.get("barebones"):
+        return flags
+    for name, (off, what) in BAREBONES.items():
+        if flags.get(name) not in (None, off):
+            raise ConfigError(
+                f"barebones=True with {name}={flags[name]!r}: barebones switches {what} off (it "
+                f"would cost speed). Leave {name} out, or use barebones=False."
+            )
+    # the Trainer's default logger=True stands for "none given"
+    for name, value, allowed in (
+        ("logger", logger, (None, False, True)),
+        ("profiler", profiler, (None,)),
+    ):
+        if value not in allowed:
+            raise ConfigError(
+                f"barebones=True with {name}={value!r}: barebones switches logging and profiling "
+                f"off (they would cost speed). Leave {name} out, or use barebones=False."
+            )
+    off = {name: value for name, (value, _) in BAREBONES.items() if name != "log_every_n_steps"}
+    kept = {k: v for k, v in flags.items() if k != "log_every_n_steps"}  # no logger reads it
+    return {**kept, **off}

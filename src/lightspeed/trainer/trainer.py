@@ -29,7 +29,7 @@ import torch
 from lightspeed import loop, start
 from lightspeed.accelerators import Accelerator, accelerator_for
 from lightspeed.callbacks import Callback, EarlyStopping, ModelCheckpoint
-from lightspeed.config import barebones_flags, check_sync_batchnorm, parse_flags
+from lightspeed.config import check_sync_batchnorm, parse_flags
 from lightspeed.core.datamodule import LightningDataModule
 from lightspeed.core.module import Module
 from lightspeed.data.loaders import BatchMover, estimated_stepping_batches, num_batches
@@ -44,6 +44,7 @@ from lightspeed.loops.fit_loop import FitLoopView
 from lightspeed.perf.kernels import unwrap_compiled
 from lightspeed.perf.precision import input_dtype
 from lightspeed.plan.micro_batch import confirm
+from lightspeed.plugins.resolve import barebones_flags
 from lightspeed.profilers import build_profiler
 from lightspeed.run import Fn, Run, Stage
 from lightspeed.runtime.distributed import OwnGroup
